@@ -1,0 +1,112 @@
+//! Where bytes live: the SSD seam ([`BlockDevice`]) and the fast tier ([`PmemRegion`]).
+//!
+//! A block device moves owned, aligned buffers and hands them back with the result
+//! (the shape io_uring needs). Every request's offset and length are multiples of
+//! [`IO_ALIGN`]; implementations assert it, because an unaligned request is a bug in
+//! the caller, never bad input.
+
+mod aligned;
+mod file_ssd;
+mod pmem;
+mod sim;
+
+pub use aligned::AlignedBuf;
+pub use file_ssd::{FileSsd, IoBackend, SsdOptions};
+pub use pmem::{PersistMode, PmemRegion};
+pub use sim::{FaultPlan, SimSsd};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::error::{Error, Result};
+use crate::geometry::IO_ALIGN;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoOp {
+    Read,
+    Write,
+}
+
+/// One aligned IO: read into or write from `buf` at `offset_bytes`.
+#[derive(Debug)]
+pub struct IoRequest {
+    pub op: IoOp,
+    pub offset_bytes: u64,
+    pub buf: AlignedBuf,
+}
+
+impl IoRequest {
+    pub fn assert_aligned(&self) {
+        assert!(
+            self.offset_bytes % IO_ALIGN as u64 == 0 && self.buf.len() % IO_ALIGN == 0,
+            "unaligned SSD IO at {} of {} bytes",
+            self.offset_bytes,
+            self.buf.len()
+        );
+    }
+}
+
+/// The outcome of one request, tagged with its index in the submitted batch.
+pub(crate) type IoOutcome = (usize, Result<AlignedBuf>);
+
+/// A batch in flight; [`IoTicket::wait`] returns the buffers in submission order.
+pub struct IoTicket {
+    pending: usize,
+    results: Receiver<IoOutcome>,
+}
+
+impl IoTicket {
+    pub(crate) fn channel(pending: usize) -> (Sender<IoOutcome>, IoTicket) {
+        let (tx, rx) = crossbeam_channel::bounded(pending.max(1));
+        (tx, IoTicket { pending, results: rx })
+    }
+
+    /// Wait for every IO of the batch. The first error wins, after all have finished,
+    /// so no buffer is still in use by the device when this returns.
+    pub fn wait(self) -> Result<Vec<AlignedBuf>> {
+        let mut slots: Vec<Option<AlignedBuf>> = (0..self.pending).map(|_| None).collect();
+        let mut first_error = None;
+        for _ in 0..self.pending {
+            match self.results.recv() {
+                Ok((index, Ok(buf))) => slots[index] = Some(buf),
+                Ok((_, Err(e))) => {
+                    first_error.get_or_insert(e);
+                }
+                Err(_) => {
+                    first_error.get_or_insert(Error::io(
+                        "SSD IO worker",
+                        std::io::Error::other("IO worker exited with requests pending"),
+                    ));
+                    break;
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(slots.into_iter().map(|s| s.expect("every slot completed")).collect()),
+        }
+    }
+}
+
+/// The SSD seam.
+pub trait BlockDevice: Send + Sync {
+    /// Bytes usable by the volume.
+    fn len_bytes(&self) -> u64;
+    /// Start a batch of aligned IOs; they may run in any order and concurrently.
+    fn submit(&self, batch: Vec<IoRequest>) -> IoTicket;
+    /// Read `buf.len()` bytes at any offset through the kernel's cache of the backing
+    /// file (the buffered read mode). Devices without such a cache read directly.
+    fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
+    /// Make completed writes durable (the device's volatile cache flush).
+    fn flush(&self) -> Result<()>;
+    /// Whether [`BlockDevice::flush`] does anything (false for write-through caches).
+    fn needs_flush(&self) -> bool {
+        true
+    }
+    /// One line for logs and `alignfs stat`: path, IO backend, cache mode.
+    fn describe(&self) -> String;
+}
+
+/// Submit a batch and wait for it.
+pub fn run_batch(device: &dyn BlockDevice, batch: Vec<IoRequest>) -> Result<Vec<AlignedBuf>> {
+    device.submit(batch).wait()
+}

@@ -1,0 +1,90 @@
+//! Typed errors. Operating errors (bad media, full device, bad input) are values;
+//! bugs panic. Mapping to errno happens once, in [`Error::errno`].
+
+use std::path::PathBuf;
+
+/// Everything the engine can report to a caller.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{structure} at byte {offset} of {device}: {problem}")]
+    Corrupt {
+        structure: &'static str,
+        device: String,
+        offset: u64,
+        problem: String,
+    },
+    #[error("{device} already holds an alignfs volume (uuid {uuid}); pass --force to overwrite it")]
+    AlreadyFormatted { device: String, uuid: String },
+    #[error("{0} does not hold an alignfs volume (no superblock magic)")]
+    NotFormatted(String),
+    #[error("the fast tier and the SSD belong to different volumes ({fast} vs {ssd})")]
+    VolumeMismatch { fast: String, ssd: String },
+    #[error("invalid geometry: {0}")]
+    Geometry(String),
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("no space left on the SSD")]
+    NoSpace,
+    #[error("metadata does not fit: {0}")]
+    MetadataFull(String),
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("name too long")]
+    NameTooLong,
+    #[error("file too large")]
+    FileTooLarge,
+    #[error("injected fault: {0}")]
+    Injected(&'static str),
+    #[error("path {0} is unusable: {1}")]
+    BadPath(PathBuf, String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+
+    pub(crate) fn corrupt(
+        structure: &'static str,
+        device: &str,
+        offset: u64,
+        problem: impl Into<String>,
+    ) -> Self {
+        Error::Corrupt { structure, device: device.to_string(), offset, problem: problem.into() }
+    }
+
+    /// The errno a POSIX front end should return for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Corrupt { .. } | Error::Injected(_) => libc::EIO,
+            Error::AlreadyFormatted { .. } | Error::Exists => libc::EEXIST,
+            Error::NotFormatted(_) | Error::VolumeMismatch { .. } => libc::EINVAL,
+            Error::Geometry(_) | Error::InvalidArgument(_) | Error::BadPath(..) => libc::EINVAL,
+            Error::NoSpace | Error::MetadataFull(_) => libc::ENOSPC,
+            Error::NotFound => libc::ENOENT,
+            Error::NotDir => libc::ENOTDIR,
+            Error::IsDir => libc::EISDIR,
+            Error::NotEmpty => libc::ENOTEMPTY,
+            Error::NameTooLong => libc::ENAMETOOLONG,
+            Error::FileTooLarge => libc::EFBIG,
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Units of storage and the layout of both devices, fixed at format time.
+//!
+//! Invariants (checked by [`Geometry::validate`]):
+//! - `page_bytes` is a power of two ≥ 512 (O_DIRECT) and ≤ 64 KiB (upage offsets are u16).
+//! - `block_bytes` is a power-of-two multiple of `page_bytes`, at most 64 pages (a block's
+//!   page set is a u64 mask).
+//! - `split_bytes` is a multiple of `block_bytes`.
+
+use crate::error::{Error, Result};
+
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+pub const GIB: u64 = 1024 * MIB;
+
+/// Chunks an upage header can hold (OrchFS: 14 × (u16 offset, u16 length) in 56 bytes).
+pub const UPAGE_MAX_CHUNKS: usize = 14;
+/// The size of a superblock; also the O_DIRECT alignment of every buffer.
+pub const SUPERBLOCK_BYTES: u64 = 4 * KIB;
+pub const IO_ALIGN: usize = 4096;
+pub const MAX_PAGES_PER_BLOCK: u64 = 64;
+
+const _: () = assert!(SUPERBLOCK_BYTES as usize % IO_ALIGN == 0);
+
+/// Units and IO shape chosen at format time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub block_bytes: u32,
+    pub page_bytes: u32,
+    pub split_bytes: u32,
+    pub io_workers: u32,
+}
+
+impl Default for Geometry {
+    fn default() -> Self {
+        Geometry { block_bytes: 32 * 1024, page_bytes: 4 * 1024, split_bytes: 32 * 1024, io_workers: 2 }
+    }
+}
+
+impl Geometry {
+    pub fn validate(&self) -> Result<()> {
+        let (b, p, s) = (u64::from(self.block_bytes), u64::from(self.page_bytes), u64::from(self.split_bytes));
+        let fail = |m: String| Err(Error::Geometry(m));
+        if !p.is_power_of_two() || !(512..=64 * KIB).contains(&p) {
+            return fail(format!("page size {p} must be a power of two between 512 B and 64 KiB"));
+        }
+        if !b.is_power_of_two() || b < p || b / p > MAX_PAGES_PER_BLOCK || (b as usize) % IO_ALIGN != 0 {
+            return fail(format!(
+                "block size {b} must be a power of two, a multiple of 4 KiB and of the page size ({p}), and at most {MAX_PAGES_PER_BLOCK} pages"
+            ));
+        }
+        if s == 0 || s % b != 0 {
+            return fail(format!("split size {s} must be a non-zero multiple of the block size {b}"));
+        }
+        if self.io_workers == 0 || self.io_workers > 256 {
+            return fail(format!("io workers {} must be between 1 and 256", self.io_workers));
+        }
+        Ok(())
+    }
+
+    pub fn block(&self) -> u64 {
+        u64::from(self.block_bytes)
+    }
+    pub fn page(&self) -> u64 {
+        u64::from(self.page_bytes)
+    }
+    pub fn pages_per_block(&self) -> usize {
+        (self.block_bytes / self.page_bytes) as usize
+    }
+}
+
+/// Where things live on the fast tier. All offsets in bytes from the start of the region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastLayout {
+    pub checkpoint_bytes: u64,
+    pub checkpoint_a_offset: u64,
+    pub checkpoint_b_offset: u64,
+    pub journal_offset: u64,
+    pub journal_bytes: u64,
+    pub pages_offset: u64,
+    pub page_count: u64,
+}
+
+impl FastLayout {
+    /// Carve a fast tier of `fast_bytes`: superblock, two checkpoint slots, journal, pages.
+    pub fn compute(fast_bytes: u64, geometry: &Geometry) -> Result<FastLayout> {
+        let page = geometry.page().max(SUPERBLOCK_BYTES);
+        let round = |x: u64| x.div_ceil(page) * page;
+        let checkpoint_bytes = round((fast_bytes / 16).clamp(64 * KIB, 256 * MIB));
+        let journal_bytes = round((fast_bytes / 32).clamp(64 * KIB, 64 * MIB));
+        let checkpoint_a_offset = round(SUPERBLOCK_BYTES);
+        let checkpoint_b_offset = checkpoint_a_offset + checkpoint_bytes;
+        let journal_offset = checkpoint_b_offset + checkpoint_bytes;
+        let pages_offset = journal_offset + journal_bytes;
+        let page_count = fast_bytes.saturating_sub(pages_offset) / geometry.page();
+        if page_count < 2 * geometry.pages_per_block() as u64 {
+            return Err(Error::Geometry(format!(
+                "fast tier of {fast_bytes} bytes leaves {page_count} data pages after metadata ({pages_offset} bytes); need at least two blocks' worth"
+            )));
+        }
+        Ok(FastLayout {
+            checkpoint_bytes,
+            checkpoint_a_offset,
+            checkpoint_b_offset,
+            journal_offset,
+            journal_bytes,
+            pages_offset,
+            page_count,
+        })
+    }
+}
+
+/// Parse a size such as `4096`, `32K`, `1.5G`, `8GiB` (binary units).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let bad = || Error::InvalidArgument(format!("cannot parse size {text:?} (examples: 4096, 32K, 8G)"));
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let multiplier = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "K" | "KB" | "KIB" => KIB,
+        "M" | "MB" | "MIB" => MIB,
+        "G" | "GB" | "GIB" => GIB,
+        "T" | "TB" | "TIB" => 1024 * GIB,
+        _ => return Err(bad()),
+    };
+    let bytes = value * multiplier as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || bytes.fract() != 0.0 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("32K").unwrap(), 32 * KIB);
+        assert_eq!(parse_size("8GiB").unwrap(), 8 * GIB);
+        assert_eq!(parse_size("1.5M").unwrap(), 3 * MIB / 2);
+        for bad in ["", "K", "12Q", "-1", "1.1", "abc"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn geometry_rules() {
+        Geometry::default().validate().unwrap();
+        let bad = [
+            Geometry { page_bytes: 3000, ..Geometry::default() },
+            Geometry { block_bytes: 2048, ..Geometry::default() },
+            Geometry { block_bytes: 512 * 1024, ..Geometry::default() },
+            Geometry { split_bytes: 48 * 1024, ..Geometry::default() },
+            Geometry { io_workers: 0, ..Geometry::default() },
+        ];
+        for g in bad {
+            assert!(g.validate().is_err(), "{g:?}");
+        }
+    }
+
+    #[test]
+    fn layout_fits() {
+        let g = Geometry::default();
+        let l = FastLayout::compute(GIB, &g).unwrap();
+        assert!(l.pages_offset + l.page_count * g.page() <= GIB);
+        assert!(FastLayout::compute(64 * KIB, &g).is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! alignfs: a storage engine for fast SSDs that splits every write into SSD-block-aligned
+//! IO and a small, unaligned residue kept in a byte-addressable fast tier.
+//!
+//! See `docs/ARCHITECTURE.md` for the parts, seams and invariants.
+
+pub mod codec;
+pub mod device;
+pub mod error;
+pub mod geometry;
+mod io_engine;
+pub mod map;
+pub mod partition;
+
+#[cfg(test)]
+mod test_support;
+
+pub use error::{Error, Result};
