@@ -48,6 +48,12 @@ pub enum Error {
     NameTooLong,
     #[error("file too large")]
     FileTooLarge,
+    #[error("read-only volume")]
+    ReadOnly,
+    #[error("operation not supported: {0}")]
+    Unsupported(String),
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
     #[error("injected fault: {0}")]
     Injected(&'static str),
     #[error("path {0} is unusable: {1}")]
@@ -85,6 +91,9 @@ impl Error {
             Error::NotEmpty => libc::ENOTEMPTY,
             Error::NameTooLong => libc::ENAMETOOLONG,
             Error::FileTooLarge => libc::EFBIG,
+            Error::ReadOnly => libc::EROFS,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NotPermitted(_) => libc::EPERM,
         }
     }
 }

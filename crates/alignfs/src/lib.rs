@@ -15,3 +15,14 @@ pub mod partition;
 mod test_support;
 
 pub use error::{Error, Result};
+pub mod journal;
+pub mod layout;
+pub mod meta;
+pub mod residue;
+pub mod stats;
+pub mod volume;
+
+pub use geometry::Geometry;
+pub use layout::Profile;
+pub use meta::{Attr, FileKind, Ino};
+pub use volume::{FormatOptions, ReadMode, RecoveryReport, Volume, VolumeOptions};

@@ -1,0 +1,254 @@
+//! Logical metadata operations: the journal's vocabulary.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Attr, FileKind, Ino, Inode, InodeData, MetaState, TimeNs};
+use crate::map::{BlockEntry, FileMap, PageNo, SsdBlock};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A new inode linked at `parent/name`.
+    Create { parent: Ino, name: Vec<u8>, attr: Attr, target: Vec<u8> },
+    /// Another name for an existing inode.
+    Link { parent: Ino, name: Vec<u8>, ino: Ino, time: TimeNs },
+    /// Remove `parent/name`; the inode goes when no name and no handle remains.
+    Unlink { parent: Ino, name: Vec<u8>, time: TimeNs },
+    /// Move `from` to `to`, replacing `to` (or swapping both when `exchange`).
+    Rename { from_parent: Ino, from_name: Vec<u8>, to_parent: Ino, to_name: Vec<u8>, exchange: bool, time: TimeNs },
+    SetAttr {
+        ino: Ino,
+        perm: Option<u16>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        atime: Option<TimeNs>,
+        mtime: Option<TimeNs>,
+        ctime: TimeNs,
+    },
+    /// Truncate or extend to exactly `size` (the map edits ride in the same record).
+    SetSize { ino: Ino, size: u64, time: TimeNs },
+    /// A write: size grows to at least `size`, mtime to at least `mtime`. Commutative, so
+    /// writes to disjoint blocks of one file may commit in any order.
+    Extend { ino: Ino, size: u64, mtime: TimeNs },
+    /// One block of a file's map (`None` = hole).
+    Map { ino: Ino, lblock: u64, entry: Option<BlockEntry> },
+    /// Drop an inode that has no name left (its last handle closed).
+    Free { ino: Ino },
+}
+
+/// Units an applied op released; the live volume frees them after the commit.
+#[derive(Default)]
+pub struct Freed {
+    pub pages: Vec<PageNo>,
+    pub blocks: Vec<SsdBlock>,
+    /// Inodes dropped from the table; their units are in `pages`/`blocks`.
+    pub removed: Vec<Arc<Inode>>,
+}
+
+impl Freed {
+    pub fn add_entry(&mut self, entry: &BlockEntry) {
+        self.pages.extend(entry.fast_pages());
+        self.blocks.extend(entry.ssd_block());
+    }
+
+    fn add_map(&mut self, map: &FileMap) {
+        for entry in map.values() {
+            self.add_entry(entry);
+        }
+    }
+
+    pub fn extend(&mut self, other: Freed) {
+        self.pages.extend(other.pages);
+        self.blocks.extend(other.blocks);
+        self.removed.extend(other.removed);
+    }
+}
+
+/// Why an op could not be applied: the journal names something that does not exist.
+/// Live operations validate first, so this only happens on corrupt media.
+#[derive(Debug)]
+pub struct Inapplicable(pub String);
+
+fn need(state: &MetaState, ino: Ino) -> Result<Arc<Inode>, Inapplicable> {
+    state.get(ino).ok_or_else(|| Inapplicable(format!("inode {} does not exist", ino.0)))
+}
+
+fn need_dir(state: &MetaState, ino: Ino) -> Result<Arc<Inode>, Inapplicable> {
+    let inode = need(state, ino)?;
+    if inode.kind != FileKind::Dir {
+        return Err(Inapplicable(format!("inode {} is not a directory", ino.0)));
+    }
+    Ok(inode)
+}
+
+/// Drop one name of `inode` (already removed from its directory).
+fn drop_link(state: &MetaState, inode: &Arc<Inode>, parent: &Inode, time: TimeNs, freed: &mut Freed) {
+    let gone = {
+        let mut data = inode.data.lock();
+        if inode.kind == FileKind::Dir {
+            data.attr.nlink = 0;
+            parent.data.lock().attr.nlink -= 1;
+        } else {
+            data.attr.nlink = data.attr.nlink.saturating_sub(1);
+        }
+        data.attr.ctime = time;
+        data.attr.nlink == 0 && inode.opens.load(Ordering::SeqCst) == 0
+    };
+    if gone {
+        remove_inode(state, inode, freed);
+    }
+}
+
+fn remove_inode(state: &MetaState, inode: &Arc<Inode>, freed: &mut Freed) {
+    state.inodes.write().remove(&inode.ino);
+    freed.add_map(&inode.map.lock());
+    freed.removed.push(Arc::clone(inode));
+}
+
+fn touch_dir(dir: &Inode, time: TimeNs) {
+    let mut data = dir.data.lock();
+    data.attr.mtime = time;
+    data.attr.ctime = time;
+}
+
+/// Apply one op to the in-memory state.
+pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
+    let mut freed = Freed::default();
+    match op {
+        Op::Create { parent, name, attr, target } => {
+            let dir = need_dir(state, *parent)?;
+            if dir.data.lock().entries.contains_key(name) {
+                return Err(Inapplicable(format!("create: name exists in directory {}", parent.0)));
+            }
+            let data = InodeData { attr: attr.clone(), entries: BTreeMap::new(), parent: *parent, target: target.clone() };
+            state.insert(Inode::new(data, FileMap::new()));
+            let mut d = dir.data.lock();
+            d.entries.insert(name.clone(), attr.ino);
+            if attr.kind == FileKind::Dir {
+                d.attr.nlink += 1;
+            }
+            d.attr.mtime = attr.ctime;
+            d.attr.ctime = attr.ctime;
+        }
+        Op::Link { parent, name, ino, time } => {
+            let dir = need_dir(state, *parent)?;
+            let inode = need(state, *ino)?;
+            dir.data.lock().entries.insert(name.clone(), *ino);
+            touch_dir(&dir, *time);
+            let mut data = inode.data.lock();
+            data.attr.nlink += 1;
+            data.attr.ctime = *time;
+        }
+        Op::Unlink { parent, name, time } => {
+            let dir = need_dir(state, *parent)?;
+            let removed = dir.data.lock().entries.remove(name);
+            let ino = removed.ok_or_else(|| Inapplicable(format!("unlink: no such name in directory {}", parent.0)))?;
+            touch_dir(&dir, *time);
+            if let Some(inode) = state.get(ino) {
+                drop_link(state, &inode, &dir, *time, &mut freed);
+            }
+        }
+        Op::Rename { from_parent, from_name, to_parent, to_name, exchange, time } => {
+            apply_rename(state, *from_parent, from_name, *to_parent, to_name, *exchange, *time, &mut freed)?;
+        }
+        Op::SetAttr { ino, perm, uid, gid, atime, mtime, ctime } => {
+            let inode = need(state, *ino)?;
+            let mut data = inode.data.lock();
+            let a = &mut data.attr;
+            a.perm = perm.unwrap_or(a.perm);
+            a.uid = uid.unwrap_or(a.uid);
+            a.gid = gid.unwrap_or(a.gid);
+            a.atime = atime.unwrap_or(a.atime);
+            a.mtime = mtime.unwrap_or(a.mtime);
+            a.ctime = *ctime;
+        }
+        Op::SetSize { ino, size, time } => {
+            let inode = need(state, *ino)?;
+            let mut data = inode.data.lock();
+            data.attr.size = *size;
+            data.attr.mtime = *time;
+            data.attr.ctime = *time;
+        }
+        Op::Extend { ino, size, mtime } => {
+            let inode = need(state, *ino)?;
+            let mut data = inode.data.lock();
+            data.attr.size = data.attr.size.max(*size);
+            data.attr.mtime = data.attr.mtime.max(*mtime);
+            data.attr.ctime = data.attr.ctime.max(*mtime);
+        }
+        Op::Map { ino, lblock, entry } => {
+            let inode = need(state, *ino)?;
+            let mut map = inode.map.lock();
+            let old = match entry {
+                Some(e) => map.insert(*lblock, e.clone()),
+                None => map.remove(lblock),
+            };
+            // The caller frees exactly what the new entry no longer references.
+            if let Some(old) = old {
+                let keep: Vec<PageNo> = entry.iter().flat_map(|e| e.fast_pages()).collect();
+                freed.pages.extend(old.fast_pages().filter(|p| !keep.contains(p)));
+                let keep_block = entry.as_ref().and_then(BlockEntry::ssd_block);
+                freed.blocks.extend(old.ssd_block().filter(|b| Some(*b) != keep_block));
+            }
+        }
+        Op::Free { ino } => {
+            if let Some(inode) = state.get(*ino) {
+                if inode.data.lock().attr.nlink == 0 {
+                    remove_inode(state, &inode, &mut freed);
+                }
+            }
+        }
+    }
+    Ok(freed)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn apply_rename(
+    state: &MetaState,
+    from_parent: Ino,
+    from_name: &[u8],
+    to_parent: Ino,
+    to_name: &[u8],
+    exchange: bool,
+    time: TimeNs,
+    freed: &mut Freed,
+) -> Result<(), Inapplicable> {
+    let from_dir = need_dir(state, from_parent)?;
+    let to_dir = need_dir(state, to_parent)?;
+    let source = from_dir.data.lock().entries.get(from_name).copied();
+    let source = source.ok_or_else(|| Inapplicable("rename: source name missing".into()))?;
+    let target = to_dir.data.lock().entries.get(to_name).copied();
+    let moved = need(state, source)?;
+    // Re-parent a directory moving between directories.
+    let reparent = |inode: &Inode, from: &Inode, to: &Inode| {
+        if inode.kind == FileKind::Dir && from.ino != to.ino {
+            inode.data.lock().parent = to.ino;
+            from.data.lock().attr.nlink -= 1;
+            to.data.lock().attr.nlink += 1;
+        }
+    };
+    if exchange {
+        let target = target.ok_or_else(|| Inapplicable("rename exchange: target name missing".into()))?;
+        let other = need(state, target)?;
+        from_dir.data.lock().entries.insert(from_name.to_vec(), target);
+        to_dir.data.lock().entries.insert(to_name.to_vec(), source);
+        reparent(&moved, &from_dir, &to_dir);
+        reparent(&other, &to_dir, &from_dir);
+        other.data.lock().attr.ctime = time;
+    } else {
+        from_dir.data.lock().entries.remove(from_name);
+        if let Some(replaced) = target.filter(|&t| t != source) {
+            to_dir.data.lock().entries.remove(to_name);
+            if let Some(replaced) = state.get(replaced) {
+                drop_link(state, &replaced, &to_dir, time, freed);
+            }
+        }
+        to_dir.data.lock().entries.insert(to_name.to_vec(), source);
+        reparent(&moved, &from_dir, &to_dir);
+    }
+    moved.data.lock().attr.ctime = time;
+    touch_dir(&from_dir, time);
+    touch_dir(&to_dir, time);
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! The residue-store seam: where the unaligned remainder of writes lives until migration
+//! merges it into whole SSD blocks.
+//!
+//! A residue store hands out numbered units ("pages") of `unit_bytes`, stores bytes into
+//! them at any offset, and makes them durable according to its profile's promise. The map
+//! records which unit holds which part of which block, so every store shares the
+//! partitioner, the map, the journal and migration. `orch` keeps units in persistent
+//! memory ([`PmemPages`]); the DRAM scrap buffer of `scrap`, the in-SSD byte log of
+//! `byte`, the hashed segments of `uhs` and the KV fragments of `nvstore` implement the
+//! same trait.
+
+mod pmem_pages;
+
+pub use pmem_pages::PmemPages;
+
+use crate::map::PageNo;
+
+pub trait ResidueStore: Send + Sync {
+    fn describe(&self) -> String;
+    fn unit_bytes(&self) -> u32;
+    fn capacity_units(&self) -> u64;
+    fn used_units(&self) -> u64;
+    /// `n` units, all or none.
+    fn allocate(&self, n: usize) -> Option<Vec<PageNo>>;
+    fn free(&self, units: &[PageNo]);
+    /// Mark a unit referenced by the map while rebuilding at open; `false` if it is out of
+    /// range or already claimed (corrupt metadata).
+    fn claim(&self, unit: PageNo) -> bool;
+    /// Store bytes; durable only after [`ResidueStore::persist`].
+    fn write(&self, unit: PageNo, offset: u32, data: &[u8]);
+    fn zero(&self, unit: PageNo, offset: u32, len: u32);
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]);
+    /// Make `offset..offset+len` of `unit` durable per the profile's promise.
+    fn persist(&self, unit: PageNo, offset: u32, len: u32);
+}

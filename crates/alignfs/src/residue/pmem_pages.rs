@@ -1,0 +1,64 @@
+//! `orch`'s residue store: fixed-size pages in the fast tier's page zone, persisted on
+//! every write (write returns only after its residue is durable).
+
+use std::sync::Arc;
+
+use super::ResidueStore;
+use crate::device::PmemRegion;
+use crate::layout::BitmapAllocator;
+use crate::map::PageNo;
+
+pub struct PmemPages {
+    region: Arc<PmemRegion>,
+    zone_offset: u64,
+    page_bytes: u32,
+    allocator: BitmapAllocator,
+}
+
+impl PmemPages {
+    pub fn new(region: Arc<PmemRegion>, zone_offset: u64, page_count: u64, page_bytes: u32) -> PmemPages {
+        assert!(zone_offset + page_count * u64::from(page_bytes) <= region.len_bytes(), "page zone fits the region");
+        PmemPages { region, zone_offset, page_bytes, allocator: BitmapAllocator::new(page_count, &[]) }
+    }
+
+    fn at(&self, unit: PageNo, offset: u32, len: usize) -> u64 {
+        assert!(offset as usize + len <= self.page_bytes as usize, "access within one page");
+        self.zone_offset + unit.0 * u64::from(self.page_bytes) + u64::from(offset)
+    }
+}
+
+impl ResidueStore for PmemPages {
+    fn describe(&self) -> String {
+        format!("{} fast pages of {} bytes in {}", self.allocator.capacity(), self.page_bytes, self.region.describe())
+    }
+    fn unit_bytes(&self) -> u32 {
+        self.page_bytes
+    }
+    fn capacity_units(&self) -> u64 {
+        self.allocator.capacity()
+    }
+    fn used_units(&self) -> u64 {
+        self.allocator.used_count()
+    }
+    fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
+        self.allocator.allocate(n).map(|ids| ids.into_iter().map(PageNo).collect())
+    }
+    fn free(&self, units: &[PageNo]) {
+        self.allocator.free(units.iter().map(|p| p.0));
+    }
+    fn claim(&self, unit: PageNo) -> bool {
+        self.allocator.claim(unit.0)
+    }
+    fn write(&self, unit: PageNo, offset: u32, data: &[u8]) {
+        self.region.write(self.at(unit, offset, data.len()), data);
+    }
+    fn zero(&self, unit: PageNo, offset: u32, len: u32) {
+        self.region.zero(self.at(unit, offset, len as usize), len as usize);
+    }
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
+        self.region.read(self.at(unit, offset, out.len()), out);
+    }
+    fn persist(&self, unit: PageNo, offset: u32, len: u32) {
+        self.region.persist(self.at(unit, offset, len as usize), len as usize);
+    }
+}

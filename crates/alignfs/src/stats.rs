@@ -1,0 +1,125 @@
+//! Counters (DESIGN.md §10). Flow counters are cumulative over the volume's life: they are
+//! saved in every checkpoint and restored at open, so an offline `alignfs stat` shows them
+//! as of the last checkpoint.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal,)*) => {
+        /// One flow counter.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(non_camel_case_types)]
+        pub enum Counter { $($name,)* }
+
+        impl Counter {
+            pub const ALL: &'static [Counter] = &[$(Counter::$name,)*];
+            pub fn name(self) -> &'static str {
+                match self { $(Counter::$name => stringify!($name),)* }
+            }
+            pub fn doc(self) -> &'static str {
+                match self { $(Counter::$name => $doc,)* }
+            }
+        }
+    };
+}
+
+counters! {
+    app_writes: "write calls",
+    app_write_bytes: "bytes written by the application",
+    app_reads: "read calls",
+    app_read_bytes: "bytes read by the application",
+    ssd_write_bytes: "bytes written to the SSD",
+    ssd_write_ios: "SSD write IOs",
+    ssd_read_bytes: "bytes read from the SSD",
+    ssd_io_le_4k: "SSD write IOs of at most 4 KiB",
+    ssd_io_le_32k: "SSD write IOs of 4–32 KiB",
+    ssd_io_le_128k: "SSD write IOs of 32–128 KiB",
+    ssd_io_le_1m: "SSD write IOs of 128 KiB–1 MiB",
+    ssd_io_gt_1m: "SSD write IOs above 1 MiB",
+    page_write_bytes: "residue bytes written to fast pages",
+    upage_write_bytes: "residue bytes written as upage chunks",
+    fg_rmw_reads: "foreground read-modify-write reads (slow path; 0 in normal operation)",
+    fg_rmw_read_bytes: "bytes read by foreground read-modify-writes",
+    migrations_watermark: "blocks migrated because the fast tier passed its high watermark",
+    migrations_header_full: "blocks migrated because an upage header was full",
+    migrations_fast_full: "blocks migrated by a writer waiting for fast pages",
+    migration_read_bytes: "bytes read by migration",
+    migration_write_bytes: "bytes written to the SSD by migration",
+    ssd_flushes: "SSD cache flushes",
+    ssd_flushes_skipped: "fsyncs that needed no SSD flush",
+    journal_records: "journal records committed",
+    journal_bytes: "journal payload bytes committed",
+    checkpoints: "checkpoints written",
+}
+
+#[derive(Default)]
+pub struct Stats {
+    values: Vec<AtomicU64>,
+}
+
+impl Stats {
+    pub fn new(saved: &[u64]) -> Stats {
+        let values = Counter::ALL.iter().enumerate().map(|(i, _)| AtomicU64::new(saved.get(i).copied().unwrap_or(0))).collect();
+        Stats { values }
+    }
+
+    pub fn add(&self, counter: Counter, n: u64) {
+        self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.values[counter as usize].load(Ordering::Relaxed)
+    }
+
+    pub fn all(&self) -> Vec<u64> {
+        self.values.iter().map(|v| v.load(Ordering::Relaxed)).collect()
+    }
+
+    pub fn ssd_write(&self, bytes: u64) {
+        self.add(Counter::ssd_write_ios, 1);
+        self.add(Counter::ssd_write_bytes, bytes);
+        let bucket = match bytes {
+            0..=4096 => Counter::ssd_io_le_4k,
+            4097..=32768 => Counter::ssd_io_le_32k,
+            32769..=131072 => Counter::ssd_io_le_128k,
+            131073..=1048576 => Counter::ssd_io_le_1m,
+            _ => Counter::ssd_io_gt_1m,
+        };
+        self.add(bucket, 1);
+    }
+}
+
+/// Counters plus gauges, as reported by [`crate::Volume::stats`].
+#[derive(Clone, Debug)]
+pub struct StatsSnapshot {
+    pub counters: Vec<(Counter, u64)>,
+    pub fast_pages_used: u64,
+    pub fast_pages_total: u64,
+    pub fast_page_bytes: u64,
+    pub ssd_blocks_used: u64,
+    pub ssd_blocks_total: u64,
+    pub ssd_block_bytes: u64,
+    pub journal_used_bytes: u64,
+    pub journal_capacity_bytes: u64,
+    pub checkpoint_generation: u64,
+    pub recovery: crate::volume::RecoveryReport,
+    pub io_backend: String,
+}
+
+impl StatsSnapshot {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.counters.iter().find(|(c, _)| *c == counter).map_or(0, |(_, v)| *v)
+    }
+
+    /// Share of the application's written bytes that went straight to the SSD (the rest
+    /// went to the residue store; migration traffic is not counted).
+    pub fn ssd_share(&self) -> f64 {
+        let to_ssd = self.get(Counter::ssd_write_bytes).saturating_sub(self.get(Counter::migration_write_bytes)) as f64;
+        let residue = (self.get(Counter::page_write_bytes) + self.get(Counter::upage_write_bytes)) as f64;
+        if to_ssd + residue == 0.0 {
+            0.0
+        } else {
+            to_ssd / (to_ssd + residue)
+        }
+    }
+}

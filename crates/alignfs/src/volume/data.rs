@@ -1,0 +1,591 @@
+//! The data path: write, read, truncate, fallocate, fsync, and migration.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Inner, ReadMode, Volume};
+use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::error::{Error, Result};
+use crate::geometry::IO_ALIGN;
+use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
+use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
+use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan};
+use crate::stats::Counter;
+
+/// Largest file offset: keeps every block index and byte position far from overflow.
+pub const MAX_FILE_BYTES: u64 = 1 << 52;
+
+/// `fallocate` modes the volume implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallocateMode {
+    /// Allocate (zero-fill holes) and extend the size unless `keep_size`.
+    Allocate { keep_size: bool },
+    /// Deallocate and zero the range; the size never changes.
+    PunchHole,
+}
+
+impl Volume {
+    /// Write `data` at `offset`. Returns when the write is durable per the `orch` promise:
+    /// residue persisted, SSD IOs completed, map edit journaled.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let block = self.inner.geometry.block();
+        // The block holding EOF joins the lock when the write leaves a gap after it, so a
+        // failed write can clean that block (see `write_locked`).
+        loop {
+            let size = inode.size();
+            let first = if offset > size { (size / block).min(offset / block) } else { offset / block };
+            let _guard = inode.range.write(first, (end - 1) / block);
+            if inode.size() != size {
+                continue;
+            }
+            self.inner.write_locked(&inode, offset, data, true)?;
+            self.inner.stats.add(Counter::app_writes, 1);
+            self.inner.stats.add(Counter::app_write_bytes, data.len() as u64);
+            return Ok(data.len());
+        }
+    }
+
+    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
+    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        let n = self.inner.read_file(&inode, offset, buf)?;
+        self.inner.stats.add(Counter::app_reads, 1);
+        self.inner.stats.add(Counter::app_read_bytes, n as u64);
+        Ok(n)
+    }
+
+    /// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        if size > MAX_FILE_BYTES {
+            return Err(Error::FileTooLarge);
+        }
+        let _guard = inode.range.write(0, u64::MAX);
+        self.inner.truncate_locked(&inode, size)
+    }
+
+    /// Make the file's data durable on the SSD: all its metadata already is (journaled at
+    /// each write), so this flushes the SSD's volatile cache, only if an SSD write
+    /// completed since the last flush.
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        self.inner.get(ino)?;
+        self.inner.flush_ssd()
+    }
+
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES && len > 0);
+        let end = end.ok_or_else(|| Error::InvalidArgument(format!("fallocate range {offset}+{len}")))?;
+        let block = self.inner.geometry.block();
+        let _guard = inode.range.write(0, u64::MAX);
+        let size = inode.size();
+        match mode {
+            FallocateMode::Allocate { keep_size } => {
+                // Zero-fill the holes so later writes to the range cannot run out of space.
+                let holes: Vec<u64> = {
+                    let map = inode.map.lock();
+                    (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
+                };
+                for lb in holes {
+                    let (start, stop) = ((lb * block).max(offset), ((lb + 1) * block).min(end));
+                    self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
+                }
+                if !keep_size && end > size {
+                    self.inner.release_freed(self.inner.commit(&[Op::Extend { ino, size: end, mtime: now_ns() }])?);
+                }
+            }
+            FallocateMode::PunchHole => {
+                let end = end.min(size);
+                if offset >= end {
+                    return Ok(());
+                }
+                let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
+                let drops: Vec<Op> = {
+                    let map = inode.map.lock();
+                    map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+                };
+                if !drops.is_empty() {
+                    self.inner.release_freed(self.inner.commit(&drops)?);
+                }
+                let edges = [(offset, (first_whole * block).min(end)), ((last_whole * block).max(offset), end)];
+                for (start, stop) in edges {
+                    let is_hole = !inode.map.lock().contains_key(&(start / block));
+                    if start < stop && !is_hole {
+                        self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One piece of a read served from a fast page: (page, offset in page, offset in output, length).
+type PageCopy = (PageNo, u32, usize, usize);
+
+impl Inner {
+    pub(crate) fn get(&self, ino: Ino) -> Result<Arc<Inode>> {
+        self.meta.get(ino).ok_or(Error::NotFound)
+    }
+
+    pub(crate) fn file(&self, ino: Ino) -> Result<Arc<Inode>> {
+        let inode = self.get(ino)?;
+        match inode.kind {
+            FileKind::File => Ok(inode),
+            FileKind::Dir => Err(Error::IsDir),
+            _ => Err(Error::InvalidArgument("not a regular file".into())),
+        }
+    }
+
+    pub(crate) fn flush_ssd(&self) -> Result<()> {
+        if !self.ssd.needs_flush() || !self.ssd_dirty.swap(false, Ordering::SeqCst) {
+            self.stats.add(Counter::ssd_flushes_skipped, 1);
+            return Ok(());
+        }
+        if let Err(e) = self.ssd.flush() {
+            self.ssd_dirty.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.stats.add(Counter::ssd_flushes, 1);
+        Ok(())
+    }
+
+    /// The write path. The caller holds the range lock over the written blocks (and the
+    /// block holding EOF when the write starts past it).
+    pub(crate) fn write_locked(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], extend: bool) -> Result<()> {
+        let old_size = inode.size();
+        let (plan, pages) = self.plan_write(inode, offset, data.len() as u64, old_size)?;
+        let result = self.execute(inode, &plan, pages, data);
+        if result.is_err() && offset + data.len() as u64 > old_size {
+            // In-place residue writes may have landed past EOF (the caller holds the EOF
+            // block's lock when the write extends the file): keep those bytes zero.
+            self.zero_beyond_eof(inode, old_size);
+        }
+        let mut ops = result?;
+        if extend {
+            ops.push(Op::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() });
+        }
+        let freed = self.commit(&ops)?;
+        self.release_freed(freed);
+        Ok(())
+    }
+
+    /// Partition, merging overflowing upages first and making room in the fast tier; with
+    /// no room at all, fall back to the read-modify-write plan.
+    fn plan_write(&self, inode: &Arc<Inode>, offset: u64, len: u64, size: u64) -> Result<(Plan, Vec<PageNo>)> {
+        let mut allow_residue = true;
+        loop {
+            let plan = {
+                let map = inode.map.lock();
+                partition(offset, len, size, &self.geometry, allow_residue, |lb| map.get(&lb))
+            };
+            if !plan.merge_first.is_empty() {
+                for &lblock in &plan.merge_first {
+                    self.migrate_block_locked(inode, lblock, Counter::migrations_header_full)?;
+                }
+                continue;
+            }
+            let needed: usize = plan.blocks.iter().map(|b| b.new_pages_needed()).sum();
+            if needed == 0 {
+                return Ok((plan, Vec::new()));
+            }
+            match self.reserve_pages(needed) {
+                Some(pages) => return Ok((plan, pages)),
+                None => allow_residue = false,
+            }
+        }
+    }
+
+    /// Fast pages for a write: free ones, or ones the writer frees by migrating other
+    /// blocks (it waits for migration); `None` if even that finds nothing.
+    fn reserve_pages(&self, n: usize) -> Option<Vec<PageNo>> {
+        if let Some(pages) = self.residue.allocate(n) {
+            if self.residue.used_units() as f64 > self.options.migrate_high * self.residue.capacity_units() as f64 {
+                self.notify_maintenance();
+            }
+            return Some(pages);
+        }
+        self.notify_maintenance();
+        let target = n as u64 + self.residue.capacity_units() / 8;
+        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
+            tracing::warn!("migration for a waiting writer: {e}");
+        }
+        self.residue.allocate(n)
+    }
+
+    /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
+    /// residue is copied into the fast tier on this thread.
+    fn execute(&self, inode: &Arc<Inode>, plan: &Plan, pages: Vec<PageNo>, data: &[u8]) -> Result<Vec<Op>> {
+        let block = self.geometry.block();
+        let ssd_needed = plan.blocks.iter().filter(|b| b.needs_ssd_block()).count();
+        let new_blocks: Vec<SsdBlock> = match self.blocks.allocate(ssd_needed) {
+            Some(ids) => ids.into_iter().map(SsdBlock).collect(),
+            None => {
+                self.release(&pages, &[]);
+                return Err(Error::NoSpace);
+            }
+        };
+        let undo = |e: Error| {
+            self.release(&pages, &new_blocks);
+            e
+        };
+        let entries: Vec<Option<BlockEntry>> = {
+            let map = inode.map.lock();
+            plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect()
+        };
+        // SSD images of whole blocks (and, on the slow path, merged partial blocks).
+        let mut writes = Vec::with_capacity(ssd_needed);
+        let mut next_block = new_blocks.iter();
+        for (bp, current) in plan.blocks.iter().zip(&entries) {
+            if !bp.needs_ssd_block() {
+                continue;
+            }
+            let mut image = AlignedBuf::zeroed(block as usize);
+            if bp.action == BlockAction::Rewrite {
+                let read = self.materialize(current.as_ref(), &mut image).map_err(&undo)?;
+                self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
+                self.stats.add(Counter::fg_rmw_read_bytes, read);
+            }
+            image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
+            let target = next_block.next().expect("one block per SSD action");
+            writes.push(IoRequest { op: IoOp::Write, offset_bytes: target.0 * block, buf: image });
+        }
+        let written: Vec<u64> = writes.iter().map(|w| w.buf.len() as u64).collect();
+        let ticket = (!writes.is_empty()).then(|| self.ssd.submit(writes));
+        // Residue, while the SSD works.
+        let mut fresh = pages.iter();
+        let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
+        for bp in &plan.blocks {
+            let mut bound = Vec::new();
+            if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
+                for p in page_plans {
+                    let bytes = &data[p.src..p.src + (p.end - p.start) as usize];
+                    let (unit, zero_fill) = match &p.target {
+                        PageTarget::InPlace(u) | PageTarget::UpageToPage(u) | PageTarget::InPlaceUpage { page: u, .. } => (*u, false),
+                        PageTarget::NewPage { zero_fill } => (*fresh.next().expect("bound page"), *zero_fill),
+                        PageTarget::NewUpage => (*fresh.next().expect("bound page"), false),
+                    };
+                    if matches!(p.target, PageTarget::NewPage { .. } | PageTarget::NewUpage) {
+                        bound.push(unit);
+                    }
+                    self.store_residue(unit, p.start, bytes, zero_fill);
+                    let counter = if matches!(p.target, PageTarget::NewUpage | PageTarget::InPlaceUpage { .. }) {
+                        Counter::upage_write_bytes
+                    } else {
+                        Counter::page_write_bytes
+                    };
+                    self.stats.add(counter, bytes.len() as u64);
+                }
+            }
+            bound_pages.push(bound);
+        }
+        if let Some(ticket) = ticket {
+            ticket.wait().map_err(&undo)?;
+            self.ssd_dirty.store(true, Ordering::SeqCst);
+            written.iter().for_each(|&bytes| self.stats.ssd_write(bytes));
+        }
+        let mut next_block = new_blocks.iter();
+        let ops = plan
+            .blocks
+            .iter()
+            .zip(&entries)
+            .zip(&bound_pages)
+            .map(|((bp, current), bound)| {
+                let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));
+                let next = next_entry(current.as_ref(), bp, block, bound);
+                Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
+            })
+            .collect();
+        Ok(ops)
+    }
+
+    /// Copy residue bytes into a unit and persist them (zero-filling the rest of a new
+    /// page of a fast block).
+    fn store_residue(&self, unit: PageNo, start: u32, bytes: &[u8], zero_fill: bool) {
+        let page = self.geometry.page_bytes;
+        let end = start + bytes.len() as u32;
+        if zero_fill {
+            self.residue.zero(unit, 0, start);
+            self.residue.zero(unit, end, page - end);
+        }
+        self.residue.write(unit, start, bytes);
+        if zero_fill {
+            self.residue.persist(unit, 0, page);
+        } else {
+            self.residue.persist(unit, start, bytes.len() as u32);
+        }
+    }
+
+    /// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
+    /// Returns the bytes read from the SSD.
+    fn materialize(&self, entry: Option<&BlockEntry>, image: &mut AlignedBuf) -> Result<u64> {
+        image.fill(0);
+        let page = self.geometry.page_bytes as usize;
+        let mut read = 0;
+        match entry {
+            None => {}
+            Some(BlockEntry::Fast { pages }) => {
+                for &(index, unit) in pages {
+                    let at = index as usize * page;
+                    self.residue.read(unit, 0, &mut image[at..at + page]);
+                }
+            }
+            Some(BlockEntry::Ssd { block, overlays }) => {
+                let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: AlignedBuf::zeroed(image.len()) };
+                let buf = self.ssd.submit(vec![request]).wait()?.remove(0);
+                image.copy_from_slice(&buf);
+                read = buf.len() as u64;
+                self.stats.add(Counter::ssd_read_bytes, read);
+                for (index, overlay) in overlays {
+                    let at = *index as usize * page;
+                    match overlay {
+                        Overlay::Page(unit) => self.residue.read(*unit, 0, &mut image[at..at + page]),
+                        Overlay::Upage { page: unit, chunks } => {
+                            for &(s, e) in chunks.ranges() {
+                                let (s, e) = (usize::from(s), usize::from(e));
+                                self.residue.read(*unit, s as u32, &mut image[at + s..at + e]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(read)
+    }
+
+    /// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
+    /// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
+    pub(crate) fn zero_beyond_eof(&self, inode: &Inode, size: u64) {
+        let (block, page) = (self.geometry.block(), self.geometry.page_bytes);
+        let within = (size % block) as u32;
+        if within == 0 {
+            return;
+        }
+        let map = inode.map.lock();
+        let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
+            Some(BlockEntry::Fast { pages }) => pages.clone(),
+            Some(BlockEntry::Ssd { overlays, .. }) => {
+                overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
+            }
+            None => Vec::new(),
+        };
+        for (index, unit) in units {
+            let page_start = u32::from(index) * page;
+            let from = within.saturating_sub(page_start);
+            if from < page {
+                self.residue.zero(unit, from, page - from);
+                self.residue.persist(unit, from, page - from);
+            }
+        }
+    }
+
+    pub(crate) fn read_file(&self, inode: &Arc<Inode>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let (block, page) = (self.geometry.block(), u64::from(self.geometry.page_bytes));
+        if buf.is_empty() || offset >= inode.size() {
+            return Ok(0);
+        }
+        let last = (offset + buf.len() as u64 - 1) / block;
+        let _guard = inode.range.read(offset / block, last);
+        let size = inode.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - offset) as usize;
+        let out = &mut buf[..n];
+        let entries: Vec<(u64, Option<BlockEntry>)> = {
+            let map = inode.map.lock();
+            (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
+        };
+        let mut direct: Vec<(IoRequest, usize, usize, usize)> = Vec::new();
+        let mut copies: Vec<PageCopy> = Vec::new();
+        for (lb, entry) in &entries {
+            let block_start = lb * block;
+            let (s, e) = (offset.max(block_start) - block_start, (offset + n as u64).min(block_start + block) - block_start);
+            let out_at = (block_start + s - offset) as usize;
+            out[out_at..out_at + (e - s) as usize].fill(0);
+            // Overlay pieces are copied after the SSD data they cover has arrived.
+            let mut overlay = |index: u8, unit: PageNo, range: (u64, u64)| {
+                let (ps, pe) = (u64::from(index) * page + range.0, u64::from(index) * page + range.1);
+                let (cs, ce) = (ps.max(s), pe.min(e));
+                if cs < ce {
+                    copies.push((unit, (cs - u64::from(index) * page) as u32, out_at + (cs - s) as usize, (ce - cs) as usize));
+                }
+            };
+            match entry {
+                None => {}
+                Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
+                Some(BlockEntry::Ssd { block: ssd_block, overlays }) => {
+                    let covered = |index: u64| {
+                        overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)))
+                    };
+                    let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
+                    if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
+                        let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
+                        let device_at = ssd_block.0 * block + rs;
+                        let dest = out_at + (rs - s) as usize;
+                        self.stats.add(Counter::ssd_read_bytes, re - rs);
+                        match self.options.read_mode {
+                            ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
+                            ReadMode::Direct => {
+                                let align = IO_ALIGN as u64;
+                                let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
+                                let request = IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
+                                direct.push((request, (device_at - a0) as usize, dest, (re - rs) as usize));
+                            }
+                        }
+                    }
+                    for (i, o) in overlays {
+                        match o {
+                            Overlay::Page(unit) => overlay(*i, *unit, (0, page)),
+                            Overlay::Upage { page: unit, chunks } => {
+                                chunks.ranges().iter().for_each(|&(cs, ce)| overlay(*i, *unit, (u64::from(cs), u64::from(ce))))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !direct.is_empty() {
+            let (requests, places): (Vec<IoRequest>, Vec<(usize, usize, usize)>) =
+                direct.into_iter().map(|(r, skip, dest, len)| (r, (skip, dest, len))).unzip();
+            let buffers = self.ssd.submit(requests).wait()?;
+            for (buf, (skip, dest, len)) in buffers.iter().zip(places) {
+                out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
+            }
+        }
+        for (unit, in_page, dest, len) in copies {
+            self.residue.read(unit, in_page, &mut out[dest..dest + len]);
+        }
+        Ok(n)
+    }
+
+    /// Truncate with the whole file locked. The new last block, if partial, is rewritten
+    /// with a zeroed tail into fresh units, in the same journal record as the size.
+    pub(crate) fn truncate_locked(&self, inode: &Arc<Inode>, size: u64) -> Result<()> {
+        let block = self.geometry.block();
+        let old = inode.size();
+        let ino = inode.ino;
+        let time = now_ns();
+        if size >= old {
+            self.zero_beyond_eof(inode, old);
+            return self.commit(&[Op::SetSize { ino, size, time }]).map(|f| self.release_freed(f));
+        }
+        let mut ops: Vec<Op> = {
+            let map = inode.map.lock();
+            map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+        };
+        let mut fresh_units = (Vec::new(), Vec::new());
+        let within = size % block;
+        let tail = inode.map.lock().get(&(size / block)).cloned();
+        if let (true, Some(entry)) = (within != 0, tail) {
+            let mut image = AlignedBuf::zeroed(block as usize);
+            self.materialize(Some(&entry), &mut image)?;
+            image[within as usize..].fill(0);
+            let page = u64::from(self.geometry.page_bytes);
+            let npages = within.div_ceil(page) as usize;
+            let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| self.residue.allocate(npages)).flatten();
+            let new_entry = match fast_pages {
+                Some(units) => {
+                    for (i, &unit) in units.iter().enumerate() {
+                        let at = i * page as usize;
+                        self.store_residue(unit, 0, &image[at..at + page as usize], false);
+                    }
+                    fresh_units.0 = units.clone();
+                    BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
+                }
+                None => {
+                    let new_block = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
+                    let write = IoRequest { op: IoOp::Write, offset_bytes: new_block.0 * block, buf: image };
+                    if let Err(e) = self.ssd.submit(vec![write]).wait() {
+                        self.release(&[], &[new_block]);
+                        return Err(e);
+                    }
+                    self.ssd_dirty.store(true, Ordering::SeqCst);
+                    self.stats.ssd_write(block);
+                    fresh_units.1 = vec![new_block];
+                    BlockEntry::Ssd { block: new_block, overlays: Vec::new() }
+                }
+            };
+            ops.push(Op::Map { ino, lblock: size / block, entry: Some(new_entry) });
+        }
+        ops.push(Op::SetSize { ino, size, time });
+        match self.commit(&ops) {
+            Ok(freed) => {
+                self.release_freed(freed);
+                Ok(())
+            }
+            Err(e) => {
+                self.release(&fresh_units.0, &fresh_units.1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Merge one block's residue into a new SSD block. The caller holds the block's range
+    /// lock. Returns whether anything moved.
+    pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
+        let entry = inode.map.lock().get(&lblock).cloned();
+        let Some(entry) = entry.filter(|e| e.fast_page_count() > 0) else { return Ok(false) };
+        let block = self.geometry.block();
+        let mut image = AlignedBuf::zeroed(block as usize);
+        let read = self.materialize(Some(&entry), &mut image)?;
+        self.stats.add(Counter::migration_read_bytes, read);
+        let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
+        let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * block, buf: image };
+        if let Err(e) = self.ssd.submit(vec![write]).wait() {
+            self.release(&[], &[target]);
+            return Err(e);
+        }
+        self.ssd_dirty.store(true, Ordering::SeqCst);
+        self.stats.ssd_write(block);
+        self.stats.add(Counter::migration_write_bytes, block);
+        let op = Op::Map { ino: inode.ino, lblock, entry: Some(BlockEntry::Ssd { block: target, overlays: Vec::new() }) };
+        match self.commit(&[op]) {
+            Ok(freed) => self.release_freed(freed),
+            Err(e) => {
+                self.release(&[], &[target]);
+                return Err(e);
+            }
+        }
+        self.stats.add(cause, 1);
+        Ok(true)
+    }
+
+    /// Migrate the blocks holding the most fast pages until `want_free` pages are free
+    /// (or no candidate is left). Blocks whose range is busy are skipped.
+    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
+        let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
+        for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+            let blocks: Vec<(usize, u64)> =
+                inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
+            candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
+        }
+        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut migrated = 0;
+        for (_, inode, lblock) in candidates {
+            let free = self.residue.capacity_units() - self.residue.used_units();
+            if free >= want_free {
+                break;
+            }
+            if let Some(_guard) = inode.range.try_write(lblock, lblock) {
+                if self.meta.get(inode.ino).is_none() {
+                    continue;
+                }
+                match self.migrate_block_locked(&inode, lblock, cause) {
+                    Ok(moved) => migrated += u64::from(moved),
+                    Err(Error::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(migrated)
+    }
+}

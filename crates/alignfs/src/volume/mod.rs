@@ -1,0 +1,504 @@
+//! A volume: the two devices, the metadata, and the operations the front ends call.
+//!
+//! Locking, outermost first: a file's range lock → the namespace lock → the commit lock
+//! (journal + checkpoints; every metadata change is journaled and applied under it, so
+//! journal order is apply order) → an inode's `data`/`map` mutexes (leaf locks, never held
+//! across a call into the commit lock).
+
+mod data;
+mod namespace;
+
+pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest, PmemRegion};
+use crate::error::{Error, Result};
+use crate::geometry::{FastLayout, Geometry, SUPERBLOCK_BYTES};
+use crate::journal::{checkpoint_payload, decode_ops, encode_ops, CheckpointSlots, Journal, PmemWindow};
+use crate::layout::{BitmapAllocator, DeviceRole, Profile, Superblock};
+use crate::map::{PageNo, SsdBlock};
+use crate::meta::{apply, now_ns, FileKind, Freed, Ino, MetaState, Op};
+use crate::residue::{PmemPages, ResidueStore};
+use crate::stats::{Counter, Stats, StatsSnapshot};
+
+/// How SSD data is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadMode {
+    /// O_DIRECT into aligned buffers through the IO engine.
+    Direct,
+    /// Through the kernel's cache of the backing file (pread on a cached descriptor).
+    Buffered,
+}
+
+#[derive(Clone, Debug)]
+pub struct VolumeOptions {
+    pub read_mode: ReadMode,
+    /// Replay in memory and refuse every change: nothing is written to the devices.
+    pub read_only: bool,
+    /// Migration starts when this share of fast pages is used…
+    pub migrate_high: f64,
+    /// …and stops when usage falls to this share.
+    pub migrate_low: f64,
+    /// Run the background maintenance thread (migration, checkpoints).
+    pub background: bool,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions { read_mode: ReadMode::Buffered, read_only: false, migrate_high: 0.8, migrate_low: 0.6, background: true }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub geometry: Geometry,
+    pub profile: Profile,
+    /// Overwrite devices that already hold a volume.
+    pub force: bool,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions { geometry: Geometry::default(), profile: Profile::Orch, force: false }
+    }
+}
+
+/// What opening the volume took.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    pub duration: Duration,
+    pub checkpoint_generation: u64,
+    pub records_replayed: u64,
+    pub torn_tail_dropped: bool,
+    pub orphans_dropped: u64,
+    pub clean: bool,
+}
+
+struct Committer {
+    journal: Journal,
+    checkpoints: CheckpointSlots,
+}
+
+pub(crate) struct Inner {
+    superblock: Superblock,
+    geometry: Geometry,
+    fast: Arc<PmemRegion>,
+    ssd: Arc<dyn BlockDevice>,
+    residue: Arc<dyn ResidueStore>,
+    blocks: BitmapAllocator,
+    meta: MetaState,
+    committer: Mutex<Committer>,
+    namespace: Mutex<()>,
+    stats: Stats,
+    options: VolumeOptions,
+    ssd_dirty: AtomicBool,
+    wake: Condvar,
+    wake_flag: Mutex<bool>,
+    shutdown: AtomicBool,
+    recovery: RecoveryReport,
+}
+
+/// An open alignfs volume.
+///
+/// ```
+/// use std::sync::Arc;
+/// use alignfs::device::{PmemRegion, SimSsd};
+/// use alignfs::{FormatOptions, Ino, Volume, VolumeOptions};
+///
+/// let fast = Arc::new(PmemRegion::anonymous(4 << 20).unwrap());
+/// let ssd = Arc::new(SimSsd::new(16 << 20));
+/// Volume::format(&fast, ssd.as_ref(), &FormatOptions::default()).unwrap();
+/// let volume = Volume::open(fast, ssd, VolumeOptions::default()).unwrap();
+/// let file = volume.create_file(Ino::ROOT, b"hello", 0o644, 0, 0).unwrap();
+/// volume.write(file.ino, 0, b"hello, world").unwrap();
+/// let mut out = [0u8; 12];
+/// assert_eq!(volume.read(file.ino, 0, &mut out).unwrap(), 12);
+/// assert_eq!(&out, b"hello, world");
+/// volume.close().unwrap();
+/// ```
+pub struct Volume {
+    inner: Arc<Inner>,
+    maintenance: Option<JoinHandle<()>>,
+    closed: bool,
+}
+
+fn read_ssd_superblock(ssd: &dyn BlockDevice) -> Result<Vec<u8>> {
+    if ssd.len_bytes() < SUPERBLOCK_BYTES {
+        return Ok(Vec::new());
+    }
+    let request = IoRequest { op: IoOp::Read, offset_bytes: 0, buf: AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize) };
+    Ok(run_batch(ssd, vec![request])?.remove(0).to_vec())
+}
+
+fn read_fast_superblock(fast: &PmemRegion) -> Vec<u8> {
+    let mut bytes = vec![0u8; SUPERBLOCK_BYTES.min(fast.len_bytes()) as usize];
+    fast.read(0, &mut bytes);
+    bytes
+}
+
+fn windows(fast: &Arc<PmemRegion>, layout: &FastLayout, name: &str) -> (Box<PmemWindow>, CheckpointSlots) {
+    let journal = Box::new(PmemWindow::new(Arc::clone(fast), layout.journal_offset, layout.journal_bytes));
+    let a = Box::new(PmemWindow::new(Arc::clone(fast), layout.checkpoint_a_offset, layout.checkpoint_bytes));
+    let b = Box::new(PmemWindow::new(Arc::clone(fast), layout.checkpoint_b_offset, layout.checkpoint_bytes));
+    let slots = CheckpointSlots::new(a, b, [layout.checkpoint_a_offset, layout.checkpoint_b_offset], name.to_string());
+    (journal, slots)
+}
+
+impl Volume {
+    /// Format both devices as one new volume. Refuses devices that already hold a volume
+    /// unless `options.force`.
+    pub fn format(fast: &Arc<PmemRegion>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
+        let geometry = options.geometry;
+        geometry.validate()?;
+        if !options.force {
+            let existing = [(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd)?, ssd.describe())];
+            for (bytes, device) in existing {
+                if Superblock::has_magic(&bytes) {
+                    let uuid = Superblock::decode(&bytes, &device).map_or("unreadable".into(), |sb| sb.uuid_string());
+                    return Err(Error::AlreadyFormatted { device, uuid });
+                }
+            }
+        }
+        let fast_layout = FastLayout::compute(fast.len_bytes(), &geometry)?;
+        let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
+        if ssd_bytes / geometry.block() < 2 {
+            return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
+        }
+        let superblock = Superblock {
+            role: DeviceRole::Fast,
+            profile: options.profile,
+            uuid: *uuid::Uuid::new_v4().as_bytes(),
+            geometry,
+            fast_bytes: fast.len_bytes(),
+            ssd_bytes,
+            fast: fast_layout,
+            created_unix_ns: now_ns(),
+        };
+        // Invalidate what a previous volume left: its superblock first, so a crash during
+        // format never leaves a half-new volume that opens.
+        fast.write_persist(0, &[0u8; SUPERBLOCK_BYTES as usize]);
+        fast.zero(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
+        fast.persist(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
+        let (_, mut slots) = windows(fast, &fast_layout, "fast tier");
+        slots.clear();
+        let uid = rustix::process::getuid().as_raw();
+        let gid = rustix::process::getgid().as_raw();
+        let fresh = MetaState::fresh(uid, gid, now_ns());
+        slots.write(&checkpoint_payload(&fresh, &[]), 1)?;
+        let mut ssd_image = AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize);
+        ssd_image.copy_from_slice(&Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode());
+        run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 0, buf: ssd_image }])?;
+        ssd.flush()?;
+        fast.write_persist(0, &superblock.encode());
+        Ok(superblock)
+    }
+
+    /// Open a formatted volume: check both superblocks, load the newest checkpoint, replay
+    /// the journal, rebuild the allocators. Nothing is written before every check passed.
+    pub fn open(fast: Arc<PmemRegion>, ssd: Arc<dyn BlockDevice>, options: VolumeOptions) -> Result<Volume> {
+        let started = Instant::now();
+        let fast_name = format!("fast tier {}", fast.describe());
+        let ssd_name = format!("SSD {}", ssd.describe());
+        let superblock = Superblock::decode(&read_fast_superblock(&fast), &fast_name)?;
+        let ssd_superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref())?, &ssd_name)?;
+        if superblock.role != DeviceRole::Fast {
+            return Err(Error::corrupt("superblock", &fast_name, 0, "this is an SSD superblock; the devices are swapped"));
+        }
+        if ssd_superblock.role != DeviceRole::Ssd {
+            return Err(Error::corrupt("superblock", &ssd_name, 0, "this is a fast-tier superblock; the devices are swapped"));
+        }
+        if superblock.uuid != ssd_superblock.uuid {
+            return Err(Error::VolumeMismatch { fast: superblock.uuid_string(), ssd: ssd_superblock.uuid_string() });
+        }
+        if (Superblock { role: DeviceRole::Ssd, ..superblock.clone() }) != ssd_superblock {
+            return Err(Error::corrupt("superblock", &ssd_name, 0, "geometry disagrees with the fast tier's superblock"));
+        }
+        if fast.len_bytes() < superblock.fast_bytes {
+            return Err(Error::corrupt("superblock", &fast_name, 0, format!("device is {} bytes, the volume needs {}", fast.len_bytes(), superblock.fast_bytes)));
+        }
+        if ssd.len_bytes() < superblock.ssd_bytes {
+            return Err(Error::corrupt("superblock", &ssd_name, 0, format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes)));
+        }
+        let geometry = superblock.geometry;
+        let layout = superblock.fast;
+        let (ppb, page_bytes) = (geometry.pages_per_block(), geometry.page_bytes);
+        let (journal_window, mut checkpoints) = windows(&fast, &layout, &fast_name);
+        let checkpoint = checkpoints.load(ppb, page_bytes)?;
+        let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, &fast_name)?;
+        let meta = checkpoint.state;
+        for (offset, payload) in &replay.payloads {
+            let at = layout.journal_offset + offset;
+            let ops = decode_ops(payload, ppb, page_bytes).map_err(|s| Error::corrupt("journal record", &fast_name, at, s.to_string()))?;
+            for op in &ops {
+                apply(&meta, op).map_err(|e| Error::corrupt("journal record", &fast_name, at, e.0))?;
+            }
+        }
+        let orphans: Vec<Ino> = meta.snapshot().iter().filter(|i| i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
+        for ino in &orphans {
+            meta.inodes.write().remove(ino);
+        }
+        let residue: Arc<dyn ResidueStore> = Arc::new(PmemPages::new(Arc::clone(&fast), layout.pages_offset, layout.page_count, page_bytes));
+        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &[0]);
+        claim_units(&meta, residue.as_ref(), &blocks, &fast_name)?;
+        let journal = Journal::resume(journal_window, replay.end, replay.next_seq, fast_name);
+        let recovery = RecoveryReport {
+            duration: started.elapsed(),
+            checkpoint_generation: checkpoint.generation,
+            records_replayed: replay.payloads.len() as u64,
+            torn_tail_dropped: replay.torn_tail.is_some(),
+            orphans_dropped: orphans.len() as u64,
+            clean: replay.payloads.is_empty(),
+        };
+        let inner = Arc::new(Inner {
+            superblock,
+            geometry,
+            fast,
+            ssd,
+            residue,
+            blocks,
+            meta,
+            committer: Mutex::new(Committer { journal, checkpoints }),
+            namespace: Mutex::new(()),
+            stats: Stats::new(&checkpoint.counters),
+            options,
+            ssd_dirty: AtomicBool::new(false),
+            wake: Condvar::new(),
+            wake_flag: Mutex::new(false),
+            shutdown: AtomicBool::new(false),
+            recovery,
+        });
+        if !inner.options.read_only {
+            // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
+            // a later extension exposes zeros (never-acknowledged data stays invisible).
+            for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
+                inner.zero_beyond_eof(inode, inode.size());
+            }
+        }
+        let maintenance = (inner.options.background && !inner.options.read_only).then(|| {
+            let worker = Arc::clone(&inner);
+            std::thread::Builder::new().name("alignfs-maint".into()).spawn(move || worker.maintenance_loop()).expect("spawn maintenance thread")
+        });
+        Ok(Volume { inner, maintenance, closed: false })
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.inner.superblock
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.inner.geometry
+    }
+
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.inner.recovery
+    }
+
+    pub fn describe_devices(&self) -> (String, String, String) {
+        (self.inner.fast.describe(), self.inner.ssd.describe(), self.inner.residue.describe())
+    }
+
+    /// Write a checkpoint now (the journal restarts empty).
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.checkpoint()
+    }
+
+    /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).
+    pub fn migrate_all(&self) -> Result<u64> {
+        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark)
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let inner = &self.inner;
+        let committer = inner.committer.lock();
+        StatsSnapshot {
+            counters: Counter::ALL.iter().map(|&c| (c, inner.stats.get(c))).collect(),
+            fast_pages_used: inner.residue.used_units(),
+            fast_pages_total: inner.residue.capacity_units(),
+            fast_page_bytes: u64::from(inner.residue.unit_bytes()),
+            ssd_blocks_used: inner.blocks.used_count(),
+            ssd_blocks_total: inner.blocks.capacity(),
+            ssd_block_bytes: inner.geometry.block(),
+            journal_used_bytes: committer.journal.used_bytes(),
+            journal_capacity_bytes: committer.journal.capacity_bytes(),
+            checkpoint_generation: committer.checkpoints.generation(),
+            recovery: inner.recovery.clone(),
+            io_backend: inner.ssd.describe(),
+        }
+    }
+
+    /// Clean shutdown: stop background work, flush the SSD, write a checkpoint.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown(true)
+    }
+
+    /// Stop without flushing or checkpointing, as a crash would (tests).
+    pub fn simulate_crash(mut self) {
+        let _ = self.shutdown(false);
+    }
+
+    fn shutdown(&mut self, clean: bool) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.notify_maintenance();
+        if let Some(handle) = self.maintenance.take() {
+            let _ = handle.join();
+        }
+        if clean && !self.inner.options.read_only {
+            self.inner.ssd.flush()?;
+            self.inner.checkpoint()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown(true) {
+            tracing::error!("closing the volume: {e}");
+        }
+    }
+}
+
+/// Mark every unit the maps reference as used; a unit out of range or referenced twice
+/// means corrupt metadata.
+fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BitmapAllocator, device: &str) -> Result<()> {
+    for inode in meta.snapshot() {
+        for (lblock, entry) in inode.map.lock().iter() {
+            let problem = |what: String| Error::corrupt("map", device, 0, format!("inode {} block {lblock}: {what}", inode.ino.0));
+            for page in entry.fast_pages() {
+                if !residue.claim(page) {
+                    return Err(problem(format!("fast page {} is out of range or used twice", page.0)));
+                }
+            }
+            if let Some(block) = entry.ssd_block() {
+                if !blocks.claim(block.0) {
+                    return Err(problem(format!("SSD block {} is out of range or used twice", block.0)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn check_writable(&self) -> Result<()> {
+        if self.options.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
+    }
+
+    /// Journal `ops` as one record and apply them. Returns the units they released, which
+    /// the caller frees (after waiting out users of removed inodes).
+    fn commit(&self, ops: &[Op]) -> Result<Freed> {
+        self.check_writable()?;
+        let payload = encode_ops(ops);
+        let mut committer = self.committer.lock();
+        for op in ops {
+            if let Op::Map { ino, .. } | Op::Extend { ino, .. } | Op::SetSize { ino, .. } | Op::SetAttr { ino, .. } = op {
+                if self.meta.get(*ino).is_none() {
+                    return Err(Error::NotFound);
+                }
+            }
+        }
+        if !committer.journal.fits_when_empty(payload.len()) {
+            return Err(Error::MetadataFull(format!("one journal record of {} bytes exceeds the journal", payload.len())));
+        }
+        if !committer.journal.append(&payload)? {
+            self.checkpoint_locked(&mut committer)?;
+            let appended = committer.journal.append(&payload)?;
+            assert!(appended, "a record that fits an empty journal fits after a checkpoint");
+        }
+        self.stats.add(Counter::journal_records, 1);
+        self.stats.add(Counter::journal_bytes, payload.len() as u64);
+        let mut freed = Freed::default();
+        for op in ops {
+            let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
+            freed.extend(released);
+        }
+        if committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes() {
+            self.notify_maintenance();
+        }
+        Ok(freed)
+    }
+
+    /// Return units to their allocators.
+    fn release(&self, pages: &[PageNo], blocks: &[SsdBlock]) {
+        if !pages.is_empty() {
+            self.residue.free(pages);
+        }
+        if !blocks.is_empty() {
+            self.blocks.free(blocks.iter().map(|b| b.0));
+        }
+    }
+
+    /// Free what a commit released; removed inodes' units wait until no reader or writer
+    /// of that inode is left.
+    fn release_freed(&self, freed: Freed) {
+        for inode in &freed.removed {
+            drop(inode.range.write(0, u64::MAX));
+        }
+        self.release(&freed.pages, &freed.blocks);
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        self.check_writable()?;
+        let mut committer = self.committer.lock();
+        self.checkpoint_locked(&mut committer)
+    }
+
+    fn checkpoint_locked(&self, committer: &mut Committer) -> Result<()> {
+        self.stats.add(Counter::checkpoints, 1);
+        let payload = checkpoint_payload(&self.meta, &self.stats.all());
+        let next_seq = committer.journal.next_seq();
+        committer.checkpoints.write(&payload, next_seq)?;
+        committer.journal.reset(next_seq);
+        Ok(())
+    }
+
+    fn notify_maintenance(&self) {
+        *self.wake_flag.lock() = true;
+        self.wake.notify_all();
+    }
+
+    fn maintenance_loop(&self) {
+        while !self.shutdown.load(Ordering::SeqCst) {
+            {
+                let mut flag = self.wake_flag.lock();
+                if !*flag {
+                    self.wake.wait_for(&mut flag, Duration::from_millis(200));
+                }
+                *flag = false;
+            }
+            if self.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            let capacity = self.residue.capacity_units();
+            let used = self.residue.used_units();
+            if used as f64 > self.options.migrate_high * capacity as f64 {
+                let target_free = capacity - (self.options.migrate_low * capacity as f64) as u64;
+                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark) {
+                    tracing::warn!("background migration: {e}");
+                }
+            }
+            let half_full = {
+                let committer = self.committer.lock();
+                committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes()
+            };
+            if half_full {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!("background checkpoint: {e}");
+                }
+            }
+        }
+    }
+}

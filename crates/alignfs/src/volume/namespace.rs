@@ -1,0 +1,328 @@
+//! Namespace operations: validated under the namespace lock, then committed as ops.
+
+use std::sync::atomic::Ordering;
+
+use super::{Inner, Volume};
+use crate::error::{Error, Result};
+use crate::meta::{now_ns, Attr, FileKind, Ino, Op, TimeNs};
+
+pub const MAX_NAME_BYTES: usize = 255;
+pub const MAX_SYMLINK_BYTES: usize = 4096;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with `Exists` if the target exists (RENAME_NOREPLACE).
+    pub no_replace: bool,
+    /// Swap source and target, which must both exist (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+/// Attribute changes; `None` leaves a field alone.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttrRequest {
+    pub perm: Option<u16>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeNs>,
+    pub mtime: Option<TimeNs>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StatFs {
+    pub block_bytes: u64,
+    pub blocks_total: u64,
+    pub blocks_free: u64,
+    pub fast_pages_total: u64,
+    pub fast_pages_free: u64,
+    pub inodes: u64,
+    pub max_name_bytes: u64,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::NameTooLong);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        return Err(Error::InvalidArgument(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+    }
+    Ok(())
+}
+
+impl Inner {
+    fn dir(&self, ino: Ino) -> Result<std::sync::Arc<crate::meta::Inode>> {
+        let inode = self.get(ino)?;
+        if inode.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(inode)
+    }
+
+    fn child(&self, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
+        Ok(self.dir(parent)?.data.lock().entries.get(name).copied())
+    }
+
+    /// Is `ancestor` on the path from `ino` up to the root?
+    fn is_ancestor(&self, ancestor: Ino, mut ino: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            if ino == Ino::ROOT {
+                return false;
+            }
+            match self.meta.get(ino) {
+                Some(inode) => ino = inode.data.lock().parent,
+                None => return false,
+            }
+        }
+    }
+
+    fn commit_namespace(&self, ops: &[Op]) -> Result<()> {
+        let freed = self.commit(ops)?;
+        self.release_freed(freed);
+        Ok(())
+    }
+}
+
+impl Volume {
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        Ok(self.inner.get(ino)?.attr())
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
+        self.getattr(ino)
+    }
+
+    /// Resolve an absolute path (no symlinks followed).
+    pub fn resolve(&self, path: &str) -> Result<Ino> {
+        let mut ino = Ino::ROOT;
+        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+            ino = if part == ".." {
+                self.inner.dir(ino)?.data.lock().parent
+            } else {
+                self.inner.child(ino, part.as_bytes())?.ok_or(Error::NotFound)?
+            };
+        }
+        Ok(ino)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make_node(&self, parent: Ino, name: &[u8], kind: FileKind, perm: u16, uid: u32, gid: u32, rdev: u32, target: &[u8]) -> Result<Attr> {
+        self.inner.check_writable()?;
+        check_name(name)?;
+        if target.len() > MAX_SYMLINK_BYTES {
+            return Err(Error::NameTooLong);
+        }
+        let _ns = self.inner.namespace.lock();
+        if self.inner.child(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        let now = now_ns();
+        let attr = Attr {
+            ino: Ino(self.inner.meta.next_ino.fetch_add(1, Ordering::SeqCst)),
+            kind,
+            perm: perm & 0o7777,
+            uid,
+            gid,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            size: if kind == FileKind::Symlink { target.len() as u64 } else { 0 },
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+        };
+        self.inner.commit_namespace(&[Op::Create { parent, name: name.to_vec(), attr: attr.clone(), target: target.to_vec() }])?;
+        Ok(attr)
+    }
+
+    pub fn create_file(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+        self.make_node(parent, name, FileKind::File, perm, uid, gid, 0, &[])
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+        self.make_node(parent, name, FileKind::Dir, perm, uid, gid, 0, &[])
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::InvalidArgument("empty symlink target".into()));
+        }
+        self.make_node(parent, name, FileKind::Symlink, 0o777, uid, gid, 0, target)
+    }
+
+    /// A special file (FIFO, socket, device node) or a regular file.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(&self, parent: Ino, name: &[u8], kind: FileKind, perm: u16, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(Error::InvalidArgument("mknod makes files, FIFOs, sockets and device nodes".into()));
+        }
+        self.make_node(parent, name, kind, perm, uid, gid, rdev, &[])
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let inode = self.inner.get(ino)?;
+        if inode.kind != FileKind::Symlink {
+            return Err(Error::InvalidArgument("not a symlink".into()));
+        }
+        let target = inode.data.lock().target.clone();
+        Ok(target)
+    }
+
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        let dir = self.inner.dir(ino)?;
+        let entries: Vec<(Vec<u8>, Ino)> = dir.data.lock().entries.iter().map(|(n, i)| (n.clone(), *i)).collect();
+        Ok(entries
+            .into_iter()
+            .filter_map(|(name, ino)| self.inner.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind }))
+            .collect())
+    }
+
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        self.inner.check_writable()?;
+        check_name(name)?;
+        let _ns = self.inner.namespace.lock();
+        let inode = self.inner.get(ino)?;
+        if inode.kind == FileKind::Dir {
+            return Err(Error::NotPermitted("hard links to directories".into()));
+        }
+        if self.inner.child(parent, name)?.is_some() {
+            return Err(Error::Exists);
+        }
+        self.inner.commit_namespace(&[Op::Link { parent, name: name.to_vec(), ino, time: now_ns() }])?;
+        Ok(inode.attr())
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: Ino, name: &[u8], directory: bool) -> Result<()> {
+        self.inner.check_writable()?;
+        if name == b"." {
+            return Err(Error::InvalidArgument("cannot remove \".\"".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let _ns = self.inner.namespace.lock();
+        let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
+        let inode = self.inner.get(ino)?;
+        match (directory, inode.kind == FileKind::Dir) {
+            (true, false) => return Err(Error::NotDir),
+            (false, true) => return Err(Error::IsDir),
+            (true, true) if !inode.data.lock().entries.is_empty() => return Err(Error::NotEmpty),
+            _ => {}
+        }
+        self.inner.commit_namespace(&[Op::Unlink { parent, name: name.to_vec(), time: now_ns() }])
+    }
+
+    pub fn rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<()> {
+        self.inner.check_writable()?;
+        check_name(from_name)?;
+        check_name(to_name)?;
+        if flags.exchange && flags.no_replace {
+            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+        }
+        let _ns = self.inner.namespace.lock();
+        let source = self.inner.child(from_parent, from_name)?.ok_or(Error::NotFound)?;
+        let target = self.inner.child(to_parent, to_name)?;
+        let source_dir = self.inner.get(source)?.kind == FileKind::Dir;
+        if source_dir && self.inner.is_ancestor(source, to_parent) {
+            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+        }
+        if flags.exchange {
+            let target = target.ok_or(Error::NotFound)?;
+            if self.inner.get(target)?.kind == FileKind::Dir && self.inner.is_ancestor(target, from_parent) {
+                return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+            }
+        } else if let Some(target) = target {
+            if flags.no_replace {
+                return Err(Error::Exists);
+            }
+            if target == source {
+                return Ok(());
+            }
+            let target = self.inner.get(target)?;
+            match (source_dir, target.kind == FileKind::Dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !target.data.lock().entries.is_empty() => return Err(Error::NotEmpty),
+                _ => {}
+            }
+        }
+        let op = Op::Rename {
+            from_parent,
+            from_name: from_name.to_vec(),
+            to_parent,
+            to_name: to_name.to_vec(),
+            exchange: flags.exchange,
+            time: now_ns(),
+        };
+        self.inner.commit_namespace(&[op])
+    }
+
+    /// chmod / chown / utimens / truncate.
+    pub fn setattr(&self, ino: Ino, request: &SetAttrRequest) -> Result<Attr> {
+        self.inner.check_writable()?;
+        if let Some(size) = request.size {
+            self.truncate(ino, size)?;
+        }
+        let changes = request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
+        if changes {
+            let op = Op::SetAttr {
+                ino,
+                perm: request.perm.map(|p| p & 0o7777),
+                uid: request.uid,
+                gid: request.gid,
+                atime: request.atime,
+                mtime: request.mtime,
+                ctime: now_ns(),
+            };
+            self.inner.commit_namespace(&[op])?;
+        }
+        self.getattr(ino)
+    }
+
+    /// Count an open handle: an unlinked file's data lives until its last handle closes.
+    pub fn open_handle(&self, ino: Ino) -> Result<Attr> {
+        let inode = self.inner.get(ino)?;
+        inode.opens.fetch_add(1, Ordering::SeqCst);
+        Ok(inode.attr())
+    }
+
+    pub fn release_handle(&self, ino: Ino) -> Result<()> {
+        let Some(inode) = self.inner.meta.get(ino) else { return Ok(()) };
+        let previous = inode.opens.fetch_sub(1, Ordering::SeqCst);
+        if previous == 1 && inode.data.lock().attr.nlink == 0 && !self.inner.options.read_only {
+            let _ns = self.inner.namespace.lock();
+            self.inner.commit_namespace(&[Op::Free { ino }])?;
+        }
+        Ok(())
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let inner = &self.inner;
+        StatFs {
+            block_bytes: inner.geometry.block(),
+            blocks_total: inner.blocks.capacity() - 1,
+            blocks_free: inner.blocks.free_count(),
+            fast_pages_total: inner.residue.capacity_units(),
+            fast_pages_free: inner.residue.capacity_units() - inner.residue.used_units(),
+            inodes: inner.meta.inodes.read().len() as u64,
+            max_name_bytes: MAX_NAME_BYTES as u64,
+        }
+    }
+}

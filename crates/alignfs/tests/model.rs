@@ -1,0 +1,167 @@
+//! Model-based end-to-end test: random operations on a volume compared byte for byte with
+//! an in-memory reference, across geometries, read modes and fast-tier sizes (a tiny one
+//! keeps migration and the fast-tier-full path busy), with clean remounts, simulated
+//! crashes and forced migrations in between.
+
+mod common;
+
+use alignfs::stats::Counter;
+use alignfs::{Geometry, Ino, ReadMode, Volume, VolumeOptions};
+use common::{scaled, seed, Devices};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const MAX_FILE: u64 = 6 << 20;
+
+struct Case {
+    name: &'static str,
+    geometry: Geometry,
+    fast_bytes: u64,
+    read_mode: ReadMode,
+    /// Whether the fast tier is big enough that no write ever needs the slow path.
+    roomy: bool,
+}
+
+fn write_size(rng: &mut StdRng, g: &Geometry) -> u64 {
+    match rng.random_range(0..8) {
+        0 => rng.random_range(1..=64),
+        1 => rng.random_range(1..=4096),
+        2 => rng.random_range(3686..=4506),
+        3 => g.block(),
+        4 => 2 * g.block(),
+        5 => rng.random_range(943_718..=1_153_433),
+        _ => rng.random_range(1..=2 << 20),
+    }
+}
+
+fn write_offset(rng: &mut StdRng, g: &Geometry, size: u64) -> u64 {
+    match rng.random_range(0..5) {
+        0 => size,
+        1 => rng.random_range(0..=size / g.block()) * g.block(),
+        2 => size + rng.random_range(0..3 * g.block()),
+        _ => rng.random_range(0..=size),
+    }
+}
+
+fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
+    assert_eq!(volume.getattr(ino).unwrap().size, reference.len() as u64, "size of inode {}", ino.0);
+    let mut whole = vec![0xAAu8; reference.len() + 100];
+    let n = volume.read(ino, 0, &mut whole).unwrap();
+    assert_eq!(n, reference.len());
+    if whole[..n] != *reference {
+        let at = whole.iter().zip(reference).position(|(a, b)| a != b).unwrap();
+        panic!("inode {} differs from the model at byte {at} (of {})", ino.0, reference.len());
+    }
+    for _ in 0..3 {
+        let offset = rng.random_range(0..=reference.len() as u64 + 10);
+        let mut part = vec![0u8; rng.random_range(1..70_000)];
+        let n = volume.read(ino, offset, &mut part).unwrap();
+        let expected = reference.get(offset as usize..).map_or(&[][..], |r| &r[..r.len().min(part.len())]);
+        assert_eq!(&part[..n], expected, "read at {offset}");
+    }
+}
+
+fn run(case: &Case, operations: u64, rng: &mut StdRng) {
+    let g = case.geometry;
+    let devices = Devices::new(case.fast_bytes, 96 << 20);
+    devices.format(g);
+    let options = VolumeOptions { read_mode: case.read_mode, ..VolumeOptions::default() };
+    let mut volume = devices.open(options.clone()).unwrap();
+    let files: Vec<Ino> = (0..3).map(|i| volume.create_file(Ino::ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
+    let mut model: Vec<Vec<u8>> = vec![Vec::new(); files.len()];
+    for step in 0..operations {
+        let f = rng.random_range(0..files.len());
+        let (ino, reference) = (files[f], &mut model[f]);
+        match rng.random_range(0..100) {
+            0..=59 => {
+                let size = reference.len() as u64;
+                let offset = write_offset(rng, &g, size).min(MAX_FILE - 1);
+                let len = write_size(rng, &g).min(MAX_FILE - offset);
+                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                assert_eq!(volume.write(ino, offset, &data).unwrap(), data.len());
+                let end = (offset + len) as usize;
+                if reference.len() < end {
+                    reference.resize(end, 0);
+                }
+                reference[offset as usize..end].copy_from_slice(&data);
+            }
+            60..=67 => {
+                let size = reference.len() as u64;
+                let new_size = match rng.random_range(0..3) {
+                    0 => rng.random_range(0..=size),
+                    1 => size + rng.random_range(0..100_000),
+                    _ => rng.random_range(0..=size / g.block() + 1) * g.block(),
+                }
+                .min(MAX_FILE);
+                volume.truncate(ino, new_size).unwrap();
+                reference.resize(new_size as usize, 0);
+            }
+            68..=81 => check_file(&volume, ino, reference, rng),
+            82..=87 => volume.fsync(ino).unwrap(),
+            88..=90 => {
+                volume.close().unwrap();
+                volume = devices.open(options.clone()).unwrap();
+                assert!(volume.recovery().clean, "a clean close leaves nothing to replay");
+            }
+            91..=94 => {
+                volume.simulate_crash();
+                volume = devices.open(options.clone()).unwrap();
+            }
+            95..=97 => {
+                volume.migrate_all().unwrap();
+            }
+            _ => volume.checkpoint().unwrap(),
+        }
+        if step % 50 == 49 {
+            for (ino, reference) in files.iter().zip(&model) {
+                check_file(&volume, *ino, reference, rng);
+            }
+        }
+    }
+    for (ino, reference) in files.iter().zip(&model) {
+        check_file(&volume, *ino, reference, rng);
+    }
+    let stats = volume.stats();
+    assert_eq!(stats.get(Counter::ssd_write_bytes) % g.block(), 0, "every SSD write is whole blocks");
+    if case.roomy {
+        assert_eq!(stats.get(Counter::fg_rmw_reads), 0, "{}: no foreground read-modify-write", case.name);
+    }
+    eprintln!(
+        "{}: {} ops, ssd share {:.2}, migrations {}+{}+{}, rmw {}",
+        case.name,
+        operations,
+        stats.ssd_share(),
+        stats.get(Counter::migrations_watermark),
+        stats.get(Counter::migrations_header_full),
+        stats.get(Counter::migrations_fast_full),
+        stats.get(Counter::fg_rmw_reads)
+    );
+    volume.close().unwrap();
+    // The allocators rebuilt at open agree with what was in use.
+    let reopened = devices.open(options).unwrap();
+    let after = reopened.stats();
+    assert_eq!((after.fast_pages_used, after.ssd_blocks_used), (stats.fast_pages_used, stats.ssd_blocks_used));
+}
+
+fn cases() -> Vec<Case> {
+    let default = Geometry::default();
+    let small = Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 16384, io_workers: 2 };
+    let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
+    vec![
+        Case { name: "default geometry, buffered reads", geometry: default, fast_bytes: 64 << 20, read_mode: ReadMode::Buffered, roomy: true },
+        Case { name: "default geometry, direct reads", geometry: default, fast_bytes: 64 << 20, read_mode: ReadMode::Direct, roomy: true },
+        Case { name: "8K blocks", geometry: small, fast_bytes: 32 << 20, read_mode: ReadMode::Direct, roomy: true },
+        Case { name: "1K pages", geometry: fine, fast_bytes: 32 << 20, read_mode: ReadMode::Buffered, roomy: true },
+        Case { name: "tiny fast tier", geometry: default, fast_bytes: 384 << 10, read_mode: ReadMode::Buffered, roomy: false },
+        Case { name: "tiny fast tier, 8K blocks", geometry: small, fast_bytes: 300 << 10, read_mode: ReadMode::Direct, roomy: false },
+    ]
+}
+
+#[test]
+fn random_operations_match_the_model() {
+    let seed = seed("model::random_operations_match_the_model");
+    let mut rng = StdRng::seed_from_u64(seed);
+    for case in cases() {
+        run(&case, scaled(400), &mut rng);
+    }
+}
