@@ -8,6 +8,7 @@
 mod data;
 mod namespace;
 
+pub use data::{FallocateMode, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs};
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,0 +1,193 @@
+//! Targeted tests for the paths the random model rarely reaches: upage header overflow,
+//! the fast-tier-full slow path, concurrency, fallocate, and device faults.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use alignfs::stats::Counter;
+use alignfs::volume::FallocateMode;
+use alignfs::{Error, Geometry, Ino, VolumeOptions};
+use common::Devices;
+
+fn quiet() -> VolumeOptions {
+    VolumeOptions { background: false, ..VolumeOptions::default() }
+}
+
+fn read_all(volume: &alignfs::Volume, ino: Ino) -> Vec<u8> {
+    let size = volume.getattr(ino).unwrap().size as usize;
+    let mut out = vec![0u8; size];
+    assert_eq!(volume.read(ino, 0, &mut out).unwrap(), size);
+    out
+}
+
+#[test]
+fn full_upage_header_merges_the_block() {
+    let devices = Devices::new(8 << 20, 16 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![7u8; 32768];
+    volume.write(ino, 0, &model).unwrap();
+    // Fifteen disjoint 10-byte chunks in page 0: the fifteenth overflows the header.
+    for i in 0..15u64 {
+        let data = vec![i as u8 + 100; 10];
+        volume.write(ino, i * 200, &data).unwrap();
+        model[(i * 200) as usize..(i * 200 + 10) as usize].copy_from_slice(&data);
+    }
+    let stats = volume.stats();
+    assert_eq!(stats.get(Counter::migrations_header_full), 1);
+    assert_eq!(stats.get(Counter::fg_rmw_reads), 0);
+    assert_eq!(read_all(&volume, ino), model);
+    volume.simulate_crash();
+    let volume = devices.open(quiet()).unwrap();
+    assert_eq!(read_all(&volume, ino), model);
+}
+
+#[test]
+fn full_fast_tier_takes_the_slow_path_and_loses_nothing() {
+    // Exactly 16 fast pages (two blocks' worth) after the metadata areas.
+    let devices = Devices::new(266_240, 16 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    assert_eq!(volume.stats().fast_pages_total, 16);
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![1u8; 3 * 32768];
+    volume.write(ino, 0, &model).unwrap();
+    // Cover blocks 0 and 1 with full-page overlays: all 16 pages in use.
+    for page in 0..16u64 {
+        let data = vec![page as u8 + 10; 4096];
+        volume.write(ino, page * 4096, &data).unwrap();
+        model[(page * 4096) as usize..((page + 1) * 4096) as usize].copy_from_slice(&data);
+    }
+    assert_eq!(volume.stats().fast_pages_used, 16);
+    // Partial in blocks 0 and 2 and whole over block 1: the pages it needs are held by
+    // blocks its own lock covers, so migration cannot help; it rewrites whole blocks.
+    let data = vec![99u8; 2 * 32768];
+    volume.write(ino, 100, &data).unwrap();
+    model[100..100 + data.len()].copy_from_slice(&data);
+    let stats = volume.stats();
+    assert!(stats.get(Counter::fg_rmw_reads) >= 1, "the slow path ran");
+    assert_eq!(read_all(&volume, ino), model);
+    volume.close().unwrap();
+    let volume = devices.open(quiet()).unwrap();
+    assert_eq!(read_all(&volume, ino), model);
+}
+
+#[test]
+fn writers_wait_for_migration_when_the_fast_tier_fills() {
+    let devices = Devices::new(300 << 10, 64 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![0u8; 64 * 32768];
+    volume.write(ino, 0, &model).unwrap();
+    for i in 0..200u64 {
+        let offset = (i * 7919 * 13) % (model.len() as u64 - 5000);
+        let data = vec![(i % 251) as u8; 3000];
+        volume.write(ino, offset, &data).unwrap();
+        model[offset as usize..offset as usize + 3000].copy_from_slice(&data);
+    }
+    let stats = volume.stats();
+    assert!(stats.get(Counter::migrations_fast_full) > 0, "writers migrated to make room");
+    assert_eq!(stats.get(Counter::fg_rmw_reads), 0);
+    assert_eq!(read_all(&volume, ino), model);
+}
+
+#[test]
+fn concurrent_writers_and_readers_of_one_file() {
+    let devices = Devices::new(32 << 20, 64 << 20);
+    devices.format(Geometry::default());
+    let volume = Arc::new(devices.open(VolumeOptions::default()).unwrap());
+    let ino = volume.create_file(Ino::ROOT, b"shared", 0o644, 0, 0).unwrap().ino;
+    let region = 300_000u64;
+    volume.truncate(ino, 4 * region).unwrap();
+    let writers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let volume = Arc::clone(&volume);
+            std::thread::spawn(move || {
+                for round in 0..40u64 {
+                    let len = 1000 + (round * 7717 + t * 131) % 60_000;
+                    let offset = t * region + (round * 4099) % (region - len);
+                    volume.write(ino, offset, &vec![(t * 50 + round) as u8; len as usize]).unwrap();
+                }
+                // The final write of each thread fixes its region's content.
+                volume.write(ino, t * region, &vec![t as u8 + 1; region as usize]).unwrap();
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let volume = Arc::clone(&volume);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 100_000];
+                for i in 0..100u64 {
+                    volume.read(ino, (i * 11_939) % (4 * region), &mut buf).unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in writers.into_iter().chain(readers) {
+        t.join().unwrap();
+    }
+    let content = read_all(&volume, ino);
+    for t in 0..4u64 {
+        let part = &content[(t * region) as usize..((t + 1) * region) as usize];
+        assert!(part.iter().all(|&b| b == t as u8 + 1), "region {t}");
+    }
+}
+
+#[test]
+fn fallocate_allocates_and_punches() {
+    let devices = Devices::new(8 << 20, 32 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let free_before = volume.statfs().blocks_free;
+    volume.fallocate(ino, 0, 10 * 32768 + 500, FallocateMode::Allocate { keep_size: false }).unwrap();
+    assert_eq!(volume.getattr(ino).unwrap().size, 10 * 32768 + 500);
+    assert_eq!(free_before - volume.statfs().blocks_free, 10, "whole blocks are allocated on the SSD");
+    assert!(read_all(&volume, ino).iter().all(|&b| b == 0));
+    let mut model = vec![5u8; 10 * 32768 + 500];
+    volume.write(ino, 0, &model).unwrap();
+    volume.fallocate(ino, 1000, 3 * 32768, FallocateMode::PunchHole).unwrap();
+    model[1000..1000 + 3 * 32768].fill(0);
+    assert_eq!(read_all(&volume, ino), model);
+    assert_eq!(volume.getattr(ino).unwrap().size, model.len() as u64, "punching keeps the size");
+    volume.fallocate(ino, 0, 100, FallocateMode::Allocate { keep_size: true }).unwrap();
+    assert_eq!(read_all(&volume, ino), model);
+}
+
+#[test]
+fn ssd_faults_surface_as_errors_and_change_nothing() {
+    let devices = Devices::new(8 << 20, 32 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let model = vec![3u8; 100_000];
+    volume.write(ino, 0, &model).unwrap();
+    let blocks_used = volume.stats().ssd_blocks_used;
+    devices.ssd.faults.fail_write_in.store(1, Ordering::SeqCst);
+    let failed = volume.write(ino, 0, &vec![9u8; 200_000]);
+    assert!(matches!(failed, Err(Error::Injected(_))), "{failed:?}");
+    assert_eq!(failed.unwrap_err().errno(), libc::EIO);
+    assert_eq!(volume.getattr(ino).unwrap().size, 100_000, "a failed write does not extend the file");
+    assert_eq!(volume.stats().ssd_blocks_used, blocks_used, "the failed write's blocks were returned");
+    devices.ssd.faults.fail_read_in.store(1, Ordering::SeqCst);
+    let mut buf = vec![0u8; 50_000];
+    assert_eq!(volume.read(ino, 0, &mut buf).unwrap_err().errno(), libc::EIO);
+    volume.write(ino, 100_000, b"tail").unwrap();
+    devices.ssd.faults.fail_flush_in.store(1, Ordering::SeqCst);
+    assert!(volume.fsync(ino).is_err());
+    volume.fsync(ino).unwrap();
+    let mut expected = model.clone();
+    expected.extend_from_slice(b"tail");
+    // Whole blocks are written out of place, so the failed write left the old data.
+    assert_eq!(read_all(&volume, ino), expected);
+    volume.close().unwrap();
+    let volume = devices.open(quiet()).unwrap();
+    let content = read_all(&volume, ino);
+    assert_eq!(content.len(), expected.len());
+    assert_eq!(&content[100_000..], b"tail");
+}
