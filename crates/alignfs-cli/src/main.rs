@@ -1,1 +1,224 @@
-fn main(){}
+//! The `alignfs` command: format, inspect and benchmark volumes.
+
+mod bench;
+mod defaults;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use alignfs::device::IoBackend;
+use alignfs::stats::Counter;
+use alignfs::volume::{format_paths, open_paths, DeviceSpec};
+use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// alignfs: split every write into SSD-aligned IO and a small byte-addressable residue.
+#[derive(Parser)]
+#[command(name = "alignfs", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Format a fast tier and an SSD as one new volume.
+    Mkfs(MkfsArgs),
+    /// Print a volume's counters and space usage (replays its journal in memory; writes nothing).
+    Stat(StatArgs),
+    /// Benchmark alignfs against a plain file and the device limit, in-process.
+    Bench(bench::BenchArgs),
+}
+
+/// Where the volume's devices are.
+#[derive(Args, Clone)]
+struct DeviceArgs {
+    /// Fast tier (persistent memory): a DAX or tmpfs file, `PATH[:SIZE]`.
+    /// Default: /dev/shm/alignfs/fast (1G when created).
+    #[arg(long, value_name = "PATH[:SIZE]")]
+    fast: Option<String>,
+    /// SSD: a block device or an image file, `PATH[:SIZE]` (image files are preallocated).
+    /// Default: DATA_DIR/ssd.img (8G when created).
+    #[arg(long, value_name = "PATH[:SIZE]")]
+    ssd: Option<String>,
+    /// Directory for the default SSD image (env ALIGNFS_DATA_DIR; default /var/tmp/alignfs).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// SSD IO backend (default: io_uring when the kernel allows it).
+    #[arg(long, value_enum)]
+    io_backend: Option<BackendArg>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    Uring,
+    Threads,
+}
+
+impl DeviceArgs {
+    fn specs(&self) -> Result<(DeviceSpec, DeviceSpec)> {
+        defaults::device_specs(self.fast.as_deref(), self.ssd.as_deref(), self.data_dir.as_deref())
+    }
+
+    fn backend(&self) -> Option<IoBackend> {
+        self.io_backend.map(|b| match b {
+            BackendArg::Uring => IoBackend::Uring,
+            BackendArg::Threads => IoBackend::ThreadPool,
+        })
+    }
+}
+
+#[derive(Args)]
+struct MkfsArgs {
+    #[command(flatten)]
+    devices: DeviceArgs,
+    /// Profile (only `orch` is implemented so far).
+    #[arg(long, default_value = "orch")]
+    profile: String,
+    /// SSD block size: the unit of every SSD write.
+    #[arg(long, default_value = "32K")]
+    block_size: String,
+    /// Fast-tier page size.
+    #[arg(long, default_value = "4K")]
+    page_size: String,
+    /// Interleaving unit of the SSD IO workers and largest SSD write (a multiple of the block size).
+    #[arg(long, default_value = "256K")]
+    split_size: String,
+    /// SSD IO worker threads (each with its own io_uring).
+    #[arg(long, default_value_t = 2)]
+    io_workers: u32,
+    /// Overwrite devices that already hold an alignfs volume.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct StatArgs {
+    #[command(flatten)]
+    devices: DeviceArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn size_arg(text: &str, what: &str) -> Result<u32> {
+    let bytes = alignfs::geometry::parse_size(text).with_context(|| format!("--{what}"))?;
+    u32::try_from(bytes).with_context(|| format!("--{what} {text} is too large"))
+}
+
+fn mkfs(args: &MkfsArgs) -> Result<()> {
+    let geometry = Geometry {
+        block_bytes: size_arg(&args.block_size, "block-size")?,
+        page_bytes: size_arg(&args.page_size, "page-size")?,
+        split_bytes: size_arg(&args.split_size, "split-size")?,
+        io_workers: args.io_workers,
+    };
+    let profile = Profile::parse(&args.profile)?;
+    let (fast, ssd) = args.devices.specs()?;
+    let options = FormatOptions { geometry, profile, force: args.force };
+    let (sb, volume) = format_paths(&fast, &ssd, &options, args.devices.backend())?;
+    let (fast_desc, ssd_desc, residue) = volume.describe_devices();
+    println!("formatted alignfs volume {} (profile {})", sb.uuid_string(), sb.profile.name());
+    println!("  fast tier: {fast_desc}");
+    println!("  SSD:       {ssd_desc}");
+    println!("  residue:   {residue}");
+    println!(
+        "  geometry:  {} blocks, {} pages, split {}, {} IO workers",
+        bytesize::ByteSize(u64::from(geometry.block_bytes)),
+        bytesize::ByteSize(u64::from(geometry.page_bytes)),
+        bytesize::ByteSize(u64::from(geometry.split_bytes)),
+        geometry.io_workers
+    );
+    println!(
+        "  metadata:  journal {}, checkpoint slots 2 x {}",
+        bytesize::ByteSize(sb.fast.journal_bytes),
+        bytesize::ByteSize(sb.fast.checkpoint_bytes)
+    );
+    volume.close()?;
+    Ok(())
+}
+
+fn stat(args: &StatArgs) -> Result<()> {
+    let (fast, ssd) = args.devices.specs()?;
+    let options = VolumeOptions { read_only: true, background: false, read_mode: ReadMode::Buffered, ..VolumeOptions::default() };
+    let volume = open_paths(&fast.path, &ssd.path, options, args.devices.backend())?;
+    let s = volume.stats();
+    if args.json {
+        let mut counters = serde_json::Map::new();
+        for (c, v) in &s.counters {
+            counters.insert(c.name().into(), (*v).into());
+        }
+        let out = serde_json::json!({
+            "uuid": volume.superblock().uuid_string(),
+            "profile": volume.superblock().profile.name(),
+            "counters": counters,
+            "ssd_share": s.ssd_share(),
+            "fast_pages_used": s.fast_pages_used, "fast_pages_total": s.fast_pages_total, "fast_page_bytes": s.fast_page_bytes,
+            "ssd_blocks_used": s.ssd_blocks_used, "ssd_blocks_total": s.ssd_blocks_total, "ssd_block_bytes": s.ssd_block_bytes,
+            "journal_used_bytes": s.journal_used_bytes, "journal_capacity_bytes": s.journal_capacity_bytes,
+            "checkpoint_generation": s.checkpoint_generation,
+            "recovery_us": s.recovery.duration.as_micros() as u64,
+            "records_replayed": s.recovery.records_replayed,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let (fast_desc, ssd_desc, _) = volume.describe_devices();
+    println!("volume {} (profile {})", volume.superblock().uuid_string(), volume.superblock().profile.name());
+    println!("  fast tier: {fast_desc}\n  SSD:       {ssd_desc}");
+    let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
+    println!(
+        "  fast tier: {} of {} pages used ({:.1}%)",
+        s.fast_pages_used,
+        s.fast_pages_total,
+        pct(s.fast_pages_used, s.fast_pages_total)
+    );
+    println!(
+        "  SSD:       {} of {} blocks used ({:.1}%)",
+        s.ssd_blocks_used,
+        s.ssd_blocks_total,
+        pct(s.ssd_blocks_used, s.ssd_blocks_total)
+    );
+    println!(
+        "  journal:   {} of {} used, checkpoint generation {}",
+        bytesize::ByteSize(s.journal_used_bytes),
+        bytesize::ByteSize(s.journal_capacity_bytes),
+        s.checkpoint_generation
+    );
+    println!(
+        "  open:      {} journal records replayed in {:?}{}",
+        s.recovery.records_replayed,
+        s.recovery.duration,
+        if s.recovery.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
+    );
+    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * s.ssd_share());
+    println!("counters (lifetime, as of the last checkpoint plus replayed records' effects on space):");
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
+    for &c in Counter::ALL {
+        table.add_row([c.name().to_string(), s.get(c).to_string(), c.doc().to_string()]);
+    }
+    println!("{table}");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ALIGNFS_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Mkfs(args) => mkfs(args),
+        Command::Stat(args) => stat(args),
+        Command::Bench(args) => bench::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("alignfs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -14,12 +14,7 @@ pub enum Error {
         source: std::io::Error,
     },
     #[error("{structure} at byte {offset} of {device}: {problem}")]
-    Corrupt {
-        structure: &'static str,
-        device: String,
-        offset: u64,
-        problem: String,
-    },
+    Corrupt { structure: &'static str, device: String, offset: u64, problem: String },
     #[error("{device} already holds an alignfs volume (uuid {uuid}); pass --force to overwrite it")]
     AlreadyFormatted { device: String, uuid: String },
     #[error("{0} does not hold an alignfs volume (no superblock magic)")]
@@ -67,12 +62,7 @@ impl Error {
         Error::Io { context: context.into(), source }
     }
 
-    pub(crate) fn corrupt(
-        structure: &'static str,
-        device: &str,
-        offset: u64,
-        problem: impl Into<String>,
-    ) -> Self {
+    pub(crate) fn corrupt(structure: &'static str, device: &str, offset: u64, problem: impl Into<String>) -> Self {
         Error::Corrupt { structure, device: device.to_string(), offset, problem: problem.into() }
     }
 

@@ -32,7 +32,7 @@ pub struct Geometry {
 
 impl Default for Geometry {
     fn default() -> Self {
-        Geometry { block_bytes: 32 * 1024, page_bytes: 4 * 1024, split_bytes: 32 * 1024, io_workers: 2 }
+        Geometry { block_bytes: 32 * 1024, page_bytes: 4 * 1024, split_bytes: 256 * 1024, io_workers: 2 }
     }
 }
 

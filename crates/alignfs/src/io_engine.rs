@@ -37,7 +37,9 @@ struct Job {
 }
 
 pub(crate) struct IoEngine {
-    queues: Vec<Sender<Job>>,
+    /// One queue per worker; a message is that worker's whole share of one batch, so the
+    /// worker puts all of it in its ring at once.
+    queues: Vec<Sender<Vec<Job>>>,
     workers: Vec<JoinHandle<()>>,
     split_bytes: u64,
     backend: IoBackend,
@@ -55,7 +57,7 @@ impl IoEngine {
         let mut queues = Vec::with_capacity(workers);
         let mut handles = Vec::with_capacity(workers);
         for id in 0..workers.max(1) {
-            let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+            let (tx, rx) = crossbeam_channel::unbounded::<Vec<Job>>();
             let file = Arc::clone(&file);
             let handle = std::thread::Builder::new()
                 .name(format!("alignfs-io{id}"))
@@ -76,13 +78,17 @@ impl IoEngine {
 
     pub fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
         let (reply, ticket) = IoTicket::channel(batch.len());
+        let mut shares: Vec<Vec<Job>> = (0..self.queues.len()).map(|_| Vec::new()).collect();
         for (index, request) in batch.into_iter().enumerate() {
             request.assert_aligned();
             let worker = ((request.offset_bytes / self.split_bytes) % self.queues.len() as u64) as usize;
-            let job = Job { index, request, reply: reply.clone() };
-            if let Err(rejected) = self.queues[worker].send(job) {
-                let job = rejected.into_inner();
-                let _ = job.reply.send((job.index, Err(worker_gone())));
+            shares[worker].push(Job { index, request, reply: reply.clone() });
+        }
+        for (queue, share) in self.queues.iter().zip(shares).filter(|(_, s)| !s.is_empty()) {
+            if let Err(rejected) = queue.send(share) {
+                for job in rejected.into_inner() {
+                    let _ = job.reply.send((job.index, Err(worker_gone())));
+                }
             }
         }
         ticket
@@ -117,14 +123,16 @@ fn complete(job: Job, outcome: Result<(), Error>) {
     let _ = reply.send((index, outcome.map(|()| request.buf)));
 }
 
-fn sync_worker(file: &File, queue: &Receiver<Job>) {
-    while let Ok(mut job) = queue.recv() {
-        let outcome = finish_sync(file, &mut job.request, 0);
-        complete(job, outcome);
+fn sync_worker(file: &File, queue: &Receiver<Vec<Job>>) {
+    while let Ok(jobs) = queue.recv() {
+        for mut job in jobs {
+            let outcome = finish_sync(file, &mut job.request, 0);
+            complete(job, outcome);
+        }
     }
 }
 
-fn uring_worker(file: &File, queue: &Receiver<Job>) {
+fn uring_worker(file: &File, queue: &Receiver<Vec<Job>>) {
     let mut ring = match io_uring::IoUring::new(RING_ENTRIES) {
         Ok(ring) => ring,
         Err(e) => {
@@ -132,14 +140,23 @@ fn uring_worker(file: &File, queue: &Receiver<Job>) {
             return sync_worker(file, queue);
         }
     };
-    while let Ok(first) = queue.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < RING_ENTRIES as usize {
+    let mut pending: Vec<Job> = Vec::new();
+    loop {
+        if pending.is_empty() {
+            match queue.recv() {
+                Ok(share) => pending = share,
+                Err(_) => return,
+            }
+        }
+        while pending.len() < RING_ENTRIES as usize {
             match queue.try_recv() {
-                Ok(job) => jobs.push(job),
+                Ok(share) => pending.extend(share),
                 Err(_) => break,
             }
         }
+        let take = pending.len().min(RING_ENTRIES as usize);
+        let rest = pending.split_off(take);
+        let mut jobs = std::mem::replace(&mut pending, rest);
         debug_assert!(no_overlap(&jobs), "overlapping SSD IOs in one ring batch");
         match run_ring(&mut ring, file, &mut jobs) {
             Ok(results) => {
@@ -163,7 +180,13 @@ fn uring_worker(file: &File, queue: &Receiver<Job>) {
                 }
                 match io_uring::IoUring::new(RING_ENTRIES) {
                     Ok(fresh) => ring = fresh,
-                    Err(_) => return sync_worker(file, queue),
+                    Err(_) => {
+                        for mut job in pending.drain(..) {
+                            let outcome = finish_sync(file, &mut job.request, 0);
+                            complete(job, outcome);
+                        }
+                        return sync_worker(file, queue);
+                    }
                 }
             }
         }

@@ -128,13 +128,7 @@ pub fn partition<'m>(
 }
 
 /// The residue plan for one partly covered block; `None` if an upage header overflows.
-fn residue_action(
-    current: Option<&BlockEntry>,
-    start: u32,
-    end: u32,
-    src: usize,
-    geometry: &Geometry,
-) -> Option<BlockAction> {
+fn residue_action(current: Option<&BlockEntry>, start: u32, end: u32, src: usize, geometry: &Geometry) -> Option<BlockAction> {
     let page = geometry.page_bytes;
     let mut pages = Vec::new();
     let mut position = start;
@@ -200,12 +194,7 @@ pub struct NextEntry {
 /// The entry of `plan.lblock` once its IOs are done. `new_block` is the SSD block bound to
 /// an `Ssd`/`Rewrite` action; `new_pages` the pages bound, in order, to its `NewPage` and
 /// `NewUpage` targets.
-pub fn next_entry(
-    current: Option<&BlockEntry>,
-    plan: &BlockPlan,
-    new_block: Option<SsdBlock>,
-    new_pages: &[PageNo],
-) -> NextEntry {
+pub fn next_entry(current: Option<&BlockEntry>, plan: &BlockPlan, new_block: Option<SsdBlock>, new_pages: &[PageNo]) -> NextEntry {
     let mut fresh = new_pages.iter().copied();
     let mut next_page = || fresh.next().expect("a page was bound to every new-page target");
     match &plan.action {

@@ -3,10 +3,7 @@
 /// The seed for a randomized test: `ALIGNFS_SEED` if set, otherwise fresh. Printed, so a
 /// failure can be replayed with `ALIGNFS_SEED=<seed> cargo test <name>`.
 pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("ALIGNFS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| rand::random::<u64>());
+    let seed = std::env::var("ALIGNFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     eprintln!("{test}: seed {seed} (replay with ALIGNFS_SEED={seed})");
     seed
 }

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Corrupt or mismatched media: every failure is a clear error naming the structure, never
 //! a panic, and a failed open writes nothing.
 
@@ -52,10 +53,14 @@ fn damaged_superblocks_are_refused() {
 #[test]
 fn damaged_checkpoint_is_refused() {
     let devices = populated();
-    let sb = Volume::open(Arc::clone(&devices.fast), Arc::clone(&devices.ssd) as Arc<dyn BlockDevice>, VolumeOptions { read_only: true, ..VolumeOptions::default() })
-        .unwrap()
-        .superblock()
-        .clone();
+    let sb = Volume::open(
+        Arc::clone(&devices.fast),
+        Arc::clone(&devices.ssd) as Arc<dyn BlockDevice>,
+        VolumeOptions { read_only: true, ..VolumeOptions::default() },
+    )
+    .unwrap()
+    .superblock()
+    .clone();
     // Both slots' headers destroyed.
     devices.fast.write(sb.fast.checkpoint_a_offset, &[0u8; 64]);
     devices.fast.write(sb.fast.checkpoint_b_offset, &[0u8; 64]);

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Model-based end-to-end test: random operations on a volume compared byte for byte with
 //! an in-memory reference, across geometries, read modes and fast-tier sizes (a tiny one
 //! keeps migration and the fast-tier-full path busy), with clean remounts, simulated
@@ -148,7 +149,13 @@ fn cases() -> Vec<Case> {
     let small = Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 16384, io_workers: 2 };
     let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
     vec![
-        Case { name: "default geometry, buffered reads", geometry: default, fast_bytes: 64 << 20, read_mode: ReadMode::Buffered, roomy: true },
+        Case {
+            name: "default geometry, buffered reads",
+            geometry: default,
+            fast_bytes: 64 << 20,
+            read_mode: ReadMode::Buffered,
+            roomy: true,
+        },
         Case { name: "default geometry, direct reads", geometry: default, fast_bytes: 64 << 20, read_mode: ReadMode::Direct, roomy: true },
         Case { name: "8K blocks", geometry: small, fast_bytes: 32 << 20, read_mode: ReadMode::Direct, roomy: true },
         Case { name: "1K pages", geometry: fine, fast_bytes: 32 << 20, read_mode: ReadMode::Buffered, roomy: true },

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Namespace semantics and their durability across clean remounts and crashes.
 
 mod common;
@@ -59,7 +60,10 @@ fn rename_rules() {
     assert!(matches!(volume.rename(Ino::ROOT, b"a", b, b"loop", none), Err(Error::InvalidArgument(_))));
     assert!(matches!(volume.rename(Ino::ROOT, b"x", Ino::ROOT, b"a", none), Err(Error::IsDir)));
     assert!(matches!(volume.rename(Ino::ROOT, b"a", Ino::ROOT, b"x", none), Err(Error::NotDir)));
-    assert!(matches!(volume.rename(Ino::ROOT, b"x", Ino::ROOT, b"y", RenameFlags { no_replace: true, exchange: false }), Err(Error::Exists)));
+    assert!(matches!(
+        volume.rename(Ino::ROOT, b"x", Ino::ROOT, b"y", RenameFlags { no_replace: true, exchange: false }),
+        Err(Error::Exists)
+    ));
     assert!(matches!(volume.rename(Ino::ROOT, b"nope", Ino::ROOT, b"z", none), Err(Error::NotFound)));
     // Replace: y's inode goes away.
     volume.rename(Ino::ROOT, b"x", Ino::ROOT, b"y", none).unwrap();
@@ -121,7 +125,14 @@ fn unlinked_open_file_keeps_its_data_until_released() {
 fn setattr_and_times() {
     let (devices, volume) = setup();
     let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
-    let request = alignfs::volume::SetAttrRequest { perm: Some(0o4755), uid: Some(7), gid: Some(8), size: Some(12345), atime: Some(1_000), mtime: Some(2_000) };
+    let request = alignfs::volume::SetAttrRequest {
+        perm: Some(0o4755),
+        uid: Some(7),
+        gid: Some(8),
+        size: Some(12345),
+        atime: Some(1_000),
+        mtime: Some(2_000),
+    };
     let attr = volume.setattr(f, &request).unwrap();
     assert_eq!((attr.perm, attr.uid, attr.gid, attr.size, attr.atime, attr.mtime), (0o4755, 7, 8, 12345, 1_000, 2_000));
     volume.simulate_crash();

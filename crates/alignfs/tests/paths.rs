@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Targeted tests for the paths the random model rarely reaches: upage header overflow,
 //! the fast-tier-full slow path, concurrency, fallocate, and device faults.
 

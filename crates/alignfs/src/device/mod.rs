@@ -8,11 +8,13 @@
 mod aligned;
 mod file_ssd;
 mod pmem;
+mod pool;
 mod sim;
 
 pub use aligned::AlignedBuf;
 pub use file_ssd::{FileSsd, IoBackend, SsdOptions};
 pub use pmem::{PersistMode, PmemRegion};
+pub use pool::BufferPool;
 pub use sim::{FaultPlan, SimSsd};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -72,10 +74,7 @@ impl IoTicket {
                     first_error.get_or_insert(e);
                 }
                 Err(_) => {
-                    first_error.get_or_insert(Error::io(
-                        "SSD IO worker",
-                        std::io::Error::other("IO worker exited with requests pending"),
-                    ));
+                    first_error.get_or_insert(Error::io("SSD IO worker", std::io::Error::other("IO worker exited with requests pending")));
                     break;
                 }
             }

@@ -73,10 +73,7 @@ impl PmemRegion {
         if let Some(ptr) = map_sync(&file, len) {
             return Ok(PmemRegion::new(Mapping::Sync { ptr, len }, len, PersistMode::CacheLineFlush, name));
         }
-        let raw = MmapOptions::new()
-            .len(len)
-            .map_raw(&file)
-            .map_err(|e| Error::io(format!("mmap fast tier {name}"), e))?;
+        let raw = MmapOptions::new().len(len).map_raw(&file).map_err(|e| Error::io(format!("mmap fast tier {name}"), e))?;
         Ok(PmemRegion::new(Mapping::Raw(raw), len, PersistMode::StoreOrder, name))
     }
 
@@ -182,16 +179,8 @@ impl Drop for PmemRegion {
 fn map_sync(file: &std::fs::File, len: usize) -> Option<*mut u8> {
     use rustix::mm::{mmap, MapFlags, ProtFlags};
     // SAFETY: a fresh shared mapping of a file we hold open; no existing memory is replaced.
-    let mapped = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED_VALIDATE | MapFlags::SYNC,
-            file,
-            0,
-        )
-    };
+    let mapped =
+        unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED_VALIDATE | MapFlags::SYNC, file, 0) };
     mapped.ok().map(|p| p.cast::<u8>())
 }
 

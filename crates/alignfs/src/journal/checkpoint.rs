@@ -77,7 +77,12 @@ impl CheckpointSlots {
         self.slots[slot].read(HEADER_BYTES, &mut payload);
         let at = self.offsets[slot];
         if crc32c(&payload) != header.crc {
-            return Err(Error::corrupt("checkpoint", &self.device, at, format!("generation {} payload checksum mismatch", header.generation)));
+            return Err(Error::corrupt(
+                "checkpoint",
+                &self.device,
+                at,
+                format!("generation {} payload checksum mismatch", header.generation),
+            ));
         }
         let (state, counters) = decode_state(&payload, pages_per_block, page_bytes)
             .map_err(|s| Error::corrupt("checkpoint", &self.device, at + HEADER_BYTES + s.at as u64, s.what))?;

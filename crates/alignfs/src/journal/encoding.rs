@@ -212,12 +212,9 @@ pub fn decode_ops(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Resu
     let mut ops = Vec::with_capacity(count);
     for _ in 0..count {
         let op = match d.u8()? {
-            1 => Op::Create {
-                parent: Ino(d.u64()?),
-                name: name(&mut d)?,
-                attr: decode_attr(&mut d)?,
-                target: d.blob(MAX_TARGET)?.to_vec(),
-            },
+            1 => {
+                Op::Create { parent: Ino(d.u64()?), name: name(&mut d)?, attr: decode_attr(&mut d)?, target: d.blob(MAX_TARGET)?.to_vec() }
+            }
             2 => Op::Link { parent: Ino(d.u64()?), name: name(&mut d)?, ino: Ino(d.u64()?), time: d.i64()? },
             3 => Op::Unlink { parent: Ino(d.u64()?), name: name(&mut d)?, time: d.i64()? },
             4 => Op::Rename {
@@ -278,14 +275,24 @@ mod tests {
         let ops = vec![
             Op::Create { parent: Ino(1), name: b"a".to_vec(), attr, target: vec![] },
             Op::Link { parent: Ino(1), name: b"b".to_vec(), ino: Ino(5), time: 9 },
-            Op::Rename { from_parent: Ino(1), from_name: b"b".to_vec(), to_parent: Ino(1), to_name: b"c".to_vec(), exchange: true, time: 10 },
+            Op::Rename {
+                from_parent: Ino(1),
+                from_name: b"b".to_vec(),
+                to_parent: Ino(1),
+                to_name: b"c".to_vec(),
+                exchange: true,
+                time: 10,
+            },
             Op::SetAttr { ino: Ino(5), perm: Some(0o600), uid: None, gid: Some(7), atime: None, mtime: Some(4), ctime: 11 },
             Op::Map {
                 ino: Ino(5),
                 lblock: 3,
                 entry: Some(BlockEntry::Ssd {
                     block: SsdBlock(9),
-                    overlays: vec![(1, Overlay::Page(PageNo(3))), (4, Overlay::Upage { page: PageNo(4), chunks: Chunks::single(10, 20).with(30, 40) })],
+                    overlays: vec![
+                        (1, Overlay::Page(PageNo(3))),
+                        (4, Overlay::Upage { page: PageNo(4), chunks: Chunks::single(10, 20).with(30, 40) }),
+                    ],
                 }),
             },
             Op::Map { ino: Ino(5), lblock: 4, entry: Some(BlockEntry::Fast { pages: vec![(0, PageNo(1)), (7, PageNo(2))] }) },

@@ -26,8 +26,7 @@ impl Chunks {
     /// Build from decoded pairs; `None` if they are not sorted, disjoint, non-adjacent,
     /// non-empty and within `page_bytes`.
     pub fn from_ranges(ranges: Vec<(u16, u16)>, page_bytes: u32) -> Option<Chunks> {
-        let ordered = ranges.iter().all(|&(s, e)| s < e && u32::from(e) <= page_bytes)
-            && ranges.windows(2).all(|w| w[0].1 < w[1].0);
+        let ordered = ranges.iter().all(|&(s, e)| s < e && u32::from(e) <= page_bytes) && ranges.windows(2).all(|w| w[0].1 < w[1].0);
         ordered.then_some(Chunks(ranges))
     }
 
@@ -106,9 +105,9 @@ pub enum BlockEntry {
 impl BlockEntry {
     /// Every fast page this entry holds.
     pub fn fast_pages(&self) -> impl Iterator<Item = PageNo> + '_ {
-        let (fast, over): (&[(u8, PageNo)], &[(u8, Overlay)]) = match self {
-            BlockEntry::Fast { pages } => (pages, &[]),
-            BlockEntry::Ssd { overlays, .. } => (&[], overlays),
+        let (fast, over) = match self {
+            BlockEntry::Fast { pages } => (pages.as_slice(), &[][..]),
+            BlockEntry::Ssd { overlays, .. } => (&[][..], overlays.as_slice()),
         };
         fast.iter().map(|&(_, p)| p).chain(over.iter().map(|(_, o)| o.page()))
     }

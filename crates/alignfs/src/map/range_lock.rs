@@ -51,9 +51,8 @@ impl RangeLock {
         debug_assert!(first <= last);
         let mut state = self.held.lock();
         loop {
-            let conflict = state.1.iter().any(|h| {
-                h.first <= last && first <= h.last && (mode == Mode::Exclusive || h.mode == Mode::Exclusive)
-            });
+            let conflict =
+                state.1.iter().any(|h| h.first <= last && first <= h.last && (mode == Mode::Exclusive || h.mode == Mode::Exclusive));
             if !conflict {
                 state.0 += 1;
                 let id = state.0;

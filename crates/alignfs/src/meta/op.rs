@@ -10,13 +10,34 @@ use crate::map::{BlockEntry, FileMap, PageNo, SsdBlock};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     /// A new inode linked at `parent/name`.
-    Create { parent: Ino, name: Vec<u8>, attr: Attr, target: Vec<u8> },
+    Create {
+        parent: Ino,
+        name: Vec<u8>,
+        attr: Attr,
+        target: Vec<u8>,
+    },
     /// Another name for an existing inode.
-    Link { parent: Ino, name: Vec<u8>, ino: Ino, time: TimeNs },
+    Link {
+        parent: Ino,
+        name: Vec<u8>,
+        ino: Ino,
+        time: TimeNs,
+    },
     /// Remove `parent/name`; the inode goes when no name and no handle remains.
-    Unlink { parent: Ino, name: Vec<u8>, time: TimeNs },
+    Unlink {
+        parent: Ino,
+        name: Vec<u8>,
+        time: TimeNs,
+    },
     /// Move `from` to `to`, replacing `to` (or swapping both when `exchange`).
-    Rename { from_parent: Ino, from_name: Vec<u8>, to_parent: Ino, to_name: Vec<u8>, exchange: bool, time: TimeNs },
+    Rename {
+        from_parent: Ino,
+        from_name: Vec<u8>,
+        to_parent: Ino,
+        to_name: Vec<u8>,
+        exchange: bool,
+        time: TimeNs,
+    },
     SetAttr {
         ino: Ino,
         perm: Option<u16>,
@@ -27,14 +48,28 @@ pub enum Op {
         ctime: TimeNs,
     },
     /// Truncate or extend to exactly `size` (the map edits ride in the same record).
-    SetSize { ino: Ino, size: u64, time: TimeNs },
+    SetSize {
+        ino: Ino,
+        size: u64,
+        time: TimeNs,
+    },
     /// A write: size grows to at least `size`, mtime to at least `mtime`. Commutative, so
     /// writes to disjoint blocks of one file may commit in any order.
-    Extend { ino: Ino, size: u64, mtime: TimeNs },
+    Extend {
+        ino: Ino,
+        size: u64,
+        mtime: TimeNs,
+    },
     /// One block of a file's map (`None` = hole).
-    Map { ino: Ino, lblock: u64, entry: Option<BlockEntry> },
+    Map {
+        ino: Ino,
+        lblock: u64,
+        entry: Option<BlockEntry>,
+    },
     /// Drop an inode that has no name left (its last handle closed).
-    Free { ino: Ino },
+    Free {
+        ino: Ino,
+    },
 }
 
 /// Units an applied op released; the live volume frees them after the commit.

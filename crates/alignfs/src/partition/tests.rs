@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The partitioner against a model: random file states (fast blocks, SSD blocks with page
 //! and upage overlays, holes) and random writes; the plan is executed on an in-memory store
 //! and the resulting file bytes are compared with a reference.
@@ -115,7 +116,8 @@ fn execute(store: &mut Store, rng: &mut StdRng, g: &Geometry, current: Option<&B
     let block_data = &data[plan.src..plan.src + (plan.end - plan.start) as usize];
     let new_block = plan.needs_ssd_block().then(|| store.fresh_block(g, rng));
     if let Some(b) = new_block {
-        let mut bytes = if plan.action == BlockAction::Rewrite { store.materialize(current, g) } else { vec![0xEE; g.block_bytes as usize] };
+        let mut bytes =
+            if plan.action == BlockAction::Rewrite { store.materialize(current, g) } else { vec![0xEE; g.block_bytes as usize] };
         bytes[plan.start as usize..plan.end as usize].copy_from_slice(block_data);
         store.blocks.insert(b, bytes);
     }
@@ -258,15 +260,31 @@ fn orchfs_paper_example() {
     // Block 2 (64–96 KiB) is on the SSD with an upage over page 7 (92–96 KiB holds none),
     // block 3 (96–128 KiB) on the SSD with an upage on page 3 (the 109–110 KiB update),
     // block 4 (128–160 KiB) in fast pages (the partial tail).
-    map.insert(2, BlockEntry::Ssd { block: SsdBlock(1), overlays: vec![(5, Overlay::Upage { page: PageNo(9), chunks: Chunks::single(100, 200) })] });
-    map.insert(3, BlockEntry::Ssd { block: SsdBlock(2), overlays: vec![(5, Overlay::Upage { page: PageNo(10), chunks: Chunks::single(0, 1024) })] });
+    map.insert(
+        2,
+        BlockEntry::Ssd { block: SsdBlock(1), overlays: vec![(5, Overlay::Upage { page: PageNo(9), chunks: Chunks::single(100, 200) })] },
+    );
+    map.insert(
+        3,
+        BlockEntry::Ssd { block: SsdBlock(2), overlays: vec![(5, Overlay::Upage { page: PageNo(10), chunks: Chunks::single(0, 1024) })] },
+    );
     map.insert(4, BlockEntry::Fast { pages: (0..7).map(|i| (i, PageNo(20 + u64::from(i)))).collect() });
     let plan = partition(89 * k, 105 * k, 154 * k, &g, true, |lb| map.get(&lb));
     assert_eq!(plan.new_size, 194 * k);
     let kinds: Vec<(u64, &str)> = plan
         .blocks
         .iter()
-        .map(|b| (b.lblock, match b.action { BlockAction::Ssd => "ssd", BlockAction::Fast(_) => "fast", BlockAction::Overlay(_) => "overlay", BlockAction::Rewrite => "rewrite" }))
+        .map(|b| {
+            (
+                b.lblock,
+                match b.action {
+                    BlockAction::Ssd => "ssd",
+                    BlockAction::Fast(_) => "fast",
+                    BlockAction::Overlay(_) => "overlay",
+                    BlockAction::Rewrite => "rewrite",
+                },
+            )
+        })
         .collect();
     // 89–96 overlays block 2; 96–128 whole block to SSD (drops block 3's upage). The paper
     // splits at EOF and keeps 128–154 + 154–160 in NVM pages; per block, 128–160 is now

@@ -241,22 +241,30 @@ impl Inner {
             let map = inode.map.lock();
             plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect()
         };
-        // SSD images of whole blocks (and, on the slow path, merged partial blocks).
-        let mut writes = Vec::with_capacity(ssd_needed);
-        let mut next_block = new_blocks.iter();
-        for (bp, current) in plan.blocks.iter().zip(&entries) {
-            if !bp.needs_ssd_block() {
-                continue;
+        // SSD images of whole blocks (and, on the slow path, merged partial blocks), built
+        // straight into IO-sized runs of consecutive blocks.
+        let targets: Vec<(SsdBlock, usize)> = {
+            let mut next_block = new_blocks.iter();
+            plan.blocks
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.needs_ssd_block())
+                .map(|(i, _)| (*next_block.next().expect("bound block"), i))
+                .collect()
+        };
+        let mut writes = Vec::new();
+        for run in self.runs(&targets) {
+            let mut buf = self.buffers.take(run.len() * block as usize);
+            for (k, &&(_, i)) in run.iter().enumerate() {
+                let (bp, image) = (&plan.blocks[i], &mut buf[k * block as usize..(k + 1) * block as usize]);
+                if bp.action == BlockAction::Rewrite {
+                    let read = self.materialize(entries[i].as_ref(), image).map_err(&undo)?;
+                    self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
+                    self.stats.add(Counter::fg_rmw_read_bytes, read);
+                }
+                image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
             }
-            let mut image = AlignedBuf::zeroed(block as usize);
-            if bp.action == BlockAction::Rewrite {
-                let read = self.materialize(current.as_ref(), &mut image).map_err(&undo)?;
-                self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
-                self.stats.add(Counter::fg_rmw_read_bytes, read);
-            }
-            image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
-            let target = next_block.next().expect("one block per SSD action");
-            writes.push(IoRequest { op: IoOp::Write, offset_bytes: target.0 * block, buf: image });
+            writes.push(IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf });
         }
         let written: Vec<u64> = writes.iter().map(|w| w.buf.len() as u64).collect();
         let ticket = (!writes.is_empty()).then(|| self.ssd.submit(writes));
@@ -288,7 +296,7 @@ impl Inner {
             bound_pages.push(bound);
         }
         if let Some(ticket) = ticket {
-            ticket.wait().map_err(&undo)?;
+            self.buffers.give(ticket.wait().map_err(&undo)?);
             self.ssd_dirty.store(true, Ordering::SeqCst);
             written.iter().for_each(|&bytes| self.stats.ssd_write(bytes));
         }
@@ -305,6 +313,23 @@ impl Inner {
             })
             .collect();
         Ok(ops)
+    }
+
+    /// Split `(block, tag)` pairs into runs of physically consecutive blocks of at most
+    /// `split_bytes` that do not cross a split boundary (so each run still belongs to one
+    /// IO worker): fewer, larger IOs, as many in flight as before.
+    fn runs<'t, T>(&self, targets: &'t [(SsdBlock, T)]) -> Vec<Vec<&'t (SsdBlock, T)>> {
+        let per_run = (u64::from(self.geometry.split_bytes) / self.geometry.block()).max(1);
+        let mut sorted: Vec<&(SsdBlock, T)> = targets.iter().collect();
+        sorted.sort_by_key(|(b, _)| *b);
+        let mut runs: Vec<Vec<&(SsdBlock, T)>> = Vec::new();
+        for target in sorted {
+            match runs.last_mut() {
+                Some(run) if run.last().is_some_and(|last| last.0 .0 + 1 == target.0 .0) && target.0 .0 % per_run != 0 => run.push(target),
+                _ => runs.push(vec![target]),
+            }
+        }
+        runs
     }
 
     /// Copy residue bytes into a unit and persist them (zero-filling the rest of a new
@@ -326,7 +351,7 @@ impl Inner {
 
     /// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
     /// Returns the bytes read from the SSD.
-    fn materialize(&self, entry: Option<&BlockEntry>, image: &mut AlignedBuf) -> Result<u64> {
+    fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
         image.fill(0);
         let page = self.geometry.page_bytes as usize;
         let mut read = 0;
@@ -339,10 +364,12 @@ impl Inner {
                 }
             }
             Some(BlockEntry::Ssd { block, overlays }) => {
-                let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: AlignedBuf::zeroed(image.len()) };
+                let request =
+                    IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
                 let buf = self.ssd.submit(vec![request]).wait()?.remove(0);
                 image.copy_from_slice(&buf);
                 read = buf.len() as u64;
+                self.buffers.give([buf]);
                 self.stats.add(Counter::ssd_read_bytes, read);
                 for (index, overlay) in overlays {
                     let at = *index as usize * page;
@@ -423,9 +450,7 @@ impl Inner {
                 None => {}
                 Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
                 Some(BlockEntry::Ssd { block: ssd_block, overlays }) => {
-                    let covered = |index: u64| {
-                        overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)))
-                    };
+                    let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
                     let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
                     if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
                         let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
@@ -568,7 +593,7 @@ impl Inner {
                 inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
             candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
         }
-        candidates.sort_by(|a, b| b.0.cmp(&a.0));
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut migrated = 0;
         for (_, inode, lblock) in candidates {
             let free = self.residue.capacity_units() - self.residue.used_units();

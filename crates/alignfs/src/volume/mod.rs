@@ -7,9 +7,11 @@
 
 mod data;
 mod namespace;
+mod paths;
 
 pub use data::{FallocateMode, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs};
+pub use paths::{format_paths, open_paths, DeviceSpec};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest, PmemRegion};
+use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, PmemRegion};
 use crate::error::{Error, Result};
 use crate::geometry::{FastLayout, Geometry, SUPERBLOCK_BYTES};
 use crate::journal::{checkpoint_payload, decode_ops, encode_ops, CheckpointSlots, Journal, PmemWindow};
@@ -99,6 +101,7 @@ pub(crate) struct Inner {
     stats: Stats,
     options: VolumeOptions,
     ssd_dirty: AtomicBool,
+    buffers: BufferPool,
     wake: Condvar,
     wake_flag: Mutex<bool>,
     shutdown: AtomicBool,
@@ -221,10 +224,20 @@ impl Volume {
             return Err(Error::corrupt("superblock", &ssd_name, 0, "geometry disagrees with the fast tier's superblock"));
         }
         if fast.len_bytes() < superblock.fast_bytes {
-            return Err(Error::corrupt("superblock", &fast_name, 0, format!("device is {} bytes, the volume needs {}", fast.len_bytes(), superblock.fast_bytes)));
+            return Err(Error::corrupt(
+                "superblock",
+                &fast_name,
+                0,
+                format!("device is {} bytes, the volume needs {}", fast.len_bytes(), superblock.fast_bytes),
+            ));
         }
         if ssd.len_bytes() < superblock.ssd_bytes {
-            return Err(Error::corrupt("superblock", &ssd_name, 0, format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes)));
+            return Err(Error::corrupt(
+                "superblock",
+                &ssd_name,
+                0,
+                format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes),
+            ));
         }
         let geometry = superblock.geometry;
         let layout = superblock.fast;
@@ -244,7 +257,8 @@ impl Volume {
         for ino in &orphans {
             meta.inodes.write().remove(ino);
         }
-        let residue: Arc<dyn ResidueStore> = Arc::new(PmemPages::new(Arc::clone(&fast), layout.pages_offset, layout.page_count, page_bytes));
+        let residue: Arc<dyn ResidueStore> =
+            Arc::new(PmemPages::new(Arc::clone(&fast), layout.pages_offset, layout.page_count, page_bytes));
         let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &[0]);
         claim_units(&meta, residue.as_ref(), &blocks, &fast_name)?;
         let journal = Journal::resume(journal_window, replay.end, replay.next_seq, fast_name);
@@ -269,6 +283,7 @@ impl Volume {
             stats: Stats::new(&checkpoint.counters),
             options,
             ssd_dirty: AtomicBool::new(false),
+            buffers: BufferPool::new(64 << 20),
             wake: Condvar::new(),
             wake_flag: Mutex::new(false),
             shutdown: AtomicBool::new(false),
@@ -283,7 +298,10 @@ impl Volume {
         }
         let maintenance = (inner.options.background && !inner.options.read_only).then(|| {
             let worker = Arc::clone(&inner);
-            std::thread::Builder::new().name("alignfs-maint".into()).spawn(move || worker.maintenance_loop()).expect("spawn maintenance thread")
+            std::thread::Builder::new()
+                .name("alignfs-maint".into())
+                .spawn(move || worker.maintenance_loop())
+                .expect("spawn maintenance thread")
         });
         Ok(Volume { inner, maintenance, closed: false })
     }

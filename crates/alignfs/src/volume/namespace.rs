@@ -180,10 +180,7 @@ impl Volume {
     pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
         let dir = self.inner.dir(ino)?;
         let entries: Vec<(Vec<u8>, Ino)> = dir.data.lock().entries.iter().map(|(n, i)| (n.clone(), *i)).collect();
-        Ok(entries
-            .into_iter()
-            .filter_map(|(name, ino)| self.inner.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind }))
-            .collect())
+        Ok(entries.into_iter().filter_map(|(name, ino)| self.inner.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind })).collect())
     }
 
     pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
@@ -280,7 +277,8 @@ impl Volume {
         if let Some(size) = request.size {
             self.truncate(ino, size)?;
         }
-        let changes = request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
+        let changes =
+            request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
         if changes {
             let op = Op::SetAttr {
                 ino,

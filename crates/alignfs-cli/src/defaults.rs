@@ -1,0 +1,33 @@
+//! The embedded default devices: a fast-tier file on tmpfs and a preallocated SSD image.
+
+use std::path::{Path, PathBuf};
+
+use alignfs::geometry::GIB;
+use alignfs::volume::DeviceSpec;
+use anyhow::Result;
+
+pub const DEFAULT_FAST: &str = "/dev/shm/alignfs/fast";
+pub const DEFAULT_FAST_BYTES: u64 = GIB;
+pub const DEFAULT_SSD_BYTES: u64 = 8 * GIB;
+
+pub fn data_dir(explicit: Option<&Path>) -> PathBuf {
+    explicit
+        .map(Path::to_path_buf)
+        .or_else(|| std::env::var_os("ALIGNFS_DATA_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/alignfs"))
+}
+
+/// The devices named on the command line, or the defaults (sized for creation only when
+/// they do not exist yet).
+pub fn device_specs(fast: Option<&str>, ssd: Option<&str>, data: Option<&Path>) -> Result<(DeviceSpec, DeviceSpec)> {
+    let default = |path: PathBuf, size: u64| DeviceSpec { size: (!path.exists()).then_some(size), path };
+    let fast = match fast {
+        Some(text) => DeviceSpec::parse(text)?,
+        None => default(PathBuf::from(DEFAULT_FAST), DEFAULT_FAST_BYTES),
+    };
+    let ssd = match ssd {
+        Some(text) => DeviceSpec::parse(text)?,
+        None => default(data_dir(data).join("ssd.img"), DEFAULT_SSD_BYTES),
+    };
+    Ok((fast, ssd))
+}

@@ -1,0 +1,109 @@
+//! Opening volumes by path: the front ends' entry points.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{FormatOptions, Volume, VolumeOptions};
+use crate::device::{BlockDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
+use crate::error::{Error, Result};
+use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
+use crate::layout::Superblock;
+
+/// A device named on the command line: `PATH` or `PATH:SIZE` (size used when creating).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub path: PathBuf,
+    pub size: Option<u64>,
+}
+
+impl DeviceSpec {
+    pub fn parse(text: &str) -> Result<DeviceSpec> {
+        if text.is_empty() {
+            return Err(Error::InvalidArgument("empty device path".into()));
+        }
+        if let Some((path, size)) = text.rsplit_once(':') {
+            if let Ok(bytes) = parse_size(size) {
+                if path.is_empty() {
+                    return Err(Error::InvalidArgument(format!("no path before the size in {text:?}")));
+                }
+                return Ok(DeviceSpec { path: path.into(), size: Some(bytes) });
+            }
+        }
+        Ok(DeviceSpec { path: text.into(), size: None })
+    }
+}
+
+fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoBackend>) -> SsdOptions {
+    SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend }
+}
+
+/// Create (when sized) and format both devices.
+pub fn format_paths(
+    fast: &DeviceSpec,
+    ssd: &DeviceSpec,
+    options: &FormatOptions,
+    backend: Option<IoBackend>,
+) -> Result<(Superblock, Volume)> {
+    options.geometry.validate()?;
+    if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+    }
+    let region = Arc::new(PmemRegion::open(&fast.path, fast.size)?);
+    let device = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend))?);
+    let superblock = Volume::format(&region, device.as_ref(), options)?;
+    let volume = Volume::open(region, device, VolumeOptions { background: false, ..VolumeOptions::default() })?;
+    Ok((superblock, volume))
+}
+
+/// Open a formatted volume by path, with the IO shape its superblock records.
+pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Option<IoBackend>) -> Result<Volume> {
+    for path in [fast, ssd] {
+        if !path.exists() {
+            return Err(Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into()));
+        }
+    }
+    let region = Arc::new(PmemRegion::open(fast, None)?);
+    let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
+    region.read(0, &mut head);
+    let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
+    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend))?);
+    Volume::open(region, device, options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_specs() {
+        assert_eq!(DeviceSpec::parse("/dev/shm/f:1G").unwrap(), DeviceSpec { path: "/dev/shm/f".into(), size: Some(1 << 30) });
+        assert_eq!(DeviceSpec::parse("/a/b").unwrap(), DeviceSpec { path: "/a/b".into(), size: None });
+        assert_eq!(DeviceSpec::parse("/a:b").unwrap(), DeviceSpec { path: "/a:b".into(), size: None });
+        assert!(DeviceSpec::parse(":1G").is_err());
+        assert!(DeviceSpec::parse("").is_err());
+    }
+
+    #[test]
+    fn format_and_open_real_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let fast = DeviceSpec { path: shm.path().join("fast"), size: Some(2 << 20) };
+        let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(8 << 20) };
+        let (superblock, volume) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
+        let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        volume.write(f, 1234, &data).unwrap();
+        volume.fsync(f).unwrap();
+        volume.close().unwrap();
+        for mode in [crate::ReadMode::Direct, crate::ReadMode::Buffered] {
+            let volume = open_paths(&fast.path, &ssd.path, VolumeOptions { read_mode: mode, ..VolumeOptions::default() }, None).unwrap();
+            assert_eq!(volume.superblock().uuid, superblock.uuid);
+            let mut out = vec![0u8; data.len()];
+            assert_eq!(volume.read(f, 1234, &mut out).unwrap(), data.len());
+            assert!(out == data);
+        }
+        // Formatting again without force names the existing volume.
+        assert!(matches!(format_paths(&fast, &ssd, &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
+        assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
+    }
+}
