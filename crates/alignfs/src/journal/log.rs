@@ -117,44 +117,49 @@ impl Journal {
     }
 
     /// Read every valid record from offset 0, starting at sequence number `first_seq`.
+    ///
+    /// The log ends at the first place that does not hold the next record: zeros, or a
+    /// valid record with an older sequence number (left from before the last checkpoint).
+    /// A damaged record there (bad header checksum, or the right header with a bad payload)
+    /// is a torn, never-acknowledged tail, unless a valid later record follows: then a
+    /// record that was once complete has been damaged, and replay refuses.
     pub fn replay(medium: &dyn MetaMedium, first_seq: u64, name: &str) -> Result<Replay> {
         let mut replay = Replay { payloads: Vec::new(), end: 0, next_seq: first_seq, torn_tail: None };
         loop {
             let at = replay.end;
-            let header = Self::header_at(medium, at).filter(|h| h.seq == replay.next_seq);
-            let payload = header.as_ref().and_then(|h| {
-                let mut payload = vec![0u8; h.len as usize];
-                medium.read(at + HEADER_BYTES, &mut payload);
-                (crc32c(&payload) == h.crc).then_some(payload)
-            });
-            match (header, payload) {
-                (Some(h), Some(payload)) => {
-                    replay.payloads.push((at, payload));
-                    replay.end += padded(h.len);
-                    replay.next_seq += 1;
-                }
-                (header, _) => {
-                    let looks_like_record = header.is_some() || {
-                        let mut magic = [0u8; 4];
-                        if at + 4 <= medium.len_bytes() {
-                            medium.read(at, &mut magic);
-                        }
-                        u32::from_le_bytes(magic) == MAGIC
-                    };
-                    if looks_like_record {
-                        if let Some(later) = Self::later_record(medium, at + 8, replay.next_seq + 1) {
-                            return Err(Error::corrupt(
-                                "journal record",
-                                name,
-                                at,
-                                format!("record seq {} is damaged but a later record follows at {later}", replay.next_seq),
-                            ));
-                        }
-                        replay.torn_tail = Some(at);
+            let damaged = match Self::header_at(medium, at) {
+                Some(h) if h.seq == replay.next_seq => {
+                    let mut payload = vec![0u8; h.len as usize];
+                    medium.read(at + HEADER_BYTES, &mut payload);
+                    if crc32c(&payload) == h.crc {
+                        replay.payloads.push((at, payload));
+                        replay.end += padded(h.len);
+                        replay.next_seq += 1;
+                        continue;
                     }
-                    return Ok(replay);
+                    true
                 }
+                Some(_) => false,
+                None => {
+                    let mut magic = [0u8; 4];
+                    if at + 4 <= medium.len_bytes() {
+                        medium.read(at, &mut magic);
+                    }
+                    u32::from_le_bytes(magic) == MAGIC
+                }
+            };
+            if damaged {
+                if let Some(later) = Self::later_record(medium, at + 8, replay.next_seq + 1) {
+                    return Err(Error::corrupt(
+                        "journal record",
+                        name,
+                        at,
+                        format!("record seq {} is damaged but a later record follows at {later}", replay.next_seq),
+                    ));
+                }
+                replay.torn_tail = Some(at);
             }
+            return Ok(replay);
         }
     }
 
@@ -202,8 +207,15 @@ mod tests {
         assert_eq!(r.next_seq, 15);
         assert_eq!(r.payloads[3].1, vec![3u8; 13]);
         assert!(r.torn_tail.is_none());
-        // Records older than the checkpoint's sequence number are not replayed.
-        assert_eq!(Journal::replay(&mem, 11, "j").unwrap().payloads.len(), 0);
+        // After a checkpoint at seq 15 the log restarts at offset 0: the old records there
+        // are a clean end, not damage.
+        let r = Journal::replay(&mem, 15, "j").unwrap();
+        assert!(r.payloads.is_empty() && r.torn_tail.is_none());
+        let mut j = Journal::resume(Box::new(mem.clone()), 0, 15, "j".into());
+        assert!(j.append(b"new round").unwrap());
+        let r = Journal::replay(&mem, 15, "j").unwrap();
+        assert_eq!(r.payloads.len(), 1);
+        assert!(r.torn_tail.is_none());
     }
 
     #[test]
