@@ -8,6 +8,7 @@ cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 
+cargo build --locked -p alignfs-cli
 work=$(mktemp -d /var/tmp/alignfs-smoke.XXXXXX)
 shm=$(mktemp -d /dev/shm/alignfs-smoke.XXXXXX)
 trap 'rm -rf "$work" "$shm"' EXIT
