@@ -204,6 +204,12 @@ fn stat(args: &StatArgs) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Exit quietly when the reader of our output goes away (`alignfs stat | head`), as
+    // command-line tools do, instead of panicking on EPIPE.
+    // SAFETY: called first thing in main, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ALIGNFS_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
