@@ -21,7 +21,7 @@ if ! "$bin" stat >/dev/null 2>&1; then
     echo "setup: formatting the default volume (writes the 8 GiB SSD image once; ~10 s)"
     "$bin" mkfs
 fi
-"$bin" stat | head -8
+"$bin" stat | sed -n 1,8p
 echo
 echo "setup: running the benchmark (about 2 minutes; results also in target/bench.json)"
 "$bin" bench --json target/bench.json "$@"

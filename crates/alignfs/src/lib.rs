@@ -11,8 +11,8 @@ mod io_engine;
 pub mod map;
 pub mod partition;
 
-#[cfg(test)]
-mod test_support;
+#[doc(hidden)]
+pub mod test_support;
 
 pub use error::{Error, Result};
 pub mod journal;

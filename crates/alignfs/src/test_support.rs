@@ -1,9 +1,13 @@
-//! Helpers shared by the unit tests.
+//! Reproducible randomized tests, shared by the unit and integration tests.
 
 /// The seed for a randomized test: `ALIGNFS_SEED` if set, otherwise fresh. Printed, so a
 /// failure can be replayed with `ALIGNFS_SEED=<seed> cargo test <name>`.
 pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("ALIGNFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    let fresh = || {
+        let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        (clock.as_nanos() as u64) ^ (u64::from(std::process::id()) << 32)
+    };
+    let seed = std::env::var("ALIGNFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(fresh);
     eprintln!("{test}: seed {seed} (replay with ALIGNFS_SEED={seed})");
     seed
 }

@@ -5,8 +5,9 @@
 mod common;
 
 use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::test_support::seed;
 use alignfs::{Error, FormatOptions, Geometry, Ino, Volume, VolumeOptions};
-use common::{seed, Devices};
+use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;

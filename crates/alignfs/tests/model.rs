@@ -7,8 +7,9 @@
 mod common;
 
 use alignfs::stats::Counter;
+use alignfs::test_support::{scaled, seed};
 use alignfs::{Geometry, Ino, ReadMode, Volume, VolumeOptions};
-use common::{scaled, seed, Devices};
+use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -527,14 +527,7 @@ impl Inner {
                     BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
                 }
                 None => {
-                    let new_block = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
-                    let write = IoRequest { op: IoOp::Write, offset_bytes: new_block.0 * block, buf: image };
-                    if let Err(e) = self.ssd.submit(vec![write]).wait() {
-                        self.release(&[], &[new_block]);
-                        return Err(e);
-                    }
-                    self.ssd_dirty.store(true, Ordering::SeqCst);
-                    self.stats.ssd_write(block);
+                    let new_block = self.write_new_block(image)?;
                     fresh_units.1 = vec![new_block];
                     BlockEntry::Ssd { block: new_block, overlays: Vec::new() }
                 }
@@ -554,6 +547,25 @@ impl Inner {
         }
     }
 
+    /// Write one block image to a freshly allocated SSD block (not yet referenced by any
+    /// map; the allocation is undone if the write fails).
+    fn write_new_block(&self, image: AlignedBuf) -> Result<SsdBlock> {
+        let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
+        let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * self.geometry.block(), buf: image };
+        match self.ssd.submit(vec![write]).wait() {
+            Ok(buffers) => {
+                self.buffers.give(buffers);
+                self.ssd_dirty.store(true, Ordering::SeqCst);
+                self.stats.ssd_write(self.geometry.block());
+                Ok(target)
+            }
+            Err(e) => {
+                self.release(&[], &[target]);
+                Err(e)
+            }
+        }
+    }
+
     /// Merge one block's residue into a new SSD block. The caller holds the block's range
     /// lock. Returns whether anything moved.
     pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
@@ -563,14 +575,7 @@ impl Inner {
         let mut image = AlignedBuf::zeroed(block as usize);
         let read = self.materialize(Some(&entry), &mut image)?;
         self.stats.add(Counter::migration_read_bytes, read);
-        let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
-        let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * block, buf: image };
-        if let Err(e) = self.ssd.submit(vec![write]).wait() {
-            self.release(&[], &[target]);
-            return Err(e);
-        }
-        self.ssd_dirty.store(true, Ordering::SeqCst);
-        self.stats.ssd_write(block);
+        let target = self.write_new_block(image)?;
         self.stats.add(Counter::migration_write_bytes, block);
         let op = Op::Map { ino: inode.ino, lblock, entry: Some(BlockEntry::Ssd { block: target, overlays: Vec::new() }) };
         match self.commit(&[op]) {

@@ -6,19 +6,6 @@ use std::sync::Arc;
 use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
 use alignfs::{FormatOptions, Geometry, Volume, VolumeOptions};
 
-/// `ALIGNFS_SEED` if set, otherwise fresh; printed for replay.
-pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("ALIGNFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
-    eprintln!("{test}: seed {seed} (replay with ALIGNFS_SEED={seed})");
-    seed
-}
-
-/// `count` scaled by `ALIGNFS_TEST_SCALE` (soaks run with e.g. 20).
-pub fn scaled(count: u64) -> u64 {
-    let scale: f64 = std::env::var("ALIGNFS_TEST_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
-    ((count as f64) * scale).max(1.0) as u64
-}
-
 /// A pair of simulated devices that outlive any volume opened on them.
 pub struct Devices {
     pub fast: Arc<PmemRegion>,
