@@ -100,11 +100,11 @@ trait System {
 
 fn drop_file_cache(path: &Path) {
     if let Ok(file) = File::open(path) {
-        let _ = rustix_fadvise(&file);
+        let _ = fadvise_dontneed(&file);
     }
 }
 
-fn rustix_fadvise(file: &File) -> std::io::Result<()> {
+fn fadvise_dontneed(file: &File) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: plain syscall on a descriptor we own; no memory is passed.
     let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
@@ -400,7 +400,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     alignfs.ino = alignfs.volume().create_file(Ino::ROOT, b"bench.dat", 0o644, 0, 0)?.ino;
     let plain = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&plain_path)?;
     let limit = OpenOptions::new().read(true).write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(&limit_path)?;
-    rustix_fallocate(&limit, file_size)?;
+    preallocate(&limit, file_size)?;
     let mut systems = Systems {
         alignfs,
         plain: PlainFile { file: plain, path: plain_path.clone() },
@@ -494,7 +494,7 @@ fn read_phase(systems: &mut Systems, file_size: u64, duration: Duration, seed: u
     Ok(results)
 }
 
-fn rustix_fallocate(file: &File, len: u64) -> Result<()> {
+fn preallocate(file: &File, len: u64) -> Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: plain syscall on a descriptor we own; no memory is passed.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };

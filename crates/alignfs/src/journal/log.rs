@@ -20,7 +20,6 @@ pub struct Journal {
     medium: Box<dyn MetaMedium>,
     head: u64,
     next_seq: u64,
-    name: String,
 }
 
 /// What replay found.
@@ -42,8 +41,8 @@ struct Header {
 
 impl Journal {
     /// Continue appending at `head` with sequence number `next_seq` (from [`Journal::replay`]).
-    pub fn resume(medium: Box<dyn MetaMedium>, head: u64, next_seq: u64, name: String) -> Journal {
-        Journal { medium, head, next_seq, name }
+    pub fn resume(medium: Box<dyn MetaMedium>, head: u64, next_seq: u64) -> Journal {
+        Journal { medium, head, next_seq }
     }
 
     pub fn used_bytes(&self) -> u64 {
@@ -162,10 +161,6 @@ impl Journal {
             return Ok(replay);
         }
     }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
 }
 
 #[cfg(test)]
@@ -190,7 +185,7 @@ mod tests {
 
     fn filled(n: u64) -> (Mem, Vec<u64>) {
         let mem = Mem(Arc::new(Mutex::new(vec![0; 4096])));
-        let mut j = Journal::resume(Box::new(mem.clone()), 0, 10, "j".into());
+        let mut j = Journal::resume(Box::new(mem.clone()), 0, 10);
         let mut offsets = Vec::new();
         for i in 0..n {
             offsets.push(j.used_bytes());
@@ -211,7 +206,7 @@ mod tests {
         // are a clean end, not damage.
         let r = Journal::replay(&mem, 15, "j").unwrap();
         assert!(r.payloads.is_empty() && r.torn_tail.is_none());
-        let mut j = Journal::resume(Box::new(mem.clone()), 0, 15, "j".into());
+        let mut j = Journal::resume(Box::new(mem.clone()), 0, 15);
         assert!(j.append(b"new round").unwrap());
         let r = Journal::replay(&mem, 15, "j").unwrap();
         assert_eq!(r.payloads.len(), 1);
@@ -242,7 +237,7 @@ mod tests {
     #[test]
     fn full_log_says_so() {
         let mem = Mem(Arc::new(Mutex::new(vec![0; 256])));
-        let mut j = Journal::resume(Box::new(mem), 0, 1, "j".into());
+        let mut j = Journal::resume(Box::new(mem), 0, 1);
         let mut n = 0;
         while j.append(&[0; 40]).unwrap() {
             n += 1;

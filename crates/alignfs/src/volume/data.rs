@@ -162,8 +162,8 @@ impl Inner {
     /// block holding EOF when the write starts past it).
     pub(crate) fn write_locked(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], extend: bool) -> Result<()> {
         let old_size = inode.size();
-        let (plan, pages) = self.plan_write(inode, offset, data.len() as u64, old_size)?;
-        let result = self.execute(inode, &plan, pages, data);
+        let (plan, pages, entries) = self.plan_write(inode, offset, data.len() as u64, old_size)?;
+        let result = self.execute(inode, &plan, pages, &entries, data);
         if result.is_err() && offset + data.len() as u64 > old_size {
             // In-place residue writes may have landed past EOF (the caller holds the EOF
             // block's lock when the write extends the file): keep those bytes zero.
@@ -179,13 +179,17 @@ impl Inner {
     }
 
     /// Partition, merging overflowing upages first and making room in the fast tier; with
-    /// no room at all, fall back to the read-modify-write plan.
-    fn plan_write(&self, inode: &Arc<Inode>, offset: u64, len: u64, size: u64) -> Result<(Plan, Vec<PageNo>)> {
+    /// no room at all, fall back to the read-modify-write plan. Returns the plan, its new
+    /// pages and the current entry of each planned block (stable: the caller holds the
+    /// range lock).
+    fn plan_write(&self, inode: &Arc<Inode>, offset: u64, len: u64, size: u64) -> Result<(Plan, Vec<PageNo>, Vec<Option<BlockEntry>>)> {
         let mut allow_residue = true;
         loop {
-            let plan = {
+            let (plan, entries) = {
                 let map = inode.map.lock();
-                partition(offset, len, size, &self.geometry, allow_residue, |lb| map.get(&lb))
+                let plan = partition(offset, len, size, &self.geometry, allow_residue, |lb| map.get(&lb));
+                let entries: Vec<Option<BlockEntry>> = plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect();
+                (plan, entries)
             };
             if !plan.merge_first.is_empty() {
                 for &lblock in &plan.merge_first {
@@ -195,10 +199,10 @@ impl Inner {
             }
             let needed: usize = plan.blocks.iter().map(|b| b.new_pages_needed()).sum();
             if needed == 0 {
-                return Ok((plan, Vec::new()));
+                return Ok((plan, Vec::new(), entries));
             }
             match self.reserve_pages(needed) {
-                Some(pages) => return Ok((plan, pages)),
+                Some(pages) => return Ok((plan, pages, entries)),
                 None => allow_residue = false,
             }
         }
@@ -223,7 +227,7 @@ impl Inner {
 
     /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
     /// residue is copied into the fast tier on this thread.
-    fn execute(&self, inode: &Arc<Inode>, plan: &Plan, pages: Vec<PageNo>, data: &[u8]) -> Result<Vec<Op>> {
+    fn execute(&self, inode: &Arc<Inode>, plan: &Plan, pages: Vec<PageNo>, entries: &[Option<BlockEntry>], data: &[u8]) -> Result<Vec<Op>> {
         let block = self.geometry.block();
         let ssd_needed = plan.blocks.iter().filter(|b| b.needs_ssd_block()).count();
         let new_blocks: Vec<SsdBlock> = match self.blocks.allocate(ssd_needed) {
@@ -236,10 +240,6 @@ impl Inner {
         let undo = |e: Error| {
             self.release(&pages, &new_blocks);
             e
-        };
-        let entries: Vec<Option<BlockEntry>> = {
-            let map = inode.map.lock();
-            plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect()
         };
         // SSD images of whole blocks (and, on the slow path, merged partial blocks), built
         // straight into IO-sized runs of consecutive blocks.
@@ -304,7 +304,7 @@ impl Inner {
         let ops = plan
             .blocks
             .iter()
-            .zip(&entries)
+            .zip(entries)
             .zip(&bound_pages)
             .map(|((bp, current), bound)| {
                 let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));

@@ -261,7 +261,7 @@ impl Volume {
             Arc::new(PmemPages::new(Arc::clone(&fast), layout.pages_offset, layout.page_count, page_bytes));
         let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &[0]);
         claim_units(&meta, residue.as_ref(), &blocks, &fast_name)?;
-        let journal = Journal::resume(journal_window, replay.end, replay.next_seq, fast_name);
+        let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
         let recovery = RecoveryReport {
             duration: started.elapsed(),
             checkpoint_generation: checkpoint.generation,

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Inner, Volume};
 use crate::error::{Error, Result};
-use crate::meta::{now_ns, Attr, FileKind, Ino, Op, TimeNs};
+use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, Op, TimeNs};
 
 pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_SYMLINK_BYTES: usize = 4096;
@@ -56,8 +56,19 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// May `inode` go away as a directory (`as_dir`) or as a non-directory? (unlink/rmdir,
+/// and the target a rename replaces.)
+fn check_replaceable(inode: &Inode, as_dir: bool) -> Result<()> {
+    match (as_dir, inode.kind == FileKind::Dir) {
+        (true, false) => Err(Error::NotDir),
+        (false, true) => Err(Error::IsDir),
+        (true, true) if !inode.data.lock().entries.is_empty() => Err(Error::NotEmpty),
+        _ => Ok(()),
+    }
+}
+
 impl Inner {
-    fn dir(&self, ino: Ino) -> Result<std::sync::Arc<crate::meta::Inode>> {
+    fn dir(&self, ino: Ino) -> Result<std::sync::Arc<Inode>> {
         let inode = self.get(ino)?;
         if inode.kind != FileKind::Dir {
             return Err(Error::NotDir);
@@ -217,12 +228,7 @@ impl Volume {
         let _ns = self.inner.namespace.lock();
         let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
         let inode = self.inner.get(ino)?;
-        match (directory, inode.kind == FileKind::Dir) {
-            (true, false) => return Err(Error::NotDir),
-            (false, true) => return Err(Error::IsDir),
-            (true, true) if !inode.data.lock().entries.is_empty() => return Err(Error::NotEmpty),
-            _ => {}
-        }
+        check_replaceable(&inode, directory)?;
         self.inner.commit_namespace(&[Op::Unlink { parent, name: name.to_vec(), time: now_ns() }])
     }
 
@@ -252,13 +258,7 @@ impl Volume {
             if target == source {
                 return Ok(());
             }
-            let target = self.inner.get(target)?;
-            match (source_dir, target.kind == FileKind::Dir) {
-                (true, false) => return Err(Error::NotDir),
-                (false, true) => return Err(Error::IsDir),
-                (true, true) if !target.data.lock().entries.is_empty() => return Err(Error::NotEmpty),
-                _ => {}
-            }
+            check_replaceable(&*self.inner.get(target)?, source_dir)?;
         }
         let op = Op::Rename {
             from_parent,
