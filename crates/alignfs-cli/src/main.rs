@@ -1,13 +1,14 @@
-//! The `alignfs` command: format, inspect and benchmark volumes.
+//! The `alignfs` command: format, mount, inspect, check and benchmark volumes.
 
 mod bench;
 mod defaults;
+mod mount;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use alignfs::device::IoBackend;
-use alignfs::stats::Counter;
+use alignfs::stats::{Counter, VolumeReport};
 use alignfs::volume::{format_paths, open_paths, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
@@ -25,7 +26,12 @@ struct Cli {
 enum Command {
     /// Format a fast tier and an SSD as one new volume.
     Mkfs(MkfsArgs),
-    /// Print a volume's counters and space usage (replays its journal in memory; writes nothing).
+    /// Mount a volume through FUSE (the default devices are formatted on first use).
+    Mount(mount::MountArgs),
+    /// Unmount: the daemon flushes, writes a checkpoint and exits.
+    Umount(mount::UmountArgs),
+    /// Print a volume's counters and space usage: live from a mount point, or offline from
+    /// its devices (replays the journal in memory; writes nothing).
     Stat(StatArgs),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
@@ -95,6 +101,9 @@ struct MkfsArgs {
 
 #[derive(Args)]
 struct StatArgs {
+    /// A mount point of a running volume (instead of device paths).
+    #[arg(conflicts_with_all = ["fast", "ssd", "data_dir"])]
+    mountpoint: Option<PathBuf>,
     #[command(flatten)]
     devices: DeviceArgs,
     /// Print JSON instead of a table.
@@ -140,67 +149,51 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
 }
 
 fn stat(args: &StatArgs) -> Result<()> {
-    let (fast, ssd) = args.devices.specs()?;
-    let options = VolumeOptions { read_only: true, background: false, read_mode: ReadMode::Buffered, ..VolumeOptions::default() };
-    let volume = open_paths(&fast.path, &ssd.path, options, args.devices.backend())?;
-    let s = volume.stats();
-    if args.json {
-        let mut counters = serde_json::Map::new();
-        for (c, v) in &s.counters {
-            counters.insert(c.name().into(), (*v).into());
+    let report = match &args.mountpoint {
+        Some(mountpoint) => mount::live_report(mountpoint)?,
+        None => {
+            let (fast, ssd) = args.devices.specs()?;
+            let options = VolumeOptions { read_only: true, background: false, read_mode: ReadMode::Buffered, ..VolumeOptions::default() };
+            open_paths(&fast.path, &ssd.path, options, args.devices.backend())?.report()
         }
-        let out = serde_json::json!({
-            "uuid": volume.superblock().uuid_string(),
-            "profile": volume.superblock().profile.name(),
-            "counters": counters,
-            "ssd_share": s.ssd_share(),
-            "fast_pages_used": s.fast_pages_used, "fast_pages_total": s.fast_pages_total, "fast_page_bytes": s.fast_page_bytes,
-            "ssd_blocks_used": s.ssd_blocks_used, "ssd_blocks_total": s.ssd_blocks_total, "ssd_block_bytes": s.ssd_block_bytes,
-            "journal_used_bytes": s.journal_used_bytes, "journal_capacity_bytes": s.journal_capacity_bytes,
-            "checkpoint_generation": s.checkpoint_generation,
-            "recovery_us": s.recovery.duration.as_micros() as u64,
-            "records_replayed": s.recovery.records_replayed,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
     }
-    let (fast_desc, ssd_desc, _) = volume.describe_devices();
-    println!("volume {} (profile {})", volume.superblock().uuid_string(), volume.superblock().profile.name());
-    println!("  fast tier: {fast_desc}\n  SSD:       {ssd_desc}");
+    Ok(())
+}
+
+fn print_report(r: &VolumeReport) {
+    println!("volume {} (profile {})", r.uuid, r.profile);
+    if let Some(d) = &r.daemon {
+        println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
+    }
+    println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    println!(
-        "  fast tier: {} of {} pages used ({:.1}%)",
-        s.fast_pages_used,
-        s.fast_pages_total,
-        pct(s.fast_pages_used, s.fast_pages_total)
-    );
-    println!(
-        "  SSD:       {} of {} blocks used ({:.1}%)",
-        s.ssd_blocks_used,
-        s.ssd_blocks_total,
-        pct(s.ssd_blocks_used, s.ssd_blocks_total)
-    );
+    println!("  fast tier: {} of {} pages used ({:.1}%)", r.fast_pages_used, r.fast_pages_total, pct(r.fast_pages_used, r.fast_pages_total));
+    println!("  SSD:       {} of {} blocks used ({:.1}%)", r.ssd_blocks_used, r.ssd_blocks_total, pct(r.ssd_blocks_used, r.ssd_blocks_total));
     println!(
         "  journal:   {} of {} used, checkpoint generation {}",
-        bytesize::ByteSize(s.journal_used_bytes),
-        bytesize::ByteSize(s.journal_capacity_bytes),
-        s.checkpoint_generation
+        bytesize::ByteSize(r.journal_used_bytes),
+        bytesize::ByteSize(r.journal_capacity_bytes),
+        r.checkpoint_generation
     );
     println!(
-        "  open:      {} journal records replayed in {:?}{}",
-        s.recovery.records_replayed,
-        s.recovery.duration,
-        if s.recovery.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
+        "  open:      {} journal records replayed in {:.3} ms{}",
+        r.records_replayed,
+        r.recovery_us as f64 / 1000.0,
+        if r.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
     );
-    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * s.ssd_share());
-    println!("counters (lifetime, as of the last checkpoint plus replayed records' effects on space):");
+    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
+    println!("counters (lifetime):");
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
     for &c in Counter::ALL {
-        table.add_row([c.name().to_string(), s.get(c).to_string(), c.doc().to_string()]);
+        table.add_row([c.name().to_string(), r.counter(c.name()).to_string(), c.doc().to_string()]);
     }
     println!("{table}");
-    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -217,6 +210,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Mkfs(args) => mkfs(args),
+        Command::Mount(args) => mount::mount(args),
+        Command::Umount(args) => mount::umount(args),
         Command::Stat(args) => stat(args),
         Command::Bench(args) => bench::run(args),
     };

@@ -49,6 +49,12 @@ pub enum Error {
     Unsupported(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("no such extended attribute")]
+    NoAttribute,
+    #[error("too large: {0}")]
+    TooLarge(String),
+    #[error("offset is beyond the end of the file")]
+    BeyondEnd,
     #[error("injected fault: {0}")]
     Injected(&'static str),
     #[error("path {0} is unusable: {1}")]
@@ -84,6 +90,9 @@ impl Error {
             Error::ReadOnly => libc::EROFS,
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::NotPermitted(_) => libc::EPERM,
+            Error::NoAttribute => libc::ENODATA,
+            Error::TooLarge(_) => libc::E2BIG,
+            Error::BeyondEnd => libc::ENXIO,
         }
     }
 }

@@ -123,3 +123,46 @@ impl StatsSnapshot {
         }
     }
 }
+
+/// Everything `alignfs stat` shows, offline or from a mounted volume (which sends it as
+/// JSON); one type so both paths print the same thing.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct VolumeReport {
+    pub uuid: String,
+    pub profile: String,
+    pub fast_device: String,
+    pub ssd_device: String,
+    pub residue: String,
+    /// Counter name → lifetime value, in [`Counter::ALL`] order.
+    pub counters: Vec<(String, u64)>,
+    pub ssd_share: f64,
+    pub fast_pages_used: u64,
+    pub fast_pages_total: u64,
+    pub fast_page_bytes: u64,
+    pub ssd_blocks_used: u64,
+    pub ssd_blocks_total: u64,
+    pub ssd_block_bytes: u64,
+    pub journal_used_bytes: u64,
+    pub journal_capacity_bytes: u64,
+    pub checkpoint_generation: u64,
+    pub recovery_us: u64,
+    pub records_replayed: u64,
+    pub torn_tail_dropped: bool,
+    /// Set by a mounted daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<DaemonInfo>,
+}
+
+/// The process serving a mounted volume.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct DaemonInfo {
+    pub pid: u32,
+    pub mountpoint: String,
+    pub uptime_s: f64,
+}
+
+impl VolumeReport {
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
+    }
+}

@@ -7,12 +7,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::encoding::{decode_attr, decode_entry, encode_attr, encode_entry};
+use super::encoding::{decode_attr, decode_entry, encode_attr, encode_entry, xattr_name};
 use super::MetaMedium;
 use crate::codec::{crc32c, Decoder, Encoder, Short};
 use crate::error::{Error, Result};
 use crate::map::FileMap;
-use crate::meta::{FileKind, Ino, Inode, InodeData, MetaState};
+use crate::meta::{FileKind, Ino, Inode, InodeData, MetaState, XATTR_VALUE_MAX};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"ACKP");
 const HEADER_BYTES: u64 = 64;
@@ -141,6 +141,10 @@ pub fn encode_state(state: &MetaState, counters: &[u64]) -> Vec<u8> {
         for (name, ino) in &data.entries {
             e.blob(name).u64(ino.0);
         }
+        e.u64(data.xattrs.len() as u64);
+        for (name, value) in &data.xattrs {
+            e.blob(name).blob(value);
+        }
         drop(data);
         let map = inode.map.lock();
         e.u64(map.len() as u64);
@@ -186,6 +190,15 @@ pub fn decode_state(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Re
                 return d.fail(format!("directory {} repeats a name", attr.ino.0));
             }
         }
+        let nxattrs = d.count(8)?;
+        let mut xattrs = BTreeMap::new();
+        for _ in 0..nxattrs {
+            let name = xattr_name(&mut d)?;
+            let value = d.blob(XATTR_VALUE_MAX)?.to_vec();
+            if xattrs.insert(name, value).is_some() {
+                return d.fail(format!("inode {} repeats an extended attribute", attr.ino.0));
+            }
+        }
         let nmap = d.count(10)?;
         if nmap > 0 && attr.kind != FileKind::File {
             return d.fail(format!("inode {} has data blocks but is not a regular file", attr.ino.0));
@@ -198,7 +211,7 @@ pub fn decode_state(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Re
                 return d.fail(format!("inode {} maps block {lblock} twice", attr.ino.0));
             }
         }
-        state.inodes.write().insert(attr.ino, std::sync::Arc::new(Inode::new(InodeData { attr, entries, parent, target }, map)));
+        state.inodes.write().insert(attr.ino, std::sync::Arc::new(Inode::new(InodeData { attr, entries, parent, target, xattrs }, map)));
     }
     if d.remaining() != 0 {
         return d.fail(format!("{} trailing bytes", d.remaining()));

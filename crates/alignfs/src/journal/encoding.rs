@@ -2,7 +2,7 @@
 
 use crate::codec::{Decoder, Encoder, Short};
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
-use crate::meta::{Attr, FileKind, Ino, Op};
+use crate::meta::{Attr, FileKind, Ino, Op, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
 const MAX_NAME: usize = 255;
 const MAX_TARGET: usize = 4096;
@@ -190,6 +190,14 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
             Op::Free { ino } => {
                 e.u8(9).u64(ino.0);
             }
+            Op::SetXattr { ino, name, value, ctime } => {
+                e.u8(10).u64(ino.0).blob(name);
+                match value {
+                    Some(value) => e.u8(1).blob(value),
+                    None => e.u8(0),
+                };
+                e.i64(*ctime);
+            }
         }
     }
     e.bytes
@@ -199,6 +207,15 @@ fn name(d: &mut Decoder<'_>) -> Result<Vec<u8>, Short> {
     let n = d.blob(MAX_NAME)?;
     if n.is_empty() || n.contains(&b'/') || n.contains(&0) || n == b"." || n == b".." {
         return d.fail("invalid file name");
+    }
+    Ok(n.to_vec())
+}
+
+/// An extended attribute name: 1–255 bytes, no NUL.
+pub fn xattr_name(d: &mut Decoder<'_>) -> Result<Vec<u8>, Short> {
+    let n = d.blob(XATTR_NAME_MAX)?;
+    if n.is_empty() || n.contains(&0) {
+        return d.fail("invalid extended attribute name");
     }
     Ok(n.to_vec())
 }
@@ -243,6 +260,12 @@ pub fn decode_ops(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Resu
                 Op::Map { ino, lblock, entry }
             }
             9 => Op::Free { ino: Ino(d.u64()?) },
+            10 => Op::SetXattr {
+                ino: Ino(d.u64()?),
+                name: xattr_name(&mut d)?,
+                value: read_opt(&mut d, |d| Ok(d.blob(XATTR_VALUE_MAX)?.to_vec()))?,
+                ctime: d.i64()?,
+            },
             other => return d.fail(format!("unknown op tag {other}")),
         };
         ops.push(op);

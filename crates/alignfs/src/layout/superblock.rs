@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::geometry::{FastLayout, Geometry, SUPERBLOCK_BYTES};
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceRole {

@@ -14,6 +14,14 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::map::{FileMap, RangeLock};
 
+/// Longest extended attribute name.
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest extended attribute value: one journal record must hold it even on the smallest
+/// fast tier (64 KiB of journal).
+pub const XATTR_VALUE_MAX: usize = 16 * 1024;
+/// Most bytes of names plus values one inode may hold.
+pub const XATTR_TOTAL_MAX: usize = 64 * 1024;
+
 /// An inode number. 1 is the root directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ino(pub u64);
@@ -83,6 +91,8 @@ pub struct InodeData {
     pub parent: Ino,
     /// Symlink target (symlinks only).
     pub target: Vec<u8>,
+    /// Extended attributes, name → value.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 pub struct Inode {
@@ -150,7 +160,7 @@ impl MetaState {
             mtime: now,
             ctime: now,
         };
-        let data = InodeData { attr, entries: BTreeMap::new(), parent: Ino::ROOT, target: Vec::new() };
+        let data = InodeData { attr, entries: BTreeMap::new(), parent: Ino::ROOT, target: Vec::new(), xattrs: BTreeMap::new() };
         state.insert(Inode::new(data, FileMap::new()));
         state
     }

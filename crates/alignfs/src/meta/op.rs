@@ -66,6 +66,13 @@ pub enum Op {
         lblock: u64,
         entry: Option<BlockEntry>,
     },
+    /// Set (`Some`) or remove (`None`) one extended attribute.
+    SetXattr {
+        ino: Ino,
+        name: Vec<u8>,
+        value: Option<Vec<u8>>,
+        ctime: TimeNs,
+    },
     /// Drop an inode that has no name left (its last handle closed).
     Free {
         ino: Ino,
@@ -156,7 +163,8 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             if dir.data.lock().entries.contains_key(name) {
                 return Err(Inapplicable(format!("create: name exists in directory {}", parent.0)));
             }
-            let data = InodeData { attr: attr.clone(), entries: BTreeMap::new(), parent: *parent, target: target.clone() };
+            let data =
+                InodeData { attr: attr.clone(), entries: BTreeMap::new(), parent: *parent, target: target.clone(), xattrs: BTreeMap::new() };
             state.insert(Inode::new(data, FileMap::new()));
             let mut d = dir.data.lock();
             d.entries.insert(name.clone(), attr.ino);
@@ -226,6 +234,15 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
                 let keep_block = entry.as_ref().and_then(BlockEntry::ssd_block);
                 freed.blocks.extend(old.ssd_block().filter(|b| Some(*b) != keep_block));
             }
+        }
+        Op::SetXattr { ino, name, value, ctime } => {
+            let inode = need(state, *ino)?;
+            let mut data = inode.data.lock();
+            match value {
+                Some(value) => data.xattrs.insert(name.clone(), value.clone()),
+                None => data.xattrs.remove(name),
+            };
+            data.attr.ctime = *ctime;
         }
         Op::Free { ino } => {
             if let Some(inode) = state.get(*ino) {

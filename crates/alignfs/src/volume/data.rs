@@ -24,7 +24,39 @@ pub enum FallocateMode {
     PunchHole,
 }
 
+/// What `seek` looks for (SEEK_DATA / SEEK_HOLE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTarget {
+    Data,
+    Hole,
+}
+
 impl Volume {
+    /// The first offset at or after `offset` that starts data or a hole, at block
+    /// granularity; the end of the file counts as a hole. `BeyondEnd` past EOF.
+    pub fn seek(&self, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
+        let inode = self.inner.file(ino)?;
+        let size = inode.size();
+        if offset >= size {
+            return Err(Error::BeyondEnd);
+        }
+        let block = self.inner.geometry.block();
+        let map = inode.map.lock();
+        match target {
+            SeekTarget::Data => {
+                let first = map.range(offset / block..).map(|(&lb, _)| lb * block).next().filter(|&start| start < size);
+                first.map(|start| start.max(offset)).ok_or(Error::BeyondEnd)
+            }
+            SeekTarget::Hole => {
+                let mut lb = offset / block;
+                while lb * block < size && map.contains_key(&lb) {
+                    lb += 1;
+                }
+                Ok((lb * block).clamp(offset, size))
+            }
+        }
+    }
+
     /// Write `data` at `offset`. Returns when the write is durable per the `orch` promise:
     /// residue persisted, SSD IOs completed, map edit journaled.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {

@@ -9,8 +9,8 @@ mod data;
 mod namespace;
 mod paths;
 
-pub use data::{FallocateMode, MAX_FILE_BYTES};
-pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs};
+pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
+pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use paths::{format_paths, open_paths, DeviceSpec};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +28,7 @@ use crate::layout::{BitmapAllocator, DeviceRole, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, now_ns, FileKind, Freed, Ino, MetaState, Op};
 use crate::residue::{PmemPages, ResidueStore};
-use crate::stats::{Counter, Stats, StatsSnapshot};
+use crate::stats::{Counter, Stats, StatsSnapshot, VolumeReport};
 
 /// How SSD data is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,8 +351,42 @@ impl Volume {
         }
     }
 
+    /// Counters, space and devices, as `alignfs stat` prints them.
+    pub fn report(&self) -> VolumeReport {
+        let s = self.stats();
+        let (fast_device, ssd_device, residue) = self.describe_devices();
+        VolumeReport {
+            uuid: self.superblock().uuid_string(),
+            profile: self.superblock().profile.name().to_string(),
+            fast_device,
+            ssd_device,
+            residue,
+            counters: s.counters.iter().map(|(c, v)| (c.name().to_string(), *v)).collect(),
+            ssd_share: s.ssd_share(),
+            fast_pages_used: s.fast_pages_used,
+            fast_pages_total: s.fast_pages_total,
+            fast_page_bytes: s.fast_page_bytes,
+            ssd_blocks_used: s.ssd_blocks_used,
+            ssd_blocks_total: s.ssd_blocks_total,
+            ssd_block_bytes: s.ssd_block_bytes,
+            journal_used_bytes: s.journal_used_bytes,
+            journal_capacity_bytes: s.journal_capacity_bytes,
+            checkpoint_generation: s.checkpoint_generation,
+            recovery_us: u64::try_from(s.recovery.duration.as_micros()).unwrap_or(u64::MAX),
+            records_replayed: s.recovery.records_replayed,
+            torn_tail_dropped: s.recovery.torn_tail_dropped,
+            daemon: None,
+        }
+    }
+
     /// Clean shutdown: stop background work, flush the SSD, write a checkpoint.
     pub fn close(mut self) -> Result<()> {
+        self.shutdown(true)
+    }
+
+    /// [`Volume::close`] for an owner that cannot give the volume up (a FUSE `destroy`
+    /// callback). The volume must not be used afterwards.
+    pub fn close_in_place(&mut self) -> Result<()> {
         self.shutdown(true)
     }
 
@@ -423,7 +457,7 @@ impl Inner {
         let payload = encode_ops(ops);
         let mut committer = self.committer.lock();
         for op in ops {
-            if let Op::Map { ino, .. } | Op::Extend { ino, .. } | Op::SetSize { ino, .. } | Op::SetAttr { ino, .. } = op {
+            if let Op::Map { ino, .. } | Op::Extend { ino, .. } | Op::SetSize { ino, .. } | Op::SetAttr { ino, .. } | Op::SetXattr { ino, .. } = op {
                 if self.meta.get(*ino).is_none() {
                     return Err(Error::NotFound);
                 }

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Inner, Volume};
 use crate::error::{Error, Result};
-use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, Op, TimeNs};
+use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
 
 pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_SYMLINK_BYTES: usize = 4096;
@@ -33,6 +33,17 @@ pub struct SetAttrRequest {
     pub size: Option<u64>,
     pub atime: Option<TimeNs>,
     pub mtime: Option<TimeNs>,
+}
+
+/// How `setxattr` treats an existing attribute (XATTR_CREATE / XATTR_REPLACE).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum XattrSet {
+    #[default]
+    CreateOrReplace,
+    /// Fail with `Exists` if the attribute exists.
+    CreateOnly,
+    /// Fail with `NoAttribute` unless the attribute exists.
+    ReplaceOnly,
 }
 
 #[derive(Clone, Debug)]
@@ -109,8 +120,16 @@ impl Volume {
     }
 
     pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Error::NameTooLong);
+        }
         let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
         self.getattr(ino)
+    }
+
+    /// A directory's parent (the root is its own parent).
+    pub fn parent(&self, dir: Ino) -> Result<Ino> {
+        Ok(self.inner.dir(dir)?.data.lock().parent)
     }
 
     /// Resolve an absolute path (no symlinks followed).
@@ -309,6 +328,57 @@ impl Volume {
             self.inner.commit_namespace(&[Op::Free { ino }])?;
         }
         Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let inode = self.inner.get(ino)?;
+        let value = inode.data.lock().xattrs.get(name).cloned();
+        value.ok_or(Error::NoAttribute)
+    }
+
+    /// Attribute names, in byte order.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let inode = self.inner.get(ino)?;
+        let names = inode.data.lock().xattrs.keys().cloned().collect();
+        Ok(names)
+    }
+
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
+        self.inner.check_writable()?;
+        if name.is_empty() || name.contains(&0) {
+            return Err(Error::InvalidArgument("empty extended attribute name".into()));
+        }
+        if name.len() > XATTR_NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(Error::TooLarge(format!("extended attribute values hold at most {XATTR_VALUE_MAX} bytes")));
+        }
+        let _ns = self.inner.namespace.lock();
+        let inode = self.inner.get(ino)?;
+        {
+            let data = inode.data.lock();
+            let existing = data.xattrs.get(name);
+            match (mode, existing) {
+                (XattrSet::CreateOnly, Some(_)) => return Err(Error::Exists),
+                (XattrSet::ReplaceOnly, None) => return Err(Error::NoAttribute),
+                _ => {}
+            }
+            let others: usize = data.xattrs.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
+            if others + name.len() + value.len() > XATTR_TOTAL_MAX {
+                return Err(Error::NoSpace);
+            }
+        }
+        self.inner.commit_namespace(&[Op::SetXattr { ino, name: name.to_vec(), value: Some(value.to_vec()), ctime: now_ns() }])
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.inner.check_writable()?;
+        let _ns = self.inner.namespace.lock();
+        if !self.inner.get(ino)?.data.lock().xattrs.contains_key(name) {
+            return Err(Error::NoAttribute);
+        }
+        self.inner.commit_namespace(&[Op::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() }])
     }
 
     pub fn statfs(&self) -> StatFs {

@@ -1,0 +1,318 @@
+//! `alignfs mount` and `alignfs umount`: serve a volume through FUSE.
+//!
+//! Without `-f` the command starts itself again in the foreground as a daemon (new process
+//! group, output to the log file) and returns once that daemon reports the mount ready
+//! on its stdout, or prints why it failed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use alignfs::volume::{format_paths, open_paths, DeviceSpec};
+use alignfs::{Error, FormatOptions, VolumeOptions};
+use alignfs_fuse::{AlignFs, FuseOptions, STATS_XATTR};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use fuser::{Config, MountOption, SessionACL};
+
+use crate::{defaults, DeviceArgs};
+
+/// Set in the daemon's environment: report readiness on stdout, then detach from it.
+const DAEMON_ENV: &str = "ALIGNFS_DAEMON";
+const READY: &str = "ready";
+
+pub const DEFAULT_MOUNTPOINT: &str = "/mnt/alignfs";
+
+#[derive(Args, Clone)]
+pub struct MountArgs {
+    #[command(flatten)]
+    devices: DeviceArgs,
+    /// Where to mount (created if missing).
+    #[arg(default_value = DEFAULT_MOUNTPOINT)]
+    mountpoint: PathBuf,
+    /// Stay in the foreground (log to stderr) instead of starting a daemon.
+    #[arg(short, long)]
+    foreground: bool,
+    /// The daemon's log file (default DATA_DIR/mount.log).
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Mount options, comma-separated: allow_other, allow_root, ro, default_permissions
+    /// (always on), noatime, nodev, nosuid, noexec, dirsync, sync.
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    options: Vec<String>,
+    /// Threads serving FUSE requests (each with its own /dev/fuse descriptor).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// Seconds the kernel may cache attributes and names.
+    #[arg(long, default_value_t = 1.0)]
+    attr_ttl: f64,
+    /// Bypass the kernel page cache for file data (FOPEN_DIRECT_IO).
+    #[arg(long)]
+    direct_io: bool,
+}
+
+#[derive(Args)]
+pub struct UmountArgs {
+    /// The mount point.
+    #[arg(default_value = DEFAULT_MOUNTPOINT)]
+    mountpoint: PathBuf,
+    /// Seconds to wait for the daemon to write its checkpoint and exit.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+}
+
+/// Options for the kernel and for the volume, parsed from `-o`.
+struct ParsedOptions {
+    mount: Vec<MountOption>,
+    acl: SessionACL,
+    read_only: bool,
+}
+
+fn parse_options(options: &[String]) -> Result<ParsedOptions> {
+    // Permission checks happen in the kernel against the attributes we return.
+    let mut parsed = ParsedOptions { mount: vec![MountOption::DefaultPermissions], acl: SessionACL::Owner, read_only: false };
+    for option in options.iter().map(|o| o.trim()).filter(|o| !o.is_empty()) {
+        match option {
+            "allow_other" => parsed.acl = SessionACL::All,
+            "allow_root" => parsed.acl = SessionACL::RootAndOwner,
+            "ro" => {
+                parsed.read_only = true;
+                parsed.mount.push(MountOption::RO);
+            }
+            "rw" | "default_permissions" => {}
+            "noatime" => parsed.mount.push(MountOption::NoAtime),
+            "nodev" => parsed.mount.push(MountOption::NoDev),
+            "nosuid" => parsed.mount.push(MountOption::NoSuid),
+            "noexec" => parsed.mount.push(MountOption::NoExec),
+            "dirsync" => parsed.mount.push(MountOption::DirSync),
+            "sync" => parsed.mount.push(MountOption::Sync),
+            other => bail!("unsupported mount option {other:?} (see `alignfs mount --help`)"),
+        }
+    }
+    Ok(parsed)
+}
+
+fn is_stale_mount(path: &Path) -> bool {
+    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+pub fn mount(args: &MountArgs) -> Result<()> {
+    let parsed = parse_options(&args.options)?;
+    if args.threads == 0 || args.threads > 64 {
+        bail!("--threads must be between 1 and 64");
+    }
+    if !(args.attr_ttl >= 0.0 && args.attr_ttl <= 3600.0) {
+        bail!("--attr-ttl must be between 0 and 3600 seconds");
+    }
+    if !args.foreground && std::env::var_os(DAEMON_ENV).is_none() {
+        return spawn_daemon(args);
+    }
+    let daemon = std::env::var_os(DAEMON_ENV).is_some();
+    match serve(args, &parsed, daemon) {
+        Ok(()) => Ok(()),
+        Err(e) if daemon => {
+            // The parent prints this; the log keeps a copy.
+            println!("error: {e:#}");
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Start `alignfs mount -f …` in the background and wait for it to report.
+fn spawn_daemon(args: &MountArgs) -> Result<()> {
+    let log_path = args.log.clone().unwrap_or_else(|| defaults::data_dir(args.devices.data_dir.as_deref()).join("mount.log"));
+    if let Some(dir) = log_path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).with_context(|| format!("open log {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("find the alignfs executable")?;
+    let mut command = Command::new(exe);
+    command.args(std::env::args_os().skip(1)).env(DAEMON_ENV, "1");
+    if std::env::var_os("ALIGNFS_LOG").is_none() {
+        command.env("ALIGNFS_LOG", "info");
+    }
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()
+        .context("start the alignfs daemon")?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("daemon stdout missing"))?;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("read the daemon's report")?;
+        if line == READY {
+            println!("mounted at {} (daemon pid {}, log {})", args.mountpoint.display(), child.id(), log_path.display());
+            println!("  use it like any directory; `alignfs stat {0}` shows the counters; `alignfs umount {0}` unmounts", args.mountpoint.display());
+            return Ok(());
+        }
+        if let Some(error) = line.strip_prefix("error: ") {
+            let _ = child.wait();
+            bail!("{error} (log: {})", log_path.display());
+        }
+        println!("{line}");
+    }
+    let status = child.wait().context("wait for the daemon")?;
+    bail!("the daemon exited ({status}) before the mount was ready; see {}", log_path.display())
+}
+
+/// Open (formatting the default devices on first use), mount, and serve until unmounted.
+fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
+    let mountpoint = &args.mountpoint;
+    if is_stale_mount(mountpoint) {
+        rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
+            .with_context(|| format!("detach the stale mount at {}", mountpoint.display()))?;
+        println!("detached a stale mount at {} (its daemon had died)", mountpoint.display());
+    }
+    std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
+    let volume = open_volume(&args.devices, parsed.read_only)?;
+    let recovery = volume.recovery().clone();
+    tracing::info!(
+        "volume {} opened in {:?}: {} journal records replayed{}",
+        volume.superblock().uuid_string(),
+        recovery.duration,
+        recovery.records_replayed,
+        if recovery.clean { "" } else { " (it was not closed cleanly)" }
+    );
+    let options = FuseOptions {
+        ttl: Duration::from_secs_f64(args.attr_ttl),
+        direct_io: args.direct_io,
+        mountpoint: std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.clone()),
+        ..FuseOptions::default()
+    };
+    let mut config = Config::default();
+    config.mount_options = parsed.mount.clone();
+    config.mount_options.push(MountOption::FSName(format!("alignfs:{}", volume.superblock().profile.name())));
+    config.mount_options.push(MountOption::Subtype("alignfs".into()));
+    config.acl = parsed.acl;
+    config.n_threads = Some(args.threads);
+    config.clone_fd = true;
+    let mut session = fuser::Session::new(AlignFs::new(volume, options), mountpoint, &config)
+        .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    let mut unmounter = session.unmount_callable();
+    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
+    let signal_mountpoint = mountpoint.clone();
+    std::thread::Builder::new().name("alignfs-signals".into()).spawn(move || {
+        for signal in signals.forever() {
+            tracing::info!("signal {signal}: unmounting {}", signal_mountpoint.display());
+            match unmounter.unmount() {
+                Ok(()) => break,
+                Err(e) => tracing::error!("unmount {}: {e} (still mounted)", signal_mountpoint.display()),
+            }
+        }
+    })?;
+    tracing::info!("mounted at {}", mountpoint.display());
+    if daemon {
+        println!("{READY}");
+        std::io::stdout().flush()?;
+        // The parent stops reading once ready; nothing more goes to that pipe.
+        let null = std::fs::File::options().write(true).open("/dev/null")?;
+        rustix::stdio::dup2_stdout(&null)?;
+    } else {
+        eprintln!("mounted at {}; Ctrl-C or `alignfs umount {0}` unmounts", mountpoint.display());
+    }
+    session.run().context("serve FUSE requests")?;
+    tracing::info!("unmounted {}", mountpoint.display());
+    Ok(())
+}
+
+fn open_volume(devices: &DeviceArgs, read_only: bool) -> Result<alignfs::Volume> {
+    let (fast, ssd) = devices.specs()?;
+    let options = VolumeOptions { read_only, ..VolumeOptions::default() };
+    let defaults = devices.fast.is_none() && devices.ssd.is_none();
+    if defaults && !fast.path.exists() && !ssd.path.exists() {
+        format_defaults(&fast, &ssd)?;
+    }
+    open_paths(&fast.path, &ssd.path, options, devices.backend()).map_err(|e| match e {
+        Error::NotFormatted(_) => anyhow!("{e}; format it with `alignfs mkfs`"),
+        other => other.into(),
+    })
+}
+
+fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {
+    let (sb, volume) = format_paths(fast, ssd, &FormatOptions::default(), None)?;
+    volume.close()?;
+    println!(
+        "formatted a new default volume {}: fast tier {} ({}), SSD image {} ({})",
+        sb.uuid_string(),
+        fast.path.display(),
+        bytesize::ByteSize(fast.size.unwrap_or(0)),
+        ssd.path.display(),
+        bytesize::ByteSize(ssd.size.unwrap_or(0))
+    );
+    Ok(())
+}
+
+/// The live report of a mounted volume, read from the root's stats attribute.
+pub fn live_report(mountpoint: &Path) -> Result<alignfs::stats::VolumeReport> {
+    let mut buf = vec![0u8; 1 << 16];
+    let n = rustix::fs::getxattr(mountpoint, STATS_XATTR, &mut buf).map_err(|e| match e {
+        rustix::io::Errno::NOTCONN => anyhow!("{}: the alignfs daemon is gone (stale mount); `alignfs umount` clears it", mountpoint.display()),
+        rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP => anyhow!("{} is not the root of an alignfs mount", mountpoint.display()),
+        e => anyhow!("{}: read {STATS_XATTR}: {e}", mountpoint.display()),
+    })?;
+    serde_json::from_slice(&buf[..n]).with_context(|| format!("{}: unreadable report", mountpoint.display()))
+}
+
+pub fn umount(args: &UmountArgs) -> Result<()> {
+    let mountpoint = &args.mountpoint;
+    if is_stale_mount(mountpoint) {
+        rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
+            .with_context(|| format!("detach the stale mount at {}", mountpoint.display()))?;
+        println!("detached a stale mount at {}; its daemon had died, so mounting again replays the journal", mountpoint.display());
+        return Ok(());
+    }
+    let pid = live_report(mountpoint)?.daemon.map(|d| d.pid);
+    match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty()) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::PERM) => {
+            let status = Command::new("fusermount3").arg("-u").arg(mountpoint).status().context("run fusermount3 -u")?;
+            if !status.success() {
+                bail!("fusermount3 -u {} failed ({status})", mountpoint.display());
+            }
+        }
+        Err(rustix::io::Errno::BUSY) => bail!("{} is busy: close the files and directories open on it, then retry", mountpoint.display()),
+        Err(e) => bail!("unmount {}: {e}", mountpoint.display()),
+    }
+    if let Some(pid) = pid {
+        wait_for_exit(pid, Duration::from_secs(args.timeout))?;
+    }
+    println!("unmounted {}", mountpoint.display());
+    Ok(())
+}
+
+/// Wait for the daemon to finish its checkpoint and exit.
+fn wait_for_exit(pid: u32, timeout: Duration) -> Result<()> {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let start = Instant::now();
+    let mut told = false;
+    while proc_dir.exists() {
+        if start.elapsed() > timeout {
+            bail!("the daemon (pid {pid}) has not exited after {timeout:?}");
+        }
+        if !told && start.elapsed() > Duration::from_secs(1) {
+            eprintln!("waiting for the daemon (pid {pid}) to write its checkpoint and exit…");
+            told = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_options_parse_and_reject_unknown() {
+        let parsed = parse_options(&["allow_other".into(), "ro".into(), "noatime".into()]).unwrap();
+        assert_eq!(parsed.acl, SessionACL::All);
+        assert!(parsed.read_only);
+        assert!(parsed.mount.contains(&MountOption::RO));
+        assert!(parsed.mount.contains(&MountOption::DefaultPermissions));
+        let err = parse_options(&["writeback_cache".into()]).err().unwrap();
+        assert!(err.to_string().contains("writeback_cache"));
+    }
+}

@@ -1,0 +1,489 @@
+//! The FUSE front end: a POSIX file system served from an alignfs [`Volume`].
+//!
+//! Every request maps onto one engine call; this layer only translates types, picks
+//! owners and modes for new files, and keeps open-directory listings stable. Choices and
+//! their measurements are in `docs/FUSE.md`.
+
+mod attr;
+mod handles;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use alignfs::meta::TimeNs;
+use alignfs::stats::DaemonInfo;
+use alignfs::volume::{FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, XattrSet};
+use alignfs::{Error, FileKind, Ino, Volume};
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
+};
+
+use attr::{file_attr, kind_from_mode, time_ns};
+use handles::Handles;
+
+/// The read-only extended attribute of the root directory that carries the live report
+/// (JSON) to `alignfs stat MOUNTPOINT`. It is not listed, so copying tools never see it.
+pub const STATS_XATTR: &str = "user.alignfs.stats";
+
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// How the mount behaves; `Default` is what `alignfs mount` uses.
+#[derive(Clone, Debug)]
+pub struct FuseOptions {
+    /// How long the kernel may cache attributes and names. Safe to be long: every change
+    /// goes through this mount, and the kernel updates its copy on the way.
+    pub ttl: Duration,
+    /// Keep the page cache across opens (FOPEN_KEEP_CACHE).
+    pub keep_cache: bool,
+    /// Bypass the page cache for all file IO (FOPEN_DIRECT_IO).
+    pub direct_io: bool,
+    /// Where the volume is mounted (reported by the stats attribute).
+    pub mountpoint: PathBuf,
+}
+
+impl Default for FuseOptions {
+    fn default() -> Self {
+        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: false, mountpoint: PathBuf::new() }
+    }
+}
+
+pub struct AlignFs {
+    volume: Volume,
+    options: FuseOptions,
+    handles: Handles,
+    started: Instant,
+}
+
+fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// Reply with the engine's error, logging the ones a user should hear about.
+macro_rules! try_or_reply {
+    ($reply:expr, $result:expr) => {
+        match $result {
+            Ok(v) => v,
+            Err(e) => {
+                if matches!(e, Error::Io { .. } | Error::Corrupt { .. } | Error::MetadataFull(_)) {
+                    tracing::error!("{e}");
+                }
+                $reply.error(errno(&e));
+                return;
+            }
+        }
+    };
+}
+
+fn name_bytes(name: &OsStr) -> &[u8] {
+    name.as_bytes()
+}
+
+impl AlignFs {
+    pub fn new(volume: Volume, options: FuseOptions) -> AlignFs {
+        AlignFs { volume, options, handles: Handles::default(), started: Instant::now() }
+    }
+
+    fn ino(ino: INodeNo) -> Ino {
+        Ino(ino.0)
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, attr: &alignfs::Attr) {
+        reply.entry(&self.options.ttl, &file_attr(attr, self.volume.geometry().block()), Generation(0));
+    }
+
+    /// Owner, group and mode of a new node in `parent`: a set-group-ID directory passes on
+    /// its group (and, to subdirectories, the bit itself), as Linux file systems do.
+    fn new_owner(&self, req: &Request, parent: Ino, mode: u32, is_dir: bool) -> Result<(u32, u32, u16), Error> {
+        let dir = self.volume.getattr(parent)?;
+        let mut perm = (mode & 0o7777) as u16;
+        let gid = if dir.perm & 0o2000 != 0 {
+            if is_dir {
+                perm |= 0o2000;
+            }
+            dir.gid
+        } else {
+            req.gid()
+        };
+        Ok((req.uid(), gid, perm))
+    }
+
+    fn report_json(&self) -> Vec<u8> {
+        let mut report = self.volume.report();
+        report.daemon = Some(DaemonInfo {
+            pid: std::process::id(),
+            mountpoint: self.options.mountpoint.display().to_string(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+        });
+        serde_json::to_vec(&report).unwrap_or_default()
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        let mut flags = FopenFlags::empty();
+        if self.options.keep_cache {
+            flags |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        if self.options.direct_io {
+            flags |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        flags
+    }
+}
+
+fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
+    if size == 0 {
+        reply.size(u32::try_from(data.len()).unwrap_or(u32::MAX));
+    } else if data.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(data);
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<TimeNs> {
+    t.map(|t| match t {
+        TimeOrNow::Now => alignfs::meta::now_ns(),
+        TimeOrNow::SpecificTime(t) => time_ns(t),
+    })
+}
+
+impl Filesystem for AlignFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(nearest) = config.set_max_write(MAX_WRITE) {
+            let _ = config.set_max_write(nearest);
+        }
+        // Readahead as large as one write: sequential readers get whole SSD runs.
+        if let Err(nearest) = config.set_max_readahead(MAX_WRITE) {
+            let _ = config.set_max_readahead(nearest);
+        }
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        match self.volume.close_in_place() {
+            Ok(()) => tracing::info!("volume closed cleanly"),
+            Err(e) => tracing::error!("closing the volume: {e}"),
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let attr = try_or_reply!(reply, self.volume.lookup(Self::ino(parent), name_bytes(name)));
+        self.reply_entry(reply, &attr);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let attr = try_or_reply!(reply, self.volume.getattr(Self::ino(ino)));
+        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<std::time::SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<std::time::SystemTime>,
+        _chgtime: Option<std::time::SystemTime>,
+        _bkuptime: Option<std::time::SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let request = SetAttrRequest {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+        };
+        let attr = try_or_reply!(reply, self.volume.setattr(Self::ino(ino), &request));
+        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = try_or_reply!(reply, self.volume.readlink(Self::ino(ino)));
+        reply.data(&target);
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        let Some(kind) = kind_from_mode(mode) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        if kind == FileKind::Dir || kind == FileKind::Symlink {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let parent = Self::ino(parent);
+        let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, false));
+        let attr = try_or_reply!(reply, self.volume.mknod(parent, name_bytes(name), kind, perm, rdev, uid, gid));
+        self.reply_entry(reply, &attr);
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        let parent = Self::ino(parent);
+        let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, true));
+        let attr = try_or_reply!(reply, self.volume.mkdir(parent, name_bytes(name), perm, uid, gid));
+        self.reply_entry(reply, &attr);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_or_reply!(reply, self.volume.unlink(Self::ino(parent), name_bytes(name)));
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_or_reply!(reply, self.volume.rmdir(Self::ino(parent), name_bytes(name)));
+        reply.ok();
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let parent = Self::ino(parent);
+        let (uid, gid, _) = try_or_reply!(reply, self.new_owner(req, parent, 0o777, false));
+        let attr = try_or_reply!(reply, self.volume.symlink(parent, name_bytes(link_name), target.as_os_str().as_bytes(), uid, gid));
+        self.reply_entry(reply, &attr);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            // RENAME_WHITEOUT is for overlay file systems' upper layers.
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let flags = RenameFlags {
+            no_replace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        try_or_reply!(reply, self.volume.rename(Self::ino(parent), name_bytes(name), Self::ino(newparent), name_bytes(newname), flags));
+        reply.ok();
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let attr = try_or_reply!(reply, self.volume.link(Self::ino(ino), Self::ino(newparent), name_bytes(newname)));
+        self.reply_entry(reply, &attr);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let attr = try_or_reply!(reply, self.volume.open_handle(Self::ino(ino)));
+        reply.opened(FileHandle(attr.ino.0), self.open_flags());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut buf = vec![0u8; size as usize];
+        let n = try_or_reply!(reply, self.volume.read(Self::ino(ino), offset, &mut buf));
+        reply.data(&buf[..n]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let n = try_or_reply!(reply, self.volume.write(Self::ino(ino), offset, data));
+        reply.written(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        // Nothing is buffered here: a write is durable (per the profile) when it returns.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        try_or_reply!(reply, self.volume.release_handle(Self::ino(ino)));
+        reply.ok();
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        try_or_reply!(reply, self.volume.fsync(Self::ino(ino)));
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let entries = try_or_reply!(reply, self.volume.readdir(Self::ino(ino)));
+        let fh = self.handles.open_dir(entries);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let dir = Self::ino(ino);
+        if offset == 0 {
+            // rewinddir: start over from the directory as it is now.
+            let entries = try_or_reply!(reply, self.volume.readdir(dir));
+            self.handles.refresh_dir(fh.0, entries);
+        }
+        let parent = try_or_reply!(reply, self.volume.parent(dir));
+        let listing = self.handles.dir_entries(fh.0);
+        let dots = [(dir, FileKind::Dir, b".".as_slice()), (parent, FileKind::Dir, b"..".as_slice())];
+        let all = dots.into_iter().chain(listing.iter().map(|e| (e.ino, e.kind, e.name.as_slice())));
+        for (index, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino.0), index as u64 + 1, attr::file_type(kind), OsStr::from_bytes(name)) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.handles.close_dir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Namespace changes are journaled before they return; nothing is pending.
+        try_or_reply!(reply, self.volume.getattr(Self::ino(ino)));
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.volume.statfs();
+        // Free inodes are bounded by checkpoint space, not a table; report a large number.
+        let files_free = u64::from(u32::MAX).saturating_sub(s.inodes);
+        let bsize = u32::try_from(s.block_bytes).unwrap_or(u32::MAX);
+        let namelen = u32::try_from(s.max_name_bytes).unwrap_or(255);
+        reply.statfs(s.blocks_total, s.blocks_free, s.blocks_free, s.inodes + files_free, files_free, bsize, namelen, bsize);
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        if name == STATS_XATTR {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let mode = match flags {
+            0 => XattrSet::CreateOrReplace,
+            libc::XATTR_CREATE => XattrSet::CreateOnly,
+            libc::XATTR_REPLACE => XattrSet::ReplaceOnly,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        try_or_reply!(reply, self.volume.setxattr(Self::ino(ino), name_bytes(name), value, mode));
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if name == STATS_XATTR && ino == INodeNo::ROOT {
+            reply_xattr(reply, size, &self.report_json());
+            return;
+        }
+        let value = try_or_reply!(reply, self.volume.getxattr(Self::ino(ino), name_bytes(name)));
+        reply_xattr(reply, size, &value);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = try_or_reply!(reply, self.volume.listxattr(Self::ino(ino)));
+        let mut list = Vec::new();
+        for name in names {
+            list.extend_from_slice(&name);
+            list.push(0);
+        }
+        reply_xattr(reply, size, &list);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        try_or_reply!(reply, self.volume.removexattr(Self::ino(ino), name_bytes(name)));
+        reply.ok();
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let attr = try_or_reply!(reply, self.volume.getattr(Self::ino(ino)));
+        if attr::may_access(&attr, req.uid(), req.gid(), mask.bits()) {
+            reply.ok();
+        } else {
+            reply.error(Errno::EACCES);
+        }
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+        let parent = Self::ino(parent);
+        let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, false));
+        let attr = try_or_reply!(reply, self.volume.create_file(parent, name_bytes(name), perm, uid, gid));
+        let attr = try_or_reply!(reply, self.volume.open_handle(attr.ino));
+        reply.created(
+            &self.options.ttl,
+            &file_attr(&attr, self.volume.geometry().block()),
+            Generation(0),
+            FileHandle(attr.ino.0),
+            self.open_flags(),
+        );
+    }
+
+    fn fallocate(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        let mode = match mode {
+            0 => FallocateMode::Allocate { keep_size: false },
+            libc::FALLOC_FL_KEEP_SIZE => FallocateMode::Allocate { keep_size: true },
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => FallocateMode::PunchHole,
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        try_or_reply!(reply, self.volume.fallocate(Self::ino(ino), offset, length, mode));
+        reply.ok();
+    }
+
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        let target = match whence {
+            libc::SEEK_DATA => SeekTarget::Data,
+            libc::SEEK_HOLE => SeekTarget::Hole,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let Ok(offset) = u64::try_from(offset) else {
+            reply.error(Errno::ENXIO);
+            return;
+        };
+        let found = try_or_reply!(reply, self.volume.seek(Self::ino(ino), offset, target));
+        reply.offset(i64::try_from(found).unwrap_or(i64::MAX));
+    }
+}
