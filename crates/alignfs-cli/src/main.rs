@@ -172,8 +172,18 @@ fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    println!("  fast tier: {} of {} pages used ({:.1}%)", r.fast_pages_used, r.fast_pages_total, pct(r.fast_pages_used, r.fast_pages_total));
-    println!("  SSD:       {} of {} blocks used ({:.1}%)", r.ssd_blocks_used, r.ssd_blocks_total, pct(r.ssd_blocks_used, r.ssd_blocks_total));
+    println!(
+        "  fast tier: {} of {} pages used ({:.1}%)",
+        r.fast_pages_used,
+        r.fast_pages_total,
+        pct(r.fast_pages_used, r.fast_pages_total)
+    );
+    println!(
+        "  SSD:       {} of {} blocks used ({:.1}%)",
+        r.ssd_blocks_used,
+        r.ssd_blocks_total,
+        pct(r.ssd_blocks_used, r.ssd_blocks_total)
+    );
     println!(
         "  journal:   {} of {} used, checkpoint generation {}",
         bytesize::ByteSize(r.journal_used_bytes),

@@ -126,7 +126,11 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
     if let Some(dir) = log_path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path).with_context(|| format!("open log {}", log_path.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("open log {}", log_path.display()))?;
     let exe = std::env::current_exe().context("find the alignfs executable")?;
     let mut command = Command::new(exe);
     command.args(std::env::args_os().skip(1)).env(DAEMON_ENV, "1");
@@ -134,18 +138,17 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
         command.env("ALIGNFS_LOG", "info");
     }
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .context("start the alignfs daemon")?;
+    let mut child =
+        command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log)).spawn().context("start the alignfs daemon")?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("daemon stdout missing"))?;
     for line in BufReader::new(stdout).lines() {
         let line = line.context("read the daemon's report")?;
         if line == READY {
             println!("mounted at {} (daemon pid {}, log {})", args.mountpoint.display(), child.id(), log_path.display());
-            println!("  use it like any directory; `alignfs stat {0}` shows the counters; `alignfs umount {0}` unmounts", args.mountpoint.display());
+            println!(
+                "  use it like any directory; `alignfs stat {0}` shows the counters; `alignfs umount {0}` unmounts",
+                args.mountpoint.display()
+            );
             return Ok(());
         }
         if let Some(error) = line.strip_prefix("error: ") {
@@ -192,7 +195,8 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let mut session = fuser::Session::new(AlignFs::new(volume, options), mountpoint, &config)
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
-    let mut signals = signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
     let signal_mountpoint = mountpoint.clone();
     std::thread::Builder::new().name("alignfs-signals".into()).spawn(move || {
         for signal in signals.forever() {
@@ -249,7 +253,9 @@ fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {
 pub fn live_report(mountpoint: &Path) -> Result<alignfs::stats::VolumeReport> {
     let mut buf = vec![0u8; 1 << 16];
     let n = rustix::fs::getxattr(mountpoint, STATS_XATTR, &mut buf).map_err(|e| match e {
-        rustix::io::Errno::NOTCONN => anyhow!("{}: the alignfs daemon is gone (stale mount); `alignfs umount` clears it", mountpoint.display()),
+        rustix::io::Errno::NOTCONN => {
+            anyhow!("{}: the alignfs daemon is gone (stale mount); `alignfs umount` clears it", mountpoint.display())
+        }
         rustix::io::Errno::NODATA | rustix::io::Errno::NOTSUP => anyhow!("{} is not the root of an alignfs mount", mountpoint.display()),
         e => anyhow!("{}: read {STATS_XATTR}: {e}", mountpoint.display()),
     })?;

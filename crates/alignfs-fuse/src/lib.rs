@@ -18,8 +18,8 @@ use alignfs::volume::{FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, Xa
 use alignfs::{Error, FileKind, Ino, Volume};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 use attr::{file_attr, kind_from_mode, time_ns};
@@ -200,14 +200,8 @@ impl Filesystem for AlignFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let request = SetAttrRequest {
-            perm: mode.map(|m| (m & 0o7777) as u16),
-            uid,
-            gid,
-            size,
-            atime: set_time(atime),
-            mtime: set_time(mtime),
-        };
+        let request =
+            SetAttrRequest { perm: mode.map(|m| (m & 0o7777) as u16), uid, gid, size, atime: set_time(atime), mtime: set_time(mtime) };
         let attr = try_or_reply!(reply, self.volume.setattr(Self::ino(ino), &request));
         reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
     }

@@ -8,7 +8,8 @@ mod common;
 
 use alignfs::stats::Counter;
 use alignfs::test_support::{scaled, seed};
-use alignfs::{Geometry, Ino, ReadMode, Volume, VolumeOptions};
+use alignfs::volume::{FallocateMode, SeekTarget};
+use alignfs::{Error, Geometry, Ino, ReadMode, Volume, VolumeOptions};
 use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -61,6 +62,22 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
         let expected = reference.get(offset as usize..).map_or(&[][..], |r| &r[..r.len().min(part.len())]);
         assert_eq!(&part[..n], expected, "read at {offset}");
     }
+    // SEEK_DATA skips only zeros; SEEK_HOLE lands inside the file or at its end.
+    let size = reference.len() as u64;
+    if size > 0 {
+        let offset = rng.random_range(0..size);
+        match volume.seek(ino, offset, SeekTarget::Data) {
+            Ok(data) => {
+                assert!(data >= offset && data < size, "SEEK_DATA {offset} -> {data} (size {size})");
+                assert!(reference[offset as usize..data as usize].iter().all(|&b| b == 0), "SEEK_DATA skipped data");
+            }
+            Err(Error::BeyondEnd) => assert!(reference[offset as usize..].iter().all(|&b| b == 0), "no data after {offset}"),
+            Err(e) => panic!("SEEK_DATA: {e}"),
+        }
+        let hole = volume.seek(ino, offset, SeekTarget::Hole).unwrap();
+        assert!(hole >= offset && hole <= size, "SEEK_HOLE {offset} -> {hole} (size {size})");
+    }
+    assert!(matches!(volume.seek(ino, size, SeekTarget::Data), Err(Error::BeyondEnd)));
 }
 
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
@@ -87,7 +104,29 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                 }
                 reference[offset as usize..end].copy_from_slice(&data);
             }
-            60..=67 => {
+            60..=63 => {
+                let size = reference.len() as u64;
+                let offset = write_offset(rng, &g, size).min(MAX_FILE - 1);
+                let len = (write_size(rng, &g) / 2 + 1).min(MAX_FILE - offset);
+                let end = (offset + len) as usize;
+                match rng.random_range(0..3) {
+                    0 => {
+                        volume.fallocate(ino, offset, len, FallocateMode::PunchHole).unwrap();
+                        let stop = end.min(reference.len());
+                        if (offset as usize) < stop {
+                            reference[offset as usize..stop].fill(0);
+                        }
+                    }
+                    keep => {
+                        let keep_size = keep == 1;
+                        volume.fallocate(ino, offset, len, FallocateMode::Allocate { keep_size }).unwrap();
+                        if !keep_size && reference.len() < end {
+                            reference.resize(end, 0);
+                        }
+                    }
+                }
+            }
+            64..=67 => {
                 let size = reference.len() as u64;
                 let new_size = match rng.random_range(0..3) {
                     0 => rng.random_range(0..=size),

@@ -3,7 +3,8 @@
 
 mod common;
 
-use alignfs::volume::RenameFlags;
+use alignfs::meta::XATTR_VALUE_MAX;
+use alignfs::volume::{RenameFlags, XattrSet};
 use alignfs::{Error, FileKind, Geometry, Ino, Volume, VolumeOptions};
 use common::Devices;
 
@@ -139,4 +140,49 @@ fn setattr_and_times() {
     let volume = devices.open(VolumeOptions::default()).unwrap();
     let again = volume.getattr(f).unwrap();
     assert_eq!(again, attr);
+}
+
+#[test]
+fn extended_attributes_follow_set_flags_limits_and_survive_crashes() {
+    let (devices, volume) = setup();
+    let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    volume.setxattr(f, b"user.a", b"1", XattrSet::CreateOrReplace).unwrap();
+    volume.setxattr(f, b"user.b", b"", XattrSet::CreateOnly).unwrap();
+    assert!(matches!(volume.setxattr(f, b"user.a", b"2", XattrSet::CreateOnly), Err(Error::Exists)));
+    assert!(matches!(volume.setxattr(f, b"user.c", b"2", XattrSet::ReplaceOnly), Err(Error::NoAttribute)));
+    volume.setxattr(f, b"user.a", b"22", XattrSet::ReplaceOnly).unwrap();
+    assert!(matches!(volume.setxattr(f, &[b'n'; 256], b"", XattrSet::CreateOrReplace), Err(Error::NameTooLong)));
+    assert!(matches!(volume.setxattr(f, b"user.big", &vec![0; XATTR_VALUE_MAX + 1], XattrSet::CreateOrReplace), Err(Error::TooLarge(_))));
+    // The per-inode budget holds several full-size values, then refuses the next.
+    let mut stored = 0;
+    let result = loop {
+        match volume.setxattr(f, format!("user.fill{stored}").as_bytes(), &vec![7; XATTR_VALUE_MAX], XattrSet::CreateOrReplace) {
+            Ok(()) => stored += 1,
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(result, Error::NoSpace) && stored >= 3, "{result} after {stored}");
+    for i in 0..stored {
+        volume.removexattr(f, format!("user.fill{i}").as_bytes()).unwrap();
+    }
+    assert!(matches!(volume.removexattr(f, b"user.zzz"), Err(Error::NoAttribute)));
+    volume.checkpoint().unwrap();
+    volume.setxattr(Ino::ROOT, b"trusted.dir", b"on the root", XattrSet::CreateOrReplace).unwrap();
+    volume.simulate_crash();
+    let volume = devices.open(VolumeOptions::default()).unwrap();
+    assert_eq!(volume.listxattr(f).unwrap(), [b"user.a".to_vec(), b"user.b".to_vec()]);
+    assert_eq!(volume.getxattr(f, b"user.a").unwrap(), b"22");
+    assert_eq!(volume.getxattr(f, b"user.b").unwrap(), b"");
+    assert_eq!(volume.getxattr(Ino::ROOT, b"trusted.dir").unwrap(), b"on the root");
+    assert!(matches!(volume.getxattr(f, b"user.c"), Err(Error::NoAttribute)));
+    volume.close().unwrap();
+    let volume = devices.open(VolumeOptions::default()).unwrap();
+    assert_eq!(volume.getxattr(f, b"user.a").unwrap(), b"22");
+}
+
+#[test]
+fn over_long_names_are_refused_by_every_lookup() {
+    let (_devices, volume) = setup();
+    assert!(matches!(volume.lookup(Ino::ROOT, &[b'x'; 256]), Err(Error::NameTooLong)));
+    assert!(matches!(volume.lookup(Ino::ROOT, &[b'x'; 255]), Err(Error::NotFound)));
 }

@@ -158,6 +158,13 @@ fn fallocate_allocates_and_punches() {
     assert_eq!(volume.getattr(ino).unwrap().size, model.len() as u64, "punching keeps the size");
     volume.fallocate(ino, 0, 100, FallocateMode::Allocate { keep_size: true }).unwrap();
     assert_eq!(read_all(&volume, ino), model);
+    // A hole inside one block, and the errors POSIX names for bad ranges.
+    volume.fallocate(ino, 40_000, 10, FallocateMode::PunchHole).unwrap();
+    model[40_000..40_010].fill(0);
+    assert_eq!(read_all(&volume, ino), model);
+    assert!(matches!(volume.fallocate(ino, 0, 0, FallocateMode::PunchHole), Err(Error::InvalidArgument(_))));
+    assert!(matches!(volume.fallocate(ino, u64::MAX - 1, 10, FallocateMode::Allocate { keep_size: false }), Err(Error::FileTooLarge)));
+    assert!(matches!(volume.fallocate(ino, 1 << 60, 1, FallocateMode::Allocate { keep_size: false }), Err(Error::FileTooLarge)));
 }
 
 #[test]
@@ -191,4 +198,42 @@ fn ssd_faults_surface_as_errors_and_change_nothing() {
     let content = read_all(&volume, ino);
     assert_eq!(content.len(), expected.len());
     assert_eq!(&content[100_000..], b"tail");
+}
+
+#[test]
+fn deleting_files_works_when_metadata_is_full() {
+    // 2 MiB of fast tier: 128 KiB checkpoint slots hold the maps of only a few thousand
+    // blocks, so the SSD outlasts the metadata.
+    let devices = Devices::new(2 << 20, 512 << 20);
+    devices.format(Geometry::default());
+    let volume = devices.open(quiet()).unwrap();
+    let chunk = vec![9u8; 1 << 20];
+    let mut files = Vec::new();
+    let full = 'fill: loop {
+        let ino = volume.create_file(Ino::ROOT, format!("f{}", files.len()).as_bytes(), 0o644, 0, 0);
+        let ino = match ino {
+            Ok(attr) => attr.ino,
+            Err(e) => break 'fill e,
+        };
+        files.push(ino);
+        for i in 0..8 {
+            if let Err(e) = volume.write(ino, i * chunk.len() as u64 + 1, &chunk) {
+                break 'fill e;
+            }
+        }
+    };
+    assert!(matches!(full, Error::MetadataFull(_)), "{full}");
+    assert!(files.len() > 2);
+    for i in 1..files.len() {
+        volume.unlink(Ino::ROOT, format!("f{i}").as_bytes()).unwrap_or_else(|e| panic!("unlink {i} of a full volume: {e}"));
+    }
+    // Space came back: new data and a checkpoint fit again, and survive a reopen.
+    let g = volume.create_file(Ino::ROOT, b"after", 0o644, 0, 0).unwrap().ino;
+    volume.write(g, 0, &chunk).unwrap();
+    volume.checkpoint().unwrap();
+    volume.close().unwrap();
+    let volume = devices.open(quiet()).unwrap();
+    let mut out = vec![0u8; chunk.len()];
+    assert_eq!(volume.read(g, 0, &mut out).unwrap(), chunk.len());
+    assert!(out == chunk);
 }

@@ -57,16 +57,17 @@ impl Journal {
         self.next_seq
     }
 
-    /// Whether a record with this payload length could ever fit (in an empty log).
-    pub fn fits_when_empty(&self, payload_len: usize) -> bool {
-        padded(payload_len as u64) <= self.capacity_bytes()
+    /// Whether a record with this payload length could ever fit (in an empty log), with
+    /// `reserve` bytes kept free.
+    pub fn fits_when_empty(&self, payload_len: usize, reserve: u64) -> bool {
+        padded(payload_len as u64) + reserve <= self.capacity_bytes()
     }
 
-    /// Append one record and make it durable. `Ok(false)` if the log is full (take a
-    /// checkpoint and retry).
-    pub fn append(&mut self, payload: &[u8]) -> Result<bool> {
+    /// Append one record and make it durable, leaving the last `reserve` bytes free.
+    /// `Ok(false)` if it does not fit (take a checkpoint and retry).
+    pub fn append(&mut self, payload: &[u8], reserve: u64) -> Result<bool> {
         let size = padded(payload.len() as u64);
-        if self.head + size > self.capacity_bytes() {
+        if self.head + size + reserve > self.capacity_bytes() {
             return Ok(false);
         }
         let mut e = Encoder::new();
@@ -189,7 +190,7 @@ mod tests {
         let mut offsets = Vec::new();
         for i in 0..n {
             offsets.push(j.used_bytes());
-            assert!(j.append(&vec![i as u8; 10 + i as usize]).unwrap());
+            assert!(j.append(&vec![i as u8; 10 + i as usize], 0).unwrap());
         }
         (mem, offsets)
     }
@@ -207,7 +208,7 @@ mod tests {
         let r = Journal::replay(&mem, 15, "j").unwrap();
         assert!(r.payloads.is_empty() && r.torn_tail.is_none());
         let mut j = Journal::resume(Box::new(mem.clone()), 0, 15);
-        assert!(j.append(b"new round").unwrap());
+        assert!(j.append(b"new round", 0).unwrap());
         let r = Journal::replay(&mem, 15, "j").unwrap();
         assert_eq!(r.payloads.len(), 1);
         assert!(r.torn_tail.is_none());
@@ -239,11 +240,11 @@ mod tests {
         let mem = Mem(Arc::new(Mutex::new(vec![0; 256])));
         let mut j = Journal::resume(Box::new(mem), 0, 1);
         let mut n = 0;
-        while j.append(&[0; 40]).unwrap() {
+        while j.append(&[0; 40], 0).unwrap() {
             n += 1;
         }
         assert_eq!(n, 256 / 64);
         j.reset(j.next_seq());
-        assert!(j.append(&[0; 40]).unwrap());
+        assert!(j.append(&[0; 40], 0).unwrap());
     }
 }

@@ -79,6 +79,18 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// Whether this op can only shrink the state (and so may use the journal's reserve).
+    pub fn releases_space(&self) -> bool {
+        match self {
+            Op::Unlink { .. } | Op::Free { .. } | Op::SetSize { .. } => true,
+            Op::Map { entry, .. } => entry.is_none(),
+            Op::SetXattr { value, .. } => value.is_none(),
+            Op::Create { .. } | Op::Link { .. } | Op::Rename { .. } | Op::SetAttr { .. } | Op::Extend { .. } => false,
+        }
+    }
+}
+
 /// Units an applied op released; the live volume frees them after the commit.
 #[derive(Default)]
 pub struct Freed {
@@ -163,8 +175,13 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             if dir.data.lock().entries.contains_key(name) {
                 return Err(Inapplicable(format!("create: name exists in directory {}", parent.0)));
             }
-            let data =
-                InodeData { attr: attr.clone(), entries: BTreeMap::new(), parent: *parent, target: target.clone(), xattrs: BTreeMap::new() };
+            let data = InodeData {
+                attr: attr.clone(),
+                entries: BTreeMap::new(),
+                parent: *parent,
+                target: target.clone(),
+                xattrs: BTreeMap::new(),
+            };
             state.insert(Inode::new(data, FileMap::new()));
             let mut d = dir.data.lock();
             d.entries.insert(name.clone(), attr.ino);

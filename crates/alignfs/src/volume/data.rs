@@ -114,8 +114,10 @@ impl Volume {
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
         let inode = self.inner.file(ino)?;
         self.inner.check_writable()?;
-        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES && len > 0);
-        let end = end.ok_or_else(|| Error::InvalidArgument(format!("fallocate range {offset}+{len}")))?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
         let block = self.inner.geometry.block();
         let _guard = inode.range.write(0, u64::MAX);
         let size = inode.size();
@@ -140,9 +142,11 @@ impl Volume {
                     return Ok(());
                 }
                 let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
-                let drops: Vec<Op> = {
+                let drops: Vec<Op> = if first_whole < last_whole {
                     let map = inode.map.lock();
                     map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+                } else {
+                    Vec::new()
                 };
                 if !drops.is_empty() {
                     self.inner.release_freed(self.inner.commit(&drops)?);

@@ -457,18 +457,27 @@ impl Inner {
         let payload = encode_ops(ops);
         let mut committer = self.committer.lock();
         for op in ops {
-            if let Op::Map { ino, .. } | Op::Extend { ino, .. } | Op::SetSize { ino, .. } | Op::SetAttr { ino, .. } | Op::SetXattr { ino, .. } = op {
+            if let Op::Map { ino, .. }
+            | Op::Extend { ino, .. }
+            | Op::SetSize { ino, .. }
+            | Op::SetAttr { ino, .. }
+            | Op::SetXattr { ino, .. } = op
+            {
                 if self.meta.get(*ino).is_none() {
                     return Err(Error::NotFound);
                 }
             }
         }
-        if !committer.journal.fits_when_empty(payload.len()) {
+        // The journal's last eighth is kept for records that only release space, so that
+        // when the state has outgrown its checkpoint slot (nothing new fits) files can
+        // still be deleted and truncated until a checkpoint fits again.
+        let reserve = if ops.iter().all(Op::releases_space) { 0 } else { committer.journal.capacity_bytes() / 8 };
+        if !committer.journal.fits_when_empty(payload.len(), reserve) {
             return Err(Error::MetadataFull(format!("one journal record of {} bytes exceeds the journal", payload.len())));
         }
-        if !committer.journal.append(&payload)? {
+        if !committer.journal.append(&payload, reserve)? {
             self.checkpoint_locked(&mut committer)?;
-            let appended = committer.journal.append(&payload)?;
+            let appended = committer.journal.append(&payload, reserve)?;
             assert!(appended, "a record that fits an empty journal fits after a checkpoint");
         }
         self.stats.add(Counter::journal_records, 1);
