@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Set up alignfs on a fresh Debian/Ubuntu machine and run the main job: build the release
-# binary, format the embedded default devices (a 1 GiB fast tier in /dev/shm/alignfs and
-# an 8 GiB SSD image under $ALIGNFS_DATA_DIR, default /var/tmp/alignfs) unless they
-# already hold a volume, and run the in-process benchmark against a plain file and the
-# device limit.
+# Set up alignfs on a fresh Debian/Ubuntu machine and run the main job: install fuse3 if
+# missing, build the release binary, and mount the default volume at /mnt/alignfs (its
+# devices — a 1 GiB fast tier in /dev/shm/alignfs and an 8 GiB SSD image under
+# $ALIGNFS_DATA_DIR, default /var/tmp/alignfs — are formatted on first use).
+# Arguments are passed to `alignfs mount` (e.g. another mount point, -o allow_other).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,17 +11,30 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "setup: installing the Rust toolchain needs rustup (https://rustup.rs); cargo not found" >&2
     exit 1
 fi
-if ! command -v cc >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && apt-get install -y -qq build-essential >/dev/null
+need=()
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+if ((${#need[@]})) && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+[[ -e /dev/fuse ]] || { echo "setup: /dev/fuse is missing (load the fuse module: modprobe fuse)" >&2; exit 1; }
 
 cargo build --release --locked -p alignfs-cli
-bin=target/release/alignfs
-if ! "$bin" stat >/dev/null 2>&1; then
-    echo "setup: formatting the default volume (writes the 8 GiB SSD image once; ~10 s)"
-    "$bin" mkfs
+bin=$(pwd)/target/release/alignfs
+mountpoint=/mnt/alignfs
+for arg in "$@"; do [[ $arg == /* ]] && mountpoint=$arg; done
+if mountpoint -q "$mountpoint"; then
+    echo "setup: $mountpoint is already mounted"
+else
+    "$bin" mount "$@"
 fi
-"$bin" stat | sed -n 1,8p
 echo
-echo "setup: running the benchmark (about 2 minutes; results also in target/bench.json)"
-"$bin" bench --json target/bench.json "$@"
+"$bin" stat "$mountpoint" | sed -n 1,9p
+cat <<EOT
+
+Use $mountpoint like any directory. Then:
+  $bin stat $mountpoint      live counters (bytes to the SSD vs the fast tier, ...)
+  $bin umount $mountpoint    flush, checkpoint and unmount
+  $bin bench                 in-process benchmark against a plain file and the device limit
+EOT

@@ -200,7 +200,16 @@ check "RocksDB db_bench fillrandom/overwrite/readrandom + verifychecksum" run_ro
 # checksum must survive and the reopened volume must have nothing left to replay.
 tree_sums() { (cd "$mnt" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
 daemon_pid() { "$bin" stat "$mnt" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p'; }
-wait_gone() { local pid=$1; for _ in $(seq 600); do [[ -d /proc/$pid ]] || return 0; sleep 0.1; done; return 1; }
+# Gone = no /proc entry or a zombie (its new parent may be slow to reap it).
+wait_gone() {
+    local pid=$1
+    for _ in $(seq 600); do
+        [[ -r /proc/$pid/stat ]] || return 0
+        [[ $(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1) == Z ]] && return 0
+        sleep 0.1
+    done
+    return 1
+}
 cycle() {
     local how=$1 before after pid
     before=$(tree_sums) || return 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The project's tests: formatting, lints, unit + integration + doc tests, and a smoke run
-# of the CLI (mkfs, stat, bench --quick) on throwaway devices.
+# The project's tests: formatting, lints, unit + integration + doc tests, a smoke run of
+# the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
+# applications against a real mount (scripts/suites.sh; needs root and /dev/fuse).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +21,7 @@ if "$bin" mkfs --fast "$shm/fast" --ssd "$work/ssd.img" 2>"$work/err"; then
 fi
 grep -q "already holds an alignfs volume" "$work/err"
 "$bin" stat --fast "$shm/fast" --ssd "$work/ssd.img" --json | grep -q '"profile": "orch"'
+"$bin" fsck --fast "$shm/fast" --ssd "$work/ssd.img" | grep -q ': clean$'
 # A reader that closes the pipe early must not make stat panic (exit 141 is expected).
 "$bin" stat --fast "$shm/fast" --ssd "$work/ssd.img" 2>"$work/err" | head -1 >/dev/null || true
 if grep -q panicked "$work/err"; then echo "smoke: stat panicked on a closed pipe" >&2; exit 1; fi
@@ -28,6 +30,13 @@ if "$bin" stat --fast "$shm/fast" --ssd "$work/ssd.img" 2>"$work/err"; then
     echo "smoke: a corrupt superblock must be refused" >&2; exit 1
 fi
 grep -q "superblock at byte 0" "$work/err"
+status=0
+"$bin" fsck --fast "$shm/fast" --ssd "$work/ssd.img" >"$work/out" || status=$?
+if [[ $status != 2 ]] || ! grep -q "superblock at byte 0" "$work/out"; then
+    echo "smoke: fsck must name the damaged superblock and exit 2 (got $status)" >&2; exit 1
+fi
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"
+
+scripts/suites.sh

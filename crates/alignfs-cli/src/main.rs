@@ -33,6 +33,9 @@ enum Command {
     /// Print a volume's counters and space usage: live from a mount point, or offline from
     /// its devices (replays the journal in memory; writes nothing).
     Stat(StatArgs),
+    /// Check an unmounted volume: superblocks, checkpoint, journal, maps against allocators,
+    /// namespace connectivity and link counts. Reports problems; writes nothing.
+    Fsck(FsckArgs),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
 }
@@ -111,6 +114,12 @@ struct StatArgs {
     json: bool,
 }
 
+#[derive(Args)]
+struct FsckArgs {
+    #[command(flatten)]
+    devices: DeviceArgs,
+}
+
 fn size_arg(text: &str, what: &str) -> Result<u32> {
     let bytes = alignfs::geometry::parse_size(text).with_context(|| format!("--{what}"))?;
     u32::try_from(bytes).with_context(|| format!("--{what} {text} is too large"))
@@ -163,6 +172,45 @@ fn stat(args: &StatArgs) -> Result<()> {
         print_report(&report);
     }
     Ok(())
+}
+
+/// Exit status: 0 clean, 1 problems found, 2 the volume cannot be opened at all.
+fn fsck(args: &FsckArgs) -> Result<ExitCode> {
+    let (fast, ssd) = args.devices.specs()?;
+    let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
+    println!("checking superblocks, checkpoint, journal and unit references of {} + {}", fast.path.display(), ssd.path.display());
+    let volume = match open_paths(&fast.path, &ssd.path, options, args.devices.backend()) {
+        Ok(volume) => volume,
+        Err(e) => {
+            println!("FAILED: {e}");
+            println!("the volume cannot be opened; repair is not attempted (nothing was written)");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let recovery = volume.recovery();
+    println!(
+        "  ok: checkpoint generation {}, {} journal records replayed{}{}",
+        recovery.checkpoint_generation,
+        recovery.records_replayed,
+        if recovery.torn_tail_dropped { ", a torn unacknowledged tail record would be dropped" } else { "" },
+        if recovery.orphans_dropped > 0 { format!(", {} orphaned inodes would be freed", recovery.orphans_dropped) } else { String::new() }
+    );
+    println!("checking namespace connectivity, link counts and maps");
+    let problems = volume.check();
+    for p in &problems {
+        println!("  inode {}: {}", p.ino.0, p.what);
+    }
+    let s = volume.statfs();
+    println!(
+        "{} inodes, {} of {} SSD blocks and {} of {} fast pages in use: {}",
+        s.inodes,
+        s.blocks_total - s.blocks_free,
+        s.blocks_total,
+        s.fast_pages_total - s.fast_pages_free,
+        s.fast_pages_total,
+        if problems.is_empty() { "clean".to_string() } else { format!("{} problems (repair is not implemented)", problems.len()) }
+    );
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn print_report(r: &VolumeReport) {
@@ -223,6 +271,10 @@ fn main() -> ExitCode {
         Command::Mount(args) => mount::mount(args),
         Command::Umount(args) => mount::umount(args),
         Command::Stat(args) => stat(args),
+        Command::Fsck(args) => match fsck(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Bench(args) => bench::run(args),
     };
     match result {

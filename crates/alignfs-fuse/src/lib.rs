@@ -40,7 +40,8 @@ pub struct FuseOptions {
     pub ttl: Duration,
     /// Keep the page cache across opens (FOPEN_KEEP_CACHE).
     pub keep_cache: bool,
-    /// Bypass the page cache for all file IO (FOPEN_DIRECT_IO).
+    /// Bypass the kernel page cache for file IO (FOPEN_DIRECT_IO); shared mappings still
+    /// work (FUSE_DIRECT_IO_ALLOW_MMAP).
     pub direct_io: bool,
     /// Where the volume is mounted (reported by the stats attribute).
     pub mountpoint: PathBuf,
@@ -48,7 +49,7 @@ pub struct FuseOptions {
 
 impl Default for FuseOptions {
     fn default() -> Self {
-        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: false, mountpoint: PathBuf::new() }
+        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: true, mountpoint: PathBuf::new() }
     }
 }
 
@@ -159,6 +160,10 @@ impl Filesystem for AlignFs {
         // Readahead as large as one write: sequential readers get whole SSD runs.
         if let Err(nearest) = config.set_max_readahead(MAX_WRITE) {
             let _ = config.set_max_readahead(nearest);
+        }
+        if self.options.direct_io {
+            // Shared mappings stay possible with FOPEN_DIRECT_IO (kernel 6.6+).
+            let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         }
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);

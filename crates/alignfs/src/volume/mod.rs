@@ -5,10 +5,12 @@
 //! journal order is apply order) → an inode's `data`/`map` mutexes (leaf locks, never held
 //! across a call into the commit lock).
 
+mod check;
 mod data;
 mod namespace;
 mod paths;
 
+pub use check::Problem;
 pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use paths::{format_paths, open_paths, DeviceSpec};
