@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's tests: formatting, lints, unit + integration + doc tests, a smoke run of
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
-# applications against a real mount (scripts/suites.sh; needs root and /dev/fuse).
+# applications against a real mount (scripts/suites.sh) and the kill -9 crash loop
+# (scripts/crash.sh); those two need root and /dev/fuse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +40,7 @@ fi
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"
 
-scripts/suites.sh
+suites=0
+scripts/suites.sh || suites=$?
+scripts/crash.sh
+exit "$suites"

@@ -94,8 +94,21 @@ fn parse_options(options: &[String]) -> Result<ParsedOptions> {
     Ok(parsed)
 }
 
+/// A mount whose daemon died: statfs always reaches the daemon (stat may be answered
+/// from the kernel's attribute cache).
 fn is_stale_mount(path: &Path) -> bool {
-    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN))
+}
+
+/// Whether `path` is the mount point of a live alignfs mount.
+fn is_alignfs_mount(path: &Path) -> bool {
+    let Ok(canonical) = std::fs::canonicalize(path) else { return false };
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    mountinfo.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let source = line.split(" - ").nth(1).and_then(|rest| rest.split(' ').nth(1));
+        fields.get(4) == Some(&canonical.to_string_lossy().as_ref()) && source.is_some_and(|s| s.starts_with("alignfs"))
+    })
 }
 
 pub fn mount(args: &MountArgs) -> Result<()> {
@@ -170,6 +183,9 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
             .with_context(|| format!("detach the stale mount at {}", mountpoint.display()))?;
         println!("detached a stale mount at {} (its daemon had died)", mountpoint.display());
     }
+    if is_alignfs_mount(mountpoint) {
+        bail!("{} is already an alignfs mount (`alignfs umount` it first)", mountpoint.display());
+    }
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
     let volume = open_volume(&args.devices, parsed.read_only)?;
     let recovery = volume.recovery().clone();
@@ -229,6 +245,13 @@ fn open_volume(devices: &DeviceArgs, read_only: bool) -> Result<alignfs::Volume>
     let defaults = devices.fast.is_none() && devices.ssd.is_none();
     if defaults && !fast.path.exists() && !ssd.path.exists() {
         format_defaults(&fast, &ssd)?;
+    } else if defaults && !fast.path.exists() {
+        bail!(
+            "the default fast tier {} is gone (tmpfs does not survive a reboot), and the SSD image {} cannot be read without it; \
+             `alignfs mkfs --force` starts a new, empty volume",
+            fast.path.display(),
+            ssd.path.display()
+        );
     }
     open_paths(&fast.path, &ssd.path, options, devices.backend()).map_err(|e| match e {
         Error::NotFormatted(_) => anyhow!("{e}; format it with `alignfs mkfs`"),

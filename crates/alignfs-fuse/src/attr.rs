@@ -46,10 +46,11 @@ pub fn time_ns(t: SystemTime) -> TimeNs {
     }
 }
 
-/// `stat` as the kernel wants it. `blocks` counts 512-byte sectors of whole SSD blocks
-/// spanned by the size (the engine does not track per-file allocation).
+/// `stat` as the kernel wants it. The engine does not count per-file allocation, so
+/// `blocks` (512-byte sectors) is the size rounded up to 4 KiB pages, as `du` expects of a
+/// file without holes.
 pub fn file_attr(a: &Attr, block_bytes: u64) -> FileAttr {
-    let allocated = if a.kind == FileKind::File { a.size.div_ceil(block_bytes) * block_bytes } else { 0 };
+    let allocated = if a.kind == FileKind::File { a.size.div_ceil(4096) * 4096 } else { 0 };
     FileAttr {
         ino: INodeNo(a.ino.0),
         size: a.size,

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use alignfs::meta::TimeNs;
 use alignfs::stats::DaemonInfo;
-use alignfs::volume::{FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, XattrSet};
+use alignfs::volume::{DirEntry, FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, XattrSet};
 use alignfs::{Error, FileKind, Ino, Volume};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use attr::{file_attr, kind_from_mode, time_ns};
@@ -123,6 +123,20 @@ impl AlignFs {
         serde_json::to_vec(&report).unwrap_or_default()
     }
 
+    /// The entries of an open directory from `offset` on, each with the offset of the
+    /// entry after it: ".", "..", then the handle's snapshot.
+    fn listing(&self, dir: Ino, fh: FileHandle, offset: u64) -> Result<Vec<(u64, DirEntry)>, Error> {
+        if offset == 0 {
+            // rewinddir: start over from the directory as it is now.
+            self.handles.refresh_dir(fh.0, self.volume.readdir(dir)?);
+        }
+        let parent = self.volume.parent(dir)?;
+        let dot = |name: &[u8], ino| DirEntry { name: name.to_vec(), ino, kind: FileKind::Dir };
+        let snapshot = self.handles.dir_entries(fh.0);
+        let all = [dot(b".", dir), dot(b"..", parent)].into_iter().chain(snapshot.iter().cloned());
+        Ok(all.enumerate().skip(offset as usize).map(|(i, e)| (i as u64 + 1, e)).collect())
+    }
+
     fn open_flags(&self) -> FopenFlags {
         let mut flags = FopenFlags::empty();
         if self.options.keep_cache {
@@ -165,6 +179,8 @@ impl Filesystem for AlignFs {
             // Shared mappings stay possible with FOPEN_DIRECT_IO (kernel 6.6+).
             let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
         }
+        // `ls -l` and `find` get names and attributes in one request.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         Ok(())
@@ -352,18 +368,29 @@ impl Filesystem for AlignFs {
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let dir = Self::ino(ino);
-        if offset == 0 {
-            // rewinddir: start over from the directory as it is now.
-            let entries = try_or_reply!(reply, self.volume.readdir(dir));
-            self.handles.refresh_dir(fh.0, entries);
+        let listing = try_or_reply!(reply, self.listing(Self::ino(ino), fh, offset));
+        for (next, entry) in listing {
+            if reply.add(INodeNo(entry.ino.0), next, attr::file_type(entry.kind), OsStr::from_bytes(&entry.name)) {
+                break;
+            }
         }
-        let parent = try_or_reply!(reply, self.volume.parent(dir));
-        let listing = self.handles.dir_entries(fh.0);
-        let dots = [(dir, FileKind::Dir, b".".as_slice()), (parent, FileKind::Dir, b"..".as_slice())];
-        let all = dots.into_iter().chain(listing.iter().map(|e| (e.ino, e.kind, e.name.as_slice())));
-        for (index, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(ino.0), index as u64 + 1, attr::file_type(kind), OsStr::from_bytes(name)) {
+        reply.ok();
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let listing = try_or_reply!(reply, self.listing(Self::ino(ino), fh, offset));
+        let block = self.volume.geometry().block();
+        for (next, entry) in listing {
+            // An entry removed since the listing was taken is simply left out.
+            let Ok(attr) = self.volume.getattr(entry.ino) else { continue };
+            if reply.add(
+                INodeNo(entry.ino.0),
+                next,
+                OsStr::from_bytes(&entry.name),
+                &self.options.ttl,
+                &file_attr(&attr, block),
+                Generation(0),
+            ) {
                 break;
             }
         }

@@ -1,0 +1,312 @@
+//! What the mount must hold: the acknowledged files and directories of one directory,
+//! plus the one operation that was in flight when the daemon died.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{bail, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+const FILE_NAMES: usize = 24;
+const DIR_NAMES: usize = 4;
+const MAX_FILE: u64 = 6 << 20;
+
+#[derive(Clone, Debug)]
+enum Pending {
+    Write { name: String, offset: u64, data: Vec<u8> },
+    Truncate { name: String, size: u64 },
+    Create { name: String },
+    Unlink { name: String },
+    Rename { from: String, to: String },
+    Mkdir { name: String },
+    Rmdir { name: String },
+}
+
+#[derive(Default)]
+pub struct Model {
+    files: BTreeMap<String, Vec<u8>>,
+    dirs: BTreeSet<String>,
+    pending: Option<Pending>,
+}
+
+pub struct Outcome {
+    pub pending_landed: bool,
+}
+
+/// Files and directories actually in `root`.
+#[derive(PartialEq, Eq)]
+struct Snapshot {
+    files: BTreeMap<String, Vec<u8>>,
+    dirs: BTreeSet<String>,
+}
+
+fn snapshot(root: &Path) -> Result<Snapshot> {
+    let mut files = BTreeMap::new();
+    let mut dirs = BTreeSet::new();
+    if !root.exists() {
+        return Ok(Snapshot { files, dirs });
+    }
+    for entry in fs::read_dir(root)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type()?.is_dir() {
+            dirs.insert(name);
+        } else {
+            let mut bytes = Vec::new();
+            File::open(entry.path())?.read_to_end(&mut bytes)?;
+            files.insert(name, bytes);
+        }
+    }
+    Ok(Snapshot { files, dirs })
+}
+
+fn describe_difference(expected: &BTreeMap<String, Vec<u8>>, actual: &BTreeMap<String, Vec<u8>>) -> String {
+    for (name, want) in expected {
+        match actual.get(name) {
+            None => return format!("file {name} ({} bytes) is missing", want.len()),
+            Some(got) if got.len() != want.len() => return format!("file {name} has {} bytes, expected {}", got.len(), want.len()),
+            Some(got) if got != want => {
+                let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+                return format!("file {name} differs first at byte {at}");
+            }
+            Some(_) => {}
+        }
+    }
+    match actual.keys().find(|n| !expected.contains_key(*n)) {
+        Some(extra) => format!("unexpected file {extra}"),
+        None => "directories differ".into(),
+    }
+}
+
+impl Model {
+    fn state(&self) -> Snapshot {
+        Snapshot { files: self.files.clone(), dirs: self.dirs.clone() }
+    }
+
+    /// The state with the pending operation applied.
+    fn with_pending(&self) -> Option<Snapshot> {
+        let mut s = self.state();
+        match self.pending.as_ref()? {
+            Pending::Write { name, offset, data } => {
+                let file = s.files.entry(name.clone()).or_default();
+                let end = *offset as usize + data.len();
+                if file.len() < end {
+                    file.resize(end, 0);
+                }
+                file[*offset as usize..end].copy_from_slice(data);
+            }
+            Pending::Truncate { name, size } => {
+                s.files.entry(name.clone()).or_default().resize(*size as usize, 0);
+            }
+            Pending::Create { name } => {
+                s.files.insert(name.clone(), Vec::new());
+            }
+            Pending::Unlink { name } => {
+                s.files.remove(name);
+            }
+            Pending::Rename { from, to } => {
+                if let Some(data) = s.files.remove(from) {
+                    s.files.insert(to.clone(), data);
+                }
+            }
+            Pending::Mkdir { name } => {
+                s.dirs.insert(name.clone());
+            }
+            Pending::Rmdir { name } => {
+                s.dirs.remove(name);
+            }
+        }
+        Some(s)
+    }
+
+    /// Whether `actual` is the state before the pending write with any subset of its
+    /// bytes landed (and the size anywhere from old to new).
+    fn partial_write_matches(&self, actual: &Snapshot, after: &Snapshot) -> bool {
+        let Some(Pending::Write { name, offset, data }) = &self.pending else { return false };
+        if actual.dirs != self.dirs || actual.files.len() != after.files.len() {
+            return false;
+        }
+        let others_match = actual.files.iter().all(|(n, bytes)| n == name || self.files.get(n) == Some(bytes));
+        let (Some(got), Some(new)) = (actual.files.get(name), after.files.get(name)) else { return false };
+        let old = self.files.get(name).cloned().unwrap_or_default();
+        // The kernel splits a large write into several requests, so the size may have
+        // grown by any of them.
+        if !others_match || got.len() < old.len().min(new.len()) || got.len() > old.len().max(new.len()) {
+            return false;
+        }
+        let range = *offset as usize..*offset as usize + data.len();
+        got.iter().enumerate().all(|(i, &b)| {
+            let before = old.get(i).copied().unwrap_or(0);
+            b == before || (range.contains(&i) && b == new[i])
+        })
+    }
+
+    /// Check the mount against the model and adopt what is there.
+    pub fn verify(&mut self, root: &Path) -> Result<Outcome> {
+        let actual = snapshot(root)?;
+        let before = self.state();
+        let after = self.with_pending();
+        let landed = if actual == before {
+            false
+        } else if after.as_ref().is_some_and(|a| *a == actual || self.partial_write_matches(&actual, a)) {
+            true
+        } else {
+            bail!(
+                "{} (in flight at the crash: {:?})",
+                if actual.dirs != before.dirs { "directories differ".into() } else { describe_difference(&before.files, &actual.files) },
+                self.pending.as_ref().map(|p| match p {
+                    Pending::Write { name, offset, data } => format!("write {name} {offset}+{}", data.len()),
+                    other => format!("{other:?}"),
+                })
+            );
+        };
+        self.files = actual.files;
+        self.dirs = actual.dirs;
+        self.pending = None;
+        Ok(Outcome { pending_landed: landed })
+    }
+
+    /// Run random operations until one fails (the daemon died) or `stop`. Returns how
+    /// many were acknowledged; the failed one stays pending.
+    pub fn run(&mut self, root: &Path, seed: u64, stop: &AtomicBool) -> u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        if fs::create_dir_all(root).is_err() {
+            return 0;
+        }
+        let mut acked = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let Some(op) = self.next_op(&mut rng) else { continue };
+            self.pending = Some(op.clone());
+            match self.execute(root, &op, &mut rng) {
+                Ok(()) => {
+                    if let Some(after) = self.with_pending() {
+                        self.files = after.files;
+                        self.dirs = after.dirs;
+                    }
+                    self.pending = None;
+                    acked += 1;
+                }
+                Err(_) => return acked,
+            }
+        }
+        acked
+    }
+
+    fn next_op(&self, rng: &mut StdRng) -> Option<Pending> {
+        let file = |rng: &mut StdRng| format!("f{}", rng.random_range(0..FILE_NAMES));
+        let existing = |rng: &mut StdRng| {
+            let names: Vec<&String> = self.files.keys().collect();
+            (!names.is_empty()).then(|| names[rng.random_range(0..names.len())].clone())
+        };
+        Some(match rng.random_range(0..100) {
+            0..=54 => {
+                let name = existing(rng)?;
+                let len = self.files[&name].len() as u64;
+                let size = match rng.random_range(0..10) {
+                    0..=4 => rng.random_range(1..=4096),
+                    5..=7 => rng.random_range(4096..=256 << 10),
+                    _ => rng.random_range(256 << 10..=2 << 20),
+                };
+                let offset = rng.random_range(0..=len + (64 << 10)).min(MAX_FILE - size);
+                let mut data = vec![0u8; size as usize];
+                rng.fill_bytes(&mut data);
+                Pending::Write { name, offset, data }
+            }
+            55..=64 => {
+                let name = file(rng);
+                if self.files.contains_key(&name) {
+                    return None;
+                }
+                Pending::Create { name }
+            }
+            65..=72 => {
+                let name = existing(rng)?;
+                let len = self.files[&name].len() as u64;
+                Pending::Truncate { name, size: rng.random_range(0..=len + (100 << 10)).min(MAX_FILE) }
+            }
+            73..=79 => Pending::Unlink { name: existing(rng)? },
+            80..=91 => Pending::Rename { from: existing(rng)?, to: file(rng) },
+            _ => {
+                let name = format!("d{}", rng.random_range(0..DIR_NAMES));
+                if self.dirs.contains(&name) {
+                    Pending::Rmdir { name }
+                } else {
+                    Pending::Mkdir { name }
+                }
+            }
+        })
+    }
+
+    fn execute(&self, root: &Path, op: &Pending, rng: &mut StdRng) -> io::Result<()> {
+        match op {
+            Pending::Write { name, offset, data } => {
+                let file = OpenOptions::new().write(true).open(root.join(name))?;
+                file.write_all_at(data, *offset)?;
+                // Every few writes, an fsync (a no-op for the promise, but a real code path).
+                if rng.random_range(0..4) == 0 {
+                    file.sync_data()?;
+                }
+                Ok(())
+            }
+            Pending::Truncate { name, size } => OpenOptions::new().write(true).open(root.join(name))?.set_len(*size),
+            Pending::Create { name } => OpenOptions::new().write(true).create_new(true).mode(0o644).open(root.join(name))?.sync_all(),
+            Pending::Unlink { name } => fs::remove_file(root.join(name)),
+            Pending::Rename { from, to } => {
+                fs::rename(root.join(from), root.join(to))?;
+                File::open(root)?.sync_all()
+            }
+            Pending::Mkdir { name } => fs::create_dir(root.join(name)),
+            Pending::Rmdir { name } => fs::remove_dir(root.join(name)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model_with_pending_write() -> Model {
+        let mut model = Model::default();
+        model.files.insert("a".into(), vec![1; 10]);
+        model.files.insert("b".into(), vec![7; 3]);
+        model.pending = Some(Pending::Write { name: "a".into(), offset: 5, data: vec![2; 10] });
+        model
+    }
+
+    fn check(files: &[(&str, Vec<u8>)]) -> Result<Outcome> {
+        let dir = std::env::temp_dir().join(format!("alignfs-crash-model-{}-{}", std::process::id(), rand::random::<u32>()));
+        fs::create_dir_all(&dir)?;
+        for (name, bytes) in files {
+            fs::write(dir.join(name), bytes)?;
+        }
+        let result = model_with_pending_write().verify(&dir);
+        fs::remove_dir_all(&dir)?;
+        result
+    }
+
+    #[test]
+    fn the_write_in_flight_may_land_wholly_partly_or_not_at_all() {
+        let b = ("b", vec![7; 3]);
+        assert!(!check(&[("a", vec![1; 10]), b.clone()]).unwrap().pending_landed);
+        let mut after = vec![1; 5];
+        after.extend([2; 10]);
+        assert!(check(&[("a", after), b.clone()]).unwrap().pending_landed);
+        // Bytes 5..8 landed and the size grew to 12 (a first request of a split write).
+        let partial = [vec![1; 5], vec![2; 3], vec![1; 2], vec![0; 2]].concat();
+        assert!(check(&[("a", partial), b.clone()]).is_ok());
+    }
+
+    #[test]
+    fn lost_or_invented_data_is_caught() {
+        let b = ("b", vec![7; 3]);
+        assert!(check(&[("a", vec![1; 4]), b.clone()]).is_err(), "acknowledged bytes lost");
+        assert!(check(&[("a", vec![1; 10])]).is_err(), "acknowledged file lost");
+        assert!(check(&[("a", [vec![1; 9], vec![3]].concat()), b.clone()]).is_err(), "a byte nobody wrote");
+        assert!(check(&[("a", vec![1; 10]), b, ("c", vec![])]).is_err(), "a file nobody created");
+    }
+}
