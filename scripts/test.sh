@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's tests: formatting, lints, unit + integration + doc tests, a smoke run of
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
-# applications against a real mount (scripts/suites.sh) and the kill -9 crash loop
-# (scripts/crash.sh); those two need root and /dev/fuse.
+# applications against a real mount (scripts/suites.sh), the kill -9 crash loop
+# (scripts/crash.sh; both need root and /dev/fuse) and a short run of every fuzz target
+# (scripts/fuzz.sh; nightly Rust, installed if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -43,4 +44,5 @@ echo "smoke: CLI checks passed"
 suites=0
 scripts/suites.sh || suites=$?
 scripts/crash.sh
+scripts/fuzz.sh
 exit "$suites"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every on-media parser (fuzz/fuzz_targets): superblock,
+# checkpoint payload, journal record ops, journal replay, map entry / upage header. Each
+# must never panic, loop or disagree with its own encoder. Ends with "suite totals: ...".
+#
+# FUZZ_SECONDS per target (default 20; CI). Long run: FUZZ_SECONDS=3600 scripts/fuzz.sh
+# Crashes land in fuzz/artifacts/<target>/; replay one with
+#   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
+set -uo pipefail
+cd "$(dirname "$0")/.."
+seconds=${FUZZ_SECONDS:-20}
+rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
+command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
+targets=(superblock checkpoint journal_ops journal_replay map_entry)
+build_log=$(mktemp)
+cargo +nightly fuzz build -O >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
+rm -f "$build_log"
+passed=0
+failed=0
+for target in "${targets[@]}"; do
+    mkdir -p "fuzz/corpus/$target"
+    log=$(mktemp)
+    if cargo +nightly fuzz run -O "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1; then
+        passed=$((passed + 1))
+        echo "fuzz $target: ok ($(grep -o 'Done [0-9]* runs' "$log" | tail -1), ${seconds} s)"
+    else
+        failed=$((failed + 1))
+        echo "fuzz $target: FAILED"
+        grep -E 'panicked|ERROR|SUMMARY|Test unit written' "$log" | head -10
+    fi
+    rm -f "$log"
+done
+echo "suite totals: $passed passed, $failed failed"
+((failed == 0))
