@@ -1,7 +1,6 @@
 //! Logical metadata operations: the journal's vocabulary.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Attr, FileKind, Ino, Inode, InodeData, MetaState, TimeNs};
@@ -136,22 +135,18 @@ fn need_dir(state: &MetaState, ino: Ino) -> Result<Arc<Inode>, Inapplicable> {
     Ok(inode)
 }
 
-/// Drop one name of `inode` (already removed from its directory).
-fn drop_link(state: &MetaState, inode: &Arc<Inode>, parent: &Inode, time: TimeNs, freed: &mut Freed) {
-    let gone = {
-        let mut data = inode.data.lock();
-        if inode.kind == FileKind::Dir {
-            data.attr.nlink = 0;
-            parent.data.lock().attr.nlink -= 1;
-        } else {
-            data.attr.nlink = data.attr.nlink.saturating_sub(1);
-        }
-        data.attr.ctime = time;
-        data.attr.nlink == 0 && inode.opens.load(Ordering::SeqCst) == 0
-    };
-    if gone {
-        remove_inode(state, inode, freed);
+/// Drop one name of `inode` (already removed from its directory). An inode left without a
+/// name stays until an explicit `Free`: whether a handle still holds it open is live state
+/// that replay cannot see, so the caller decides and journals that decision.
+fn drop_link(inode: &Inode, parent: &Inode, time: TimeNs) {
+    let mut data = inode.data.lock();
+    if inode.kind == FileKind::Dir {
+        data.attr.nlink = 0;
+        parent.data.lock().attr.nlink -= 1;
+    } else {
+        data.attr.nlink = data.attr.nlink.saturating_sub(1);
     }
+    data.attr.ctime = time;
 }
 
 fn remove_inode(state: &MetaState, inode: &Arc<Inode>, freed: &mut Freed) {
@@ -206,11 +201,11 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             let ino = removed.ok_or_else(|| Inapplicable(format!("unlink: no such name in directory {}", parent.0)))?;
             touch_dir(&dir, *time);
             if let Some(inode) = state.get(ino) {
-                drop_link(state, &inode, &dir, *time, &mut freed);
+                drop_link(&inode, &dir, *time);
             }
         }
         Op::Rename { from_parent, from_name, to_parent, to_name, exchange, time } => {
-            apply_rename(state, *from_parent, from_name, *to_parent, to_name, *exchange, *time, &mut freed)?;
+            apply_rename(state, *from_parent, from_name, *to_parent, to_name, *exchange, *time)?;
         }
         Op::SetAttr { ino, perm, uid, gid, atime, mtime, ctime } => {
             let inode = need(state, *ino)?;
@@ -281,7 +276,6 @@ fn apply_rename(
     to_name: &[u8],
     exchange: bool,
     time: TimeNs,
-    freed: &mut Freed,
 ) -> Result<(), Inapplicable> {
     let from_dir = need_dir(state, from_parent)?;
     let to_dir = need_dir(state, to_parent)?;
@@ -310,7 +304,7 @@ fn apply_rename(
         if let Some(replaced) = target.filter(|&t| t != source) {
             to_dir.data.lock().entries.remove(to_name);
             if let Some(replaced) = state.get(replaced) {
-                drop_link(state, &replaced, &to_dir, time, freed);
+                drop_link(&replaced, &to_dir, time);
             }
         }
         to_dir.data.lock().entries.insert(to_name.to_vec(), source);

@@ -78,6 +78,14 @@ fn check_replaceable(inode: &Inode, as_dir: bool) -> Result<()> {
     }
 }
 
+/// The `Free` that must go in the same record as the op dropping one name of `inode`, if
+/// that is its last name and no handle holds it open. (Replay cannot see open handles, so
+/// the decision is journaled, never re-derived.)
+fn free_if_last_name(inode: &Inode) -> Option<Op> {
+    let last = inode.kind == FileKind::Dir || inode.data.lock().attr.nlink <= 1;
+    (last && inode.opens.load(Ordering::SeqCst) == 0).then_some(Op::Free { ino: inode.ino })
+}
+
 impl Inner {
     fn dir(&self, ino: Ino) -> Result<std::sync::Arc<Inode>> {
         let inode = self.get(ino)?;
@@ -248,7 +256,9 @@ impl Volume {
         let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
         let inode = self.inner.get(ino)?;
         check_replaceable(&inode, directory)?;
-        self.inner.commit_namespace(&[Op::Unlink { parent, name: name.to_vec(), time: now_ns() }])
+        let unlink = Op::Unlink { parent, name: name.to_vec(), time: now_ns() };
+        let ops: Vec<Op> = std::iter::once(unlink).chain(free_if_last_name(&inode)).collect();
+        self.inner.commit_namespace(&ops)
     }
 
     pub fn rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<()> {
@@ -265,6 +275,7 @@ impl Volume {
         if source_dir && self.inner.is_ancestor(source, to_parent) {
             return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
         }
+        let mut free = None;
         if flags.exchange {
             let target = target.ok_or(Error::NotFound)?;
             if self.inner.get(target)?.kind == FileKind::Dir && self.inner.is_ancestor(target, from_parent) {
@@ -277,7 +288,9 @@ impl Volume {
             if target == source {
                 return Ok(());
             }
-            check_replaceable(&*self.inner.get(target)?, source_dir)?;
+            let replaced = self.inner.get(target)?;
+            check_replaceable(&replaced, source_dir)?;
+            free = free_if_last_name(&replaced);
         }
         let op = Op::Rename {
             from_parent,
@@ -287,7 +300,8 @@ impl Volume {
             exchange: flags.exchange,
             time: now_ns(),
         };
-        self.inner.commit_namespace(&[op])
+        let ops: Vec<Op> = std::iter::once(op).chain(free).collect();
+        self.inner.commit_namespace(&ops)
     }
 
     /// chmod / chown / utimens / truncate.
