@@ -222,21 +222,21 @@ fn print_report(r: &VolumeReport) {
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
     println!(
         "  fast tier: {} of {} pages used ({:.1}%)",
-        r.fast_pages_used,
-        r.fast_pages_total,
-        pct(r.fast_pages_used, r.fast_pages_total)
+        r.usage.fast_pages_used,
+        r.usage.fast_pages_total,
+        pct(r.usage.fast_pages_used, r.usage.fast_pages_total)
     );
     println!(
         "  SSD:       {} of {} blocks used ({:.1}%)",
-        r.ssd_blocks_used,
-        r.ssd_blocks_total,
-        pct(r.ssd_blocks_used, r.ssd_blocks_total)
+        r.usage.ssd_blocks_used,
+        r.usage.ssd_blocks_total,
+        pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total)
     );
     println!(
         "  journal:   {} of {} used, checkpoint generation {}",
-        bytesize::ByteSize(r.journal_used_bytes),
-        bytesize::ByteSize(r.journal_capacity_bytes),
-        r.checkpoint_generation
+        bytesize::ByteSize(r.usage.journal_used_bytes),
+        bytesize::ByteSize(r.usage.journal_capacity_bytes),
+        r.usage.checkpoint_generation
     );
     println!(
         "  open:      {} journal records replayed in {:.3} ms{}",

@@ -89,10 +89,9 @@ impl Stats {
     }
 }
 
-/// Counters plus gauges, as reported by [`crate::Volume::stats`].
-#[derive(Clone, Debug)]
-pub struct StatsSnapshot {
-    pub counters: Vec<(Counter, u64)>,
+/// Space in use on each tier and in the metadata areas.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
     pub fast_pages_used: u64,
     pub fast_pages_total: u64,
     pub fast_page_bytes: u64,
@@ -102,6 +101,13 @@ pub struct StatsSnapshot {
     pub journal_used_bytes: u64,
     pub journal_capacity_bytes: u64,
     pub checkpoint_generation: u64,
+}
+
+/// Counters plus gauges, as reported by [`crate::Volume::stats`].
+#[derive(Clone, Debug)]
+pub struct StatsSnapshot {
+    pub counters: Vec<(Counter, u64)>,
+    pub usage: Usage,
     pub recovery: crate::volume::RecoveryReport,
     pub io_backend: String,
 }
@@ -133,18 +139,11 @@ pub struct VolumeReport {
     pub fast_device: String,
     pub ssd_device: String,
     pub residue: String,
-    /// Counter name → lifetime value, in [`Counter::ALL`] order.
-    pub counters: Vec<(String, u64)>,
+    /// Counter name → lifetime value.
+    pub counters: std::collections::BTreeMap<String, u64>,
     pub ssd_share: f64,
-    pub fast_pages_used: u64,
-    pub fast_pages_total: u64,
-    pub fast_page_bytes: u64,
-    pub ssd_blocks_used: u64,
-    pub ssd_blocks_total: u64,
-    pub ssd_block_bytes: u64,
-    pub journal_used_bytes: u64,
-    pub journal_capacity_bytes: u64,
-    pub checkpoint_generation: u64,
+    #[serde(flatten)]
+    pub usage: Usage,
     pub recovery_us: u64,
     pub records_replayed: u64,
     pub torn_tail_dropped: bool,
@@ -163,6 +162,6 @@ pub struct DaemonInfo {
 
 impl VolumeReport {
     pub fn counter(&self, name: &str) -> u64 {
-        self.counters.iter().find(|(n, _)| n == name).map_or(0, |(_, v)| *v)
+        self.counters.get(name).copied().unwrap_or(0)
     }
 }

@@ -181,7 +181,7 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     // The allocators rebuilt at open agree with what was in use.
     let reopened = devices.open(options).unwrap();
     let after = reopened.stats();
-    assert_eq!((after.fast_pages_used, after.ssd_blocks_used), (stats.fast_pages_used, stats.ssd_blocks_used));
+    assert_eq!((after.usage.fast_pages_used, after.usage.ssd_blocks_used), (stats.usage.fast_pages_used, stats.usage.ssd_blocks_used));
 }
 
 fn cases() -> Vec<Case> {

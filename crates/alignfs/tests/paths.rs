@@ -52,7 +52,7 @@ fn full_fast_tier_takes_the_slow_path_and_loses_nothing() {
     let devices = Devices::new(266_240, 16 << 20);
     devices.format(Geometry::default());
     let volume = devices.open(quiet()).unwrap();
-    assert_eq!(volume.stats().fast_pages_total, 16);
+    assert_eq!(volume.stats().usage.fast_pages_total, 16);
     let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let mut model = vec![1u8; 3 * 32768];
     volume.write(ino, 0, &model).unwrap();
@@ -62,7 +62,7 @@ fn full_fast_tier_takes_the_slow_path_and_loses_nothing() {
         volume.write(ino, page * 4096, &data).unwrap();
         model[(page * 4096) as usize..((page + 1) * 4096) as usize].copy_from_slice(&data);
     }
-    assert_eq!(volume.stats().fast_pages_used, 16);
+    assert_eq!(volume.stats().usage.fast_pages_used, 16);
     // Partial in blocks 0 and 2 and whole over block 1: the pages it needs are held by
     // blocks its own lock covers, so migration cannot help; it rewrites whole blocks.
     let data = vec![99u8; 2 * 32768];
@@ -175,13 +175,13 @@ fn ssd_faults_surface_as_errors_and_change_nothing() {
     let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let model = vec![3u8; 100_000];
     volume.write(ino, 0, &model).unwrap();
-    let blocks_used = volume.stats().ssd_blocks_used;
+    let blocks_used = volume.stats().usage.ssd_blocks_used;
     devices.ssd.faults.fail_write_in.store(1, Ordering::SeqCst);
     let failed = volume.write(ino, 0, &vec![9u8; 200_000]);
     assert!(matches!(failed, Err(Error::Injected(_))), "{failed:?}");
     assert_eq!(failed.unwrap_err().errno(), libc::EIO);
     assert_eq!(volume.getattr(ino).unwrap().size, 100_000, "a failed write does not extend the file");
-    assert_eq!(volume.stats().ssd_blocks_used, blocks_used, "the failed write's blocks were returned");
+    assert_eq!(volume.stats().usage.ssd_blocks_used, blocks_used, "the failed write's blocks were returned");
     devices.ssd.faults.fail_read_in.store(1, Ordering::SeqCst);
     let mut buf = vec![0u8; 50_000];
     assert_eq!(volume.read(ino, 0, &mut buf).unwrap_err().errno(), libc::EIO);

@@ -30,7 +30,7 @@ use crate::layout::{BitmapAllocator, DeviceRole, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, now_ns, FileKind, Freed, Ino, MetaState, Op};
 use crate::residue::{PmemPages, ResidueStore};
-use crate::stats::{Counter, Stats, StatsSnapshot, VolumeReport};
+use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
 
 /// How SSD data is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,15 +339,17 @@ impl Volume {
         let committer = inner.committer.lock();
         StatsSnapshot {
             counters: Counter::ALL.iter().map(|&c| (c, inner.stats.get(c))).collect(),
-            fast_pages_used: inner.residue.used_units(),
-            fast_pages_total: inner.residue.capacity_units(),
-            fast_page_bytes: u64::from(inner.residue.unit_bytes()),
-            ssd_blocks_used: inner.blocks.used_count(),
-            ssd_blocks_total: inner.blocks.capacity(),
-            ssd_block_bytes: inner.geometry.block(),
-            journal_used_bytes: committer.journal.used_bytes(),
-            journal_capacity_bytes: committer.journal.capacity_bytes(),
-            checkpoint_generation: committer.checkpoints.generation(),
+            usage: Usage {
+                fast_pages_used: inner.residue.used_units(),
+                fast_pages_total: inner.residue.capacity_units(),
+                fast_page_bytes: u64::from(inner.residue.unit_bytes()),
+                ssd_blocks_used: inner.blocks.used_count(),
+                ssd_blocks_total: inner.blocks.capacity(),
+                ssd_block_bytes: inner.geometry.block(),
+                journal_used_bytes: committer.journal.used_bytes(),
+                journal_capacity_bytes: committer.journal.capacity_bytes(),
+                checkpoint_generation: committer.checkpoints.generation(),
+            },
             recovery: inner.recovery.clone(),
             io_backend: inner.ssd.describe(),
         }
@@ -365,15 +367,7 @@ impl Volume {
             residue,
             counters: s.counters.iter().map(|(c, v)| (c.name().to_string(), *v)).collect(),
             ssd_share: s.ssd_share(),
-            fast_pages_used: s.fast_pages_used,
-            fast_pages_total: s.fast_pages_total,
-            fast_page_bytes: s.fast_page_bytes,
-            ssd_blocks_used: s.ssd_blocks_used,
-            ssd_blocks_total: s.ssd_blocks_total,
-            ssd_block_bytes: s.ssd_block_bytes,
-            journal_used_bytes: s.journal_used_bytes,
-            journal_capacity_bytes: s.journal_capacity_bytes,
-            checkpoint_generation: s.checkpoint_generation,
+            usage: s.usage,
             recovery_us: u64::try_from(s.recovery.duration.as_micros()).unwrap_or(u64::MAX),
             records_replayed: s.recovery.records_replayed,
             torn_tail_dropped: s.recovery.torn_tail_dropped,
