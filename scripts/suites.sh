@@ -223,7 +223,12 @@ cycle() {
     mount_main || return 1
     after=$(tree_sums) || return 1
     [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
-    "$bin" stat "$mnt" --json | grep -q '"records_replayed": 0' || { echo "journal records left after a clean $how"; return 1; }
+    "$bin" stat "$mnt" --json | grep -q '"records_replayed": 0' || {
+        echo "journal records left after a clean $how:"
+        "$bin" stat "$mnt" --json | grep -E '"records_replayed"|"checkpoint_generation"|"journal_used_bytes"'
+        tail -12 "$work/mount.log"
+        return 1
+    }
     echo "$(wc -l <<<"$after") files identical after $how and remount"
 }
 for how in umount fusermount3 sigterm; do

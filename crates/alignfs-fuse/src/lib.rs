@@ -188,7 +188,14 @@ impl Filesystem for AlignFs {
 
     fn destroy(&mut self) {
         match self.volume.close_in_place() {
-            Ok(()) => tracing::info!("volume closed cleanly"),
+            Ok(()) => {
+                let usage = self.volume.stats().usage;
+                tracing::info!(
+                    "volume closed cleanly: checkpoint generation {}, {} journal bytes after it",
+                    usage.checkpoint_generation,
+                    usage.journal_used_bytes
+                );
+            }
             Err(e) => tracing::error!("closing the volume: {e}"),
         }
     }
