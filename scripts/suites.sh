@@ -234,6 +234,19 @@ cycle() {
 for how in umount fusermount3 sigterm; do
     check "unmount ($how), remount, compare checksums" cycle "$how"
 done
+read_only() {
+    local before
+    before=$(tree_sums) || return 1
+    "$bin" umount "$mnt" >/dev/null || return 1
+    "$bin" mount "${main_devices[@]}" --log "$work/mount.log" -o ro,allow_other "$mnt" >/dev/null || return 1
+    local refused=0
+    touch "$mnt/ro-probe" 2>"$work/ro.err" || refused=1
+    local same=0
+    [[ $(tree_sums) == "$before" ]] && same=1
+    "$bin" umount "$mnt" >/dev/null && mount_main >/dev/null || return 1
+    ((refused)) && grep -q "Read-only file system" "$work/ro.err" && ((same))
+}
+check "mount -o ro: everything readable, writes refused with EROFS" read_only
 check "SQLite data after remounts" bash -c "[[ \$(sqlite3 '$mnt/sqlite/test.db' 'PRAGMA integrity_check; SELECT count(*), sum(length(v)) FROM t;' | tail -1) == \$(cat '$work/sqlite.sum') ]]"
 
 echo "counters of the main volume after the suites:"

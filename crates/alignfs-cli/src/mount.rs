@@ -253,10 +253,16 @@ fn open_volume(devices: &DeviceArgs, read_only: bool) -> Result<alignfs::Volume>
             ssd.path.display()
         );
     }
-    open_paths(&fast.path, &ssd.path, options, devices.backend()).map_err(|e| match e {
-        Error::NotFormatted(_) => anyhow!("{e}; format it with `alignfs mkfs`"),
-        other => other.into(),
-    })
+    // A daemon that was just told to unmount may still be writing its checkpoint: wait
+    // for it to let go of the devices rather than fail.
+    let started = Instant::now();
+    loop {
+        match open_paths(&fast.path, &ssd.path, options.clone(), devices.backend()) {
+            Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
+            result => return Ok(result?),
+        }
+    }
 }
 
 fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {

@@ -49,6 +49,8 @@ pub enum Error {
     Unsupported(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
+    #[error("{0} is in use by another alignfs process (a mounted volume's daemon?)")]
+    InUse(PathBuf),
     #[error("no such extended attribute")]
     NoAttribute,
     #[error("too large: {0}")]
@@ -91,6 +93,7 @@ impl Error {
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::NotPermitted(_) => libc::EPERM,
             Error::NoAttribute => libc::ENODATA,
+            Error::InUse(_) => libc::EBUSY,
             Error::TooLarge(_) => libc::E2BIG,
             Error::BeyondEnd => libc::ENXIO,
         }

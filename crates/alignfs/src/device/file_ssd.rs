@@ -9,6 +9,8 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustix::fs::FlockOperation;
+
 use super::{BlockDevice, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 pub use crate::io_engine::IoBackend;
@@ -23,6 +25,9 @@ pub struct SsdOptions {
     pub split_bytes: u64,
     /// `None` = io_uring when available, else the thread pool.
     pub backend: Option<IoBackend>,
+    /// Readers (`stat`, `fsck`) share the device; a writer holds it alone, so two daemons
+    /// can never serve one volume.
+    pub shared: bool,
 }
 
 pub struct FileSsd {
@@ -52,6 +57,12 @@ impl FileSsd {
         let is_block_device = metadata.file_type().is_block_device();
         if !is_block_device && !metadata.is_file() {
             return Err(Error::BadPath(path.into(), "the SSD must be a block device or a regular file".into()));
+        }
+        let lock = if options.shared { FlockOperation::NonBlockingLockShared } else { FlockOperation::NonBlockingLockExclusive };
+        match rustix::fs::flock(&cached, lock) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(Error::InUse(path.into())),
+            Err(e) => return Err(Error::io(format!("lock SSD {name}"), e.into())),
         }
         let len = cached.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size SSD {name}"), e))?;
         let write_through = is_block_device && cache_is_write_through(metadata.rdev());
@@ -171,7 +182,8 @@ mod tests {
     fn round_trip(backend: IoBackend) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ssd.img");
-        let options = SsdOptions { create_len: Some(1 << 20), io_workers: 2, split_bytes: 32 * 1024, backend: Some(backend) };
+        let options =
+            SsdOptions { create_len: Some(1 << 20), io_workers: 2, split_bytes: 32 * 1024, backend: Some(backend), shared: false };
         let ssd = FileSsd::open(&path, &options).unwrap();
         let batch: Vec<IoRequest> = (0..8u8)
             .map(|i| {

@@ -33,8 +33,8 @@ impl DeviceSpec {
     }
 }
 
-fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoBackend>) -> SsdOptions {
-    SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend }
+fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoBackend>, shared: bool) -> SsdOptions {
+    SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend, shared }
 }
 
 /// Create (when sized) and format both devices.
@@ -49,7 +49,7 @@ pub fn format_paths(
         std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
     }
     let region = Arc::new(PmemRegion::open(&fast.path, fast.size)?);
-    let device = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend))?);
+    let device = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?);
     let superblock = Volume::format(&region, device.as_ref(), options)?;
     let volume = Volume::open(region, device, VolumeOptions { background: false, ..VolumeOptions::default() })?;
     Ok((superblock, volume))
@@ -66,7 +66,7 @@ pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Opti
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
-    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend))?);
+    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
     Volume::open(region, device, options)
 }
 
@@ -105,5 +105,29 @@ mod tests {
         // Formatting again without force names the existing volume.
         assert!(matches!(format_paths(&fast, &ssd, &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
         assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
+    }
+
+    #[test]
+    fn one_writer_or_many_readers() {
+        let dir = tempfile::tempdir().unwrap();
+        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+        let fast = DeviceSpec { path: shm.path().join("fast"), size: Some(2 << 20) };
+        let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(8 << 20) };
+        let (_, formatted) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
+        assert!(matches!(
+            format_paths(&fast, &ssd, &FormatOptions { force: true, ..FormatOptions::default() }, None),
+            Err(Error::InUse(_))
+        ));
+        formatted.close().unwrap();
+        let reader = VolumeOptions { read_only: true, ..VolumeOptions::default() };
+        let writer = open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None).unwrap();
+        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse(_))));
+        assert!(matches!(open_paths(&fast.path, &ssd.path, reader.clone(), None), Err(Error::InUse(_))));
+        writer.close().unwrap();
+        let a = open_paths(&fast.path, &ssd.path, reader.clone(), None).unwrap();
+        let b = open_paths(&fast.path, &ssd.path, reader, None).unwrap();
+        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse(_))));
+        drop((a, b));
+        open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None).unwrap().close().unwrap();
     }
 }
