@@ -34,16 +34,9 @@ fi
 
 # --- SQLite -------------------------------------------------------------------------------
 bin=$(pwd)/target/release/alignfs
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 sqlite_rounds=${SQLITE_ROUNDS:-50}
-daemon_pid() { "$bin" stat "$1" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p'; }
-wait_gone() {
-    for _ in $(seq 1000); do
-        [[ -r /proc/$1/stat ]] || return 0
-        [[ $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1) == Z ]] && return 0
-        sleep 0.01
-    done
-    return 1
-}
 sqlite_loop() {
     local mode=$1 work shm last=0 acked round pid runner
     work=$(mktemp -d /var/tmp/alignfs-crash-sqlite.XXXXXX)
@@ -65,7 +58,7 @@ sqlite_loop() {
         wait "$runner"
         acked=$(tail -1 "$work/acked")
         [[ -n $acked ]] && last=$acked
-        wait_gone "$pid" || return 1
+        wait_gone "$pid" 10 || return 1
         "$bin" fsck "${devices[@]}" >"$work/fsck.out" || { cat "$work/fsck.out"; return 1; }
     done
     "$bin" mount "${devices[@]}" --log "$work/mount.log" "$mnt" >/dev/null || return 1
@@ -120,7 +113,7 @@ pg_loop() {
         total=$((total + acked))
         local postmaster
         postmaster=$(head -1 "$data/postmaster.pid" 2>/dev/null || pgrep -u postgres -f "postgres -D $data" | head -1)
-        wait_gone "$pid" || return 1
+        wait_gone "$pid" 10 || return 1
         pkill -9 -u postgres -f "$data" || true
         [[ -n $postmaster ]] && { kill -9 "$postmaster" 2>/dev/null || true; }
         sleep 0.5

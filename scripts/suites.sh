@@ -30,6 +30,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 id tests >/dev/null 2>&1 || echo 'tests:x:::pjdfstest dummy user:/:/usr/sbin/nologin' | newusers
 cargo build --release --locked -q -p alignfs-cli || exit 1
 bin=$repo/target/release/alignfs
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 # --- volumes -----------------------------------------------------------------------------
 work=$(mktemp -d /var/tmp/alignfs-suites.XXXXXX)
@@ -199,21 +201,10 @@ check "RocksDB db_bench fillrandom/overwrite/readrandom + verifychecksum" run_ro
 # Unmount three ways (alignfs umount, fusermount3 -u, SIGTERM to the daemon); every file's
 # checksum must survive and the reopened volume must have nothing left to replay.
 tree_sums() { (cd "$mnt" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
-daemon_pid() { "$bin" stat "$mnt" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p'; }
-# Gone = no /proc entry or a zombie (its new parent may be slow to reap it).
-wait_gone() {
-    local pid=$1
-    for _ in $(seq 600); do
-        [[ -r /proc/$pid/stat ]] || return 0
-        [[ $(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1) == Z ]] && return 0
-        sleep 0.1
-    done
-    return 1
-}
 cycle() {
     local how=$1 before after pid
     before=$(tree_sums) || return 1
-    pid=$(daemon_pid)
+    pid=$(daemon_pid "$mnt")
     case $how in
         umount) "$bin" umount "$mnt" ;;
         fusermount3) fusermount3 -u "$mnt" && wait_gone "$pid" ;;

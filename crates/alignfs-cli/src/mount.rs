@@ -94,10 +94,15 @@ fn parse_options(options: &[String]) -> Result<ParsedOptions> {
     Ok(parsed)
 }
 
-/// A mount whose daemon died: statfs always reaches the daemon (stat may be answered
-/// from the kernel's attribute cache).
-fn is_stale_mount(path: &Path) -> bool {
-    matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN))
+/// Detach `path` if it is a mount whose daemon died. The test is statfs, which always
+/// reaches the daemon (stat may be answered from the kernel's attribute cache).
+fn detach_if_stale(path: &Path) -> Result<bool> {
+    if !matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN)) {
+        return Ok(false);
+    }
+    rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH)
+        .with_context(|| format!("detach the stale mount at {}", path.display()))?;
+    Ok(true)
 }
 
 /// Whether `path` is the mount point of a live alignfs mount.
@@ -178,9 +183,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
 /// Open (formatting the default devices on first use), mount, and serve until unmounted.
 fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let mountpoint = &args.mountpoint;
-    if is_stale_mount(mountpoint) {
-        rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
-            .with_context(|| format!("detach the stale mount at {}", mountpoint.display()))?;
+    if detach_if_stale(mountpoint)? {
         println!("detached a stale mount at {} (its daemon had died)", mountpoint.display());
     }
     if is_alignfs_mount(mountpoint) {
@@ -294,9 +297,7 @@ pub fn live_report(mountpoint: &Path) -> Result<alignfs::stats::VolumeReport> {
 
 pub fn umount(args: &UmountArgs) -> Result<()> {
     let mountpoint = &args.mountpoint;
-    if is_stale_mount(mountpoint) {
-        rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)
-            .with_context(|| format!("detach the stale mount at {}", mountpoint.display()))?;
+    if detach_if_stale(mountpoint)? {
         println!("detached a stale mount at {}; its daemon had died, so mounting again replays the journal", mountpoint.display());
         return Ok(());
     }

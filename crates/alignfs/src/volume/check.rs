@@ -5,9 +5,10 @@
 //! namespace as a whole and the maps against the sizes; that is here.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::Volume;
-use crate::meta::{FileKind, Ino};
+use crate::meta::{FileKind, Ino, Inode};
 
 /// One thing wrong with a volume.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,7 +44,7 @@ impl Volume {
                 }
             }
         }
-        let reachable = self.reachable_from_root(&by_ino);
+        let reachable = reachable_from_root(&by_ino);
         let block = self.inner.geometry.block();
         for inode in &inodes {
             let data = inode.data.lock();
@@ -75,21 +76,22 @@ impl Volume {
         }
         problems
     }
+}
 
-    fn reachable_from_root(&self, by_ino: &HashMap<Ino, &std::sync::Arc<crate::meta::Inode>>) -> HashSet<Ino> {
-        let mut seen = HashSet::from([Ino::ROOT]);
-        let mut stack = vec![Ino::ROOT];
-        while let Some(dir) = stack.pop() {
-            let Some(inode) = by_ino.get(&dir) else { continue };
-            let children: Vec<Ino> = inode.data.lock().entries.values().copied().collect();
-            for child in children {
-                if seen.insert(child) && by_ino.get(&child).is_some_and(|c| c.kind == FileKind::Dir) {
-                    stack.push(child);
-                }
+/// Every inode some path from the root names.
+fn reachable_from_root(by_ino: &HashMap<Ino, &Arc<Inode>>) -> HashSet<Ino> {
+    let mut seen = HashSet::from([Ino::ROOT]);
+    let mut stack = vec![Ino::ROOT];
+    while let Some(dir) = stack.pop() {
+        let Some(inode) = by_ino.get(&dir) else { continue };
+        let children: Vec<Ino> = inode.data.lock().entries.values().copied().collect();
+        for child in children {
+            if seen.insert(child) && by_ino.get(&child).is_some_and(|c| c.kind == FileKind::Dir) {
+                stack.push(child);
             }
         }
-        seen
     }
+    seen
 }
 
 #[cfg(test)]

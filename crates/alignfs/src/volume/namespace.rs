@@ -360,7 +360,7 @@ impl Volume {
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
         self.inner.check_writable()?;
         if name.is_empty() || name.contains(&0) {
-            return Err(Error::InvalidArgument("empty extended attribute name".into()));
+            return Err(Error::InvalidArgument("an extended attribute name must be non-empty and hold no NUL byte".into()));
         }
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::NameTooLong);

@@ -83,12 +83,18 @@ mod tests {
         assert!(DeviceSpec::parse("").is_err());
     }
 
-    #[test]
-    fn format_and_open_real_files() {
+    /// A 2 MiB fast tier on tmpfs and an 8 MiB SSD image, in directories removed on drop.
+    fn scratch_devices() -> (tempfile::TempDir, tempfile::TempDir, DeviceSpec, DeviceSpec) {
         let dir = tempfile::tempdir().unwrap();
         let shm = tempfile::tempdir_in("/dev/shm").unwrap();
         let fast = DeviceSpec { path: shm.path().join("fast"), size: Some(2 << 20) };
         let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(8 << 20) };
+        (dir, shm, fast, ssd)
+    }
+
+    #[test]
+    fn format_and_open_real_files() {
+        let (dir, _shm, fast, ssd) = scratch_devices();
         let (superblock, volume) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
@@ -109,10 +115,7 @@ mod tests {
 
     #[test]
     fn one_writer_or_many_readers() {
-        let dir = tempfile::tempdir().unwrap();
-        let shm = tempfile::tempdir_in("/dev/shm").unwrap();
-        let fast = DeviceSpec { path: shm.path().join("fast"), size: Some(2 << 20) };
-        let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(8 << 20) };
+        let (_dir, _shm, fast, ssd) = scratch_devices();
         let (_, formatted) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
         assert!(matches!(
             format_paths(&fast, &ssd, &FormatOptions { force: true, ..FormatOptions::default() }, None),
