@@ -37,6 +37,15 @@ status=0
 if [[ $status != 2 ]] || ! grep -q "superblock at byte 0" "$work/out"; then
     echo "smoke: fsck must name the damaged superblock and exit 2 (got $status)" >&2; exit 1
 fi
+# mount refuses the damaged volume by name and leaves nothing mounted.
+if "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
+    echo "smoke: mount of a corrupt volume must fail" >&2; exit 1
+fi
+grep -q "superblock at byte 0" "$work/err"
+if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
+# stat of a directory that is not an alignfs mount says so.
+if "$bin" stat "$work" 2>"$work/err"; then echo "smoke: stat of a plain directory must fail" >&2; exit 1; fi
+grep -q "is not the root of an alignfs mount" "$work/err"
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"
