@@ -4,12 +4,13 @@
 daemon_pid() { "$bin" stat "$1" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p'; }
 
 # Wait up to $2 seconds (default 60) for process $1 to be gone: no /proc entry, or a
-# zombie (its new parent may be slow to reap it, and a zombie has finished its work).
+# zombie whose last thread has exited (its new parent may be slow to reap it; a killed
+# process's leader turns zombie while other threads may still be dropping its locks).
 wait_gone() {
     local pid=$1 polls=$((${2:-60} * 50))
     for _ in $(seq "$polls"); do
-        [[ -r /proc/$pid/stat ]] || return 0
-        [[ $(sed 's/.*) //' "/proc/$pid/stat" | cut -d' ' -f1) == Z ]] && return 0
+        [[ -r /proc/$pid/status ]] || return 0
+        awk '/^State:/ { z = ($2 == "Z") } /^Threads:/ { t = $2 } END { exit !(z && t == 1) }' "/proc/$pid/status" 2>/dev/null && return 0
         sleep 0.02
     done
     return 1

@@ -320,13 +320,14 @@ pub fn umount(args: &UmountArgs) -> Result<()> {
     Ok(())
 }
 
-/// Whether `pid` is still running (a zombie waiting for its new parent to reap it has
-/// finished everything we wait for).
+/// Whether `pid` is still running. A zombie waiting for its new parent to reap it has
+/// finished, but only once its last thread is gone: a killed process's leader turns
+/// zombie while its other threads may still be closing files and dropping locks.
 fn is_running(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // The state follows the parenthesised command name, which may itself hold spaces.
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("Z" | "X") | None)
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    !(zombie && field("Threads:") == Some("1"))
 }
 
 /// Wait for the daemon to finish its checkpoint and exit.

@@ -198,15 +198,18 @@ fn tempdir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Wait until the killed daemon is gone (or a zombie nobody has reaped yet).
+/// Wait until the killed daemon is gone: no /proc entry, or a zombie whose last thread
+/// has exited (the leader turns zombie while other threads may still be closing files
+/// and dropping the device lock).
 fn wait_gone(pid: i32) -> Result<()> {
-    let stat = Path::new("/proc").join(pid.to_string()).join("stat");
+    let status = Path::new("/proc").join(pid.to_string()).join("status");
     for _ in 0..1000 {
-        match std::fs::read_to_string(&stat) {
-            Err(_) => return Ok(()),
-            Ok(s) if s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) => return Ok(()),
-            Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+        let Ok(text) = std::fs::read_to_string(&status) else { return Ok(()) };
+        let field = |name: &str| text.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+        if field("State:").is_some_and(|s| s.starts_with('Z')) && field("Threads:") == Some("1") {
+            return Ok(());
         }
+        std::thread::sleep(Duration::from_millis(10));
     }
     bail!("daemon {pid} still running 10 s after kill -9")
 }
