@@ -116,6 +116,7 @@ run_fio() {
     local dir=$1 size=$2
     mkdir -p "$dir"
     DIR=$dir SIZE=$size fio "$repo/tests/suites/fio-verify.fio" --output="$work/fio.out" \
+        --aux-path="$work" \
         && ! grep -q 'verify: bad\|err= *[1-9]' "$work/fio.out" \
         || { grep -i 'err\|bad' "$work/fio.out" | head -20; return 1; }
 }
