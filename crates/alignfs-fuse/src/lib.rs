@@ -166,23 +166,29 @@ fn set_time(t: Option<TimeOrNow>) -> Option<TimeNs> {
     })
 }
 
+/// The kernel-side settings every alignfs mount asks for. Public so the benchmark's FUSE
+/// passthrough runs with exactly the same front end and measures only the FUSE tax.
+pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
+    if let Err(nearest) = config.set_max_write(MAX_WRITE) {
+        let _ = config.set_max_write(nearest);
+    }
+    // Readahead as large as one write: sequential readers get whole SSD runs.
+    if let Err(nearest) = config.set_max_readahead(MAX_WRITE) {
+        let _ = config.set_max_readahead(nearest);
+    }
+    if direct_io {
+        // Shared mappings stay possible with FOPEN_DIRECT_IO (kernel 6.6+).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+    }
+    // `ls -l` and `find` get names and attributes in one request.
+    let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
+    let _ = config.set_max_background(64);
+    let _ = config.set_congestion_threshold(48);
+}
+
 impl Filesystem for AlignFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        if let Err(nearest) = config.set_max_write(MAX_WRITE) {
-            let _ = config.set_max_write(nearest);
-        }
-        // Readahead as large as one write: sequential readers get whole SSD runs.
-        if let Err(nearest) = config.set_max_readahead(MAX_WRITE) {
-            let _ = config.set_max_readahead(nearest);
-        }
-        if self.options.direct_io {
-            // Shared mappings stay possible with FOPEN_DIRECT_IO (kernel 6.6+).
-            let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
-        }
-        // `ls -l` and `find` get names and attributes in one request.
-        let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
-        let _ = config.set_max_background(64);
-        let _ = config.set_congestion_threshold(48);
+        configure_kernel(config, self.options.direct_io);
         Ok(())
     }
 
