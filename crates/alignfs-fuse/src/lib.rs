@@ -182,6 +182,8 @@ pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
     }
     // `ls -l` and `find` get names and attributes in one request.
     let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
+    // One large direct write goes to the daemon as several requests at once, not one by one.
+    let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
     let _ = config.set_max_background(64);
     let _ = config.set_congestion_threshold(48);
 }
