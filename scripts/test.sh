@@ -54,4 +54,6 @@ suites=0
 scripts/suites.sh || suites=$?
 scripts/crash.sh
 scripts/fuzz.sh
+# The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
+bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
 exit "$suites"

@@ -1,0 +1,355 @@
+//! Filebench-style macro workloads (fileserver, webproxy, varmail) for bench/run.py.
+//!
+//! Filebench is not packaged for this machine, so this program replays its three
+//! personalities' flow operations with the file counts, sizes and read/write IO sizes of
+//! the OrchFS paper's Table 3 (scaled by `--files`). As in the paper, every write phase is
+//! made durable at once (fsync). `prepare` builds the file set; `run` times the flow for
+//! `--seconds` and prints one JSON object. The two are separate so caches can be dropped in
+//! between.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+#[derive(Parser)]
+#[command(about = "Filebench-style fileserver / webproxy / varmail workloads (OrchFS paper, Table 3)")]
+struct Args {
+    #[command(subcommand)]
+    phase: Phase,
+}
+
+#[derive(Subcommand)]
+enum Phase {
+    /// Create the file set (80 % of the files, filled) under DIR.
+    Prepare(Common),
+    /// Run the flow on a prepared file set and print the result as JSON.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// How long to run.
+        #[arg(long, default_value_t = 10.0)]
+        seconds: f64,
+    },
+}
+
+#[derive(clap::Args)]
+struct Common {
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Directory that holds the file set.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Number of files (the paper uses 10,000).
+    #[arg(long, default_value_t = 1000)]
+    files: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Workload {
+    Fileserver,
+    Webproxy,
+    Varmail,
+}
+
+/// One personality's shape, from Table 3.
+struct Shape {
+    mean_file: u64,
+    read_io: usize,
+    write_io: usize,
+    /// Files per directory (filebench's meandirwidth; the flat ones use one directory).
+    dir_width: usize,
+}
+
+impl Workload {
+    fn shape(self) -> Shape {
+        const K: u64 = 1024;
+        match self {
+            Workload::Fileserver => Shape { mean_file: 256 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: 20 },
+            Workload::Webproxy => Shape { mean_file: 2048 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: usize::MAX },
+            Workload::Varmail => Shape { mean_file: 64 * K, read_io: 1 << 20, write_io: 64 << 10, dir_width: usize::MAX },
+        }
+    }
+}
+
+struct FileSet {
+    dir: PathBuf,
+    shape: Shape,
+    present: Vec<bool>,
+    rng: StdRng,
+    data: Vec<u8>,
+    read_buf: Vec<u8>,
+    counts: Counts,
+}
+
+#[derive(Default)]
+struct Counts {
+    ops: u64,
+    read_bytes: u64,
+    write_bytes: u64,
+    fsyncs: u64,
+    /// Wall time of each flow iteration (one pass over the personality's operations).
+    flow_latencies: Vec<Duration>,
+}
+
+impl FileSet {
+    fn new(common: &Common) -> FileSet {
+        let shape = common.workload.shape();
+        let mut rng = StdRng::seed_from_u64(common.seed);
+        let mut data = vec![0u8; shape.write_io.max(shape.mean_file as usize * 2)];
+        rng.fill_bytes(&mut data);
+        FileSet {
+            dir: common.dir.clone(),
+            read_buf: vec![0u8; shape.read_io],
+            shape,
+            present: vec![false; common.files],
+            rng,
+            data,
+            counts: Counts::default(),
+        }
+    }
+
+    fn path(&self, i: usize) -> PathBuf {
+        let width = self.shape.dir_width.min(self.present.len());
+        self.dir.join(format!("d{}", i / width)).join(format!("f{i}"))
+    }
+
+    /// Filebench draws sizes from a gamma distribution around the mean; a uniform draw
+    /// over [mean/2, 3·mean/2] keeps the mean and the spread of sizes without the tail.
+    fn file_size(&mut self) -> u64 {
+        let mean = self.shape.mean_file;
+        self.rng.random_range(mean / 2..=mean + mean / 2)
+    }
+
+    fn pick(&mut self, present: bool) -> Option<usize> {
+        let n = self.present.len();
+        let start = self.rng.random_range(0..n);
+        (0..n).map(|k| (start + k) % n).find(|&i| self.present[i] == present)
+    }
+
+    fn write_in_pieces(&mut self, file: &mut File, mut len: u64) -> Result<()> {
+        while len > 0 {
+            let n = len.min(self.shape.write_io as u64) as usize;
+            let at = self.rng.random_range(0..=self.data.len() - n);
+            file.write_all(&self.data[at..at + n])?;
+            self.counts.write_bytes += n as u64;
+            self.counts.ops += 1;
+            len -= n as u64;
+        }
+        Ok(())
+    }
+
+    fn fsync(&mut self, file: &File) -> Result<()> {
+        file.sync_all()?;
+        self.counts.fsyncs += 1;
+        self.counts.ops += 1;
+        Ok(())
+    }
+
+    /// createfile + writewholefile + fsync + closefile.
+    fn create(&mut self, i: usize) -> Result<()> {
+        let path = self.path(i);
+        let mut file = File::create(&path).with_context(|| format!("create {}", path.display()))?;
+        let size = self.file_size();
+        self.write_in_pieces(&mut file, size)?;
+        self.fsync(&file)?;
+        self.present[i] = true;
+        self.counts.ops += 2;
+        Ok(())
+    }
+
+    /// openfile + appendfilerand (one write IO, random length up to the IO size) + fsync + closefile.
+    fn append(&mut self, i: usize) -> Result<()> {
+        let mut file = OpenOptions::new().append(true).open(self.path(i))?;
+        let len = self.rng.random_range(1..=self.shape.write_io as u64);
+        self.write_in_pieces(&mut file, len)?;
+        self.fsync(&file)?;
+        self.counts.ops += 2;
+        Ok(())
+    }
+
+    /// openfile + readwholefile + closefile.
+    fn read_whole(&mut self, i: usize) -> Result<()> {
+        let mut file = File::open(self.path(i))?;
+        loop {
+            let n = file.read(&mut self.read_buf)?;
+            if n == 0 {
+                break;
+            }
+            self.counts.read_bytes += n as u64;
+            self.counts.ops += 1;
+        }
+        self.counts.ops += 2;
+        Ok(())
+    }
+
+    fn delete(&mut self, i: usize) -> Result<()> {
+        std::fs::remove_file(self.path(i))?;
+        self.present[i] = false;
+        self.counts.ops += 1;
+        Ok(())
+    }
+
+    fn stat(&mut self, i: usize) -> Result<()> {
+        std::fs::metadata(self.path(i))?;
+        self.counts.ops += 1;
+        Ok(())
+    }
+
+    fn prepare(&mut self) -> Result<()> {
+        let width = self.shape.dir_width.min(self.present.len());
+        for d in 0..self.present.len().div_ceil(width) {
+            std::fs::create_dir_all(self.dir.join(format!("d{d}")))?;
+        }
+        // Filebench preallocates 80 % of a file set; the rest is for creates to use.
+        for i in 0..self.present.len() {
+            if self.rng.random_bool(0.8) {
+                let path = self.path(i);
+                let mut file = File::create(&path).with_context(|| format!("create {}", path.display()))?;
+                let size = self.file_size();
+                self.write_in_pieces(&mut file, size)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Which files exist is read back from the directory, so `run` follows `prepare`.
+    fn scan(&mut self) {
+        for i in 0..self.present.len() {
+            self.present[i] = self.path(i).exists();
+        }
+    }
+
+    fn flow(&mut self, workload: Workload) -> Result<()> {
+        let need = |x: Option<usize>| x.context("the file set is empty or full; run `prepare` first");
+        match workload {
+            Workload::Fileserver => {
+                let new = need(self.pick(false))?;
+                self.create(new)?;
+                let old = need(self.pick(true))?;
+                self.append(old)?;
+                let old = need(self.pick(true))?;
+                self.read_whole(old)?;
+                let old = need(self.pick(true))?;
+                self.delete(old)?;
+                let old = need(self.pick(true))?;
+                self.stat(old)?;
+            }
+            Workload::Webproxy => {
+                let old = need(self.pick(true))?;
+                self.delete(old)?;
+                let new = need(self.pick(false))?;
+                self.create(new)?;
+                for _ in 0..5 {
+                    let old = need(self.pick(true))?;
+                    self.read_whole(old)?;
+                }
+            }
+            Workload::Varmail => {
+                let old = need(self.pick(true))?;
+                self.delete(old)?;
+                let new = need(self.pick(false))?;
+                self.create(new)?;
+                let old = need(self.pick(true))?;
+                self.read_whole(old)?;
+                self.append(old)?;
+                let old = need(self.pick(true))?;
+                self.read_whole(old)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+fn main() -> Result<()> {
+    match Args::parse().phase {
+        Phase::Prepare(common) => {
+            if common.files < 2 {
+                bail!("--files must be at least 2");
+            }
+            FileSet::new(&common).prepare()
+        }
+        Phase::Run { common, seconds } => {
+            if !common.dir.is_dir() {
+                bail!("{} is not a prepared file set (run `prepare` first)", common.dir.display());
+            }
+            let mut set = FileSet::new(&common);
+            set.scan();
+            let start = Instant::now();
+            let limit = Duration::from_secs_f64(seconds);
+            while start.elapsed() < limit {
+                let t = Instant::now();
+                set.flow(common.workload)?;
+                set.counts.flow_latencies.push(t.elapsed());
+            }
+            let elapsed = start.elapsed().as_secs_f64();
+            let c = &mut set.counts;
+            c.flow_latencies.sort();
+            let mean_us = c.flow_latencies.iter().sum::<Duration>().as_secs_f64() * 1e6 / c.flow_latencies.len().max(1) as f64;
+            let mib = (c.read_bytes + c.write_bytes) as f64 / f64::from(1 << 20);
+            let cdf = [0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999].map(|p| [p * 100.0, percentile(&c.flow_latencies, p)]);
+            let result = serde_json::json!({
+                "seconds": elapsed,
+                "ops": c.ops,
+                "ops_per_s": c.ops as f64 / elapsed,
+                "flows": c.flow_latencies.len(),
+                "read_bytes": c.read_bytes,
+                "write_bytes": c.write_bytes,
+                "fsyncs": c.fsyncs,
+                "mib_per_s": mib / elapsed,
+                "flow_mean_us": mean_us,
+                "flow_p99_us": percentile(&c.flow_latencies, 0.99),
+                "flow_percentiles_us": cdf,
+            });
+            println!("{result}");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn every_personality_runs_on_a_prepared_set() {
+        for workload in [Workload::Fileserver, Workload::Webproxy, Workload::Varmail] {
+            let dir = std::env::temp_dir().join(format!("alignfs-macro-test-{}-{}", std::process::id(), workload as u8));
+            let common = Common { workload, dir: dir.clone(), files: 20, seed: 7 };
+            let mut set = FileSet::new(&common);
+            set.shape.mean_file = 8192;
+            set.prepare().unwrap();
+            set.scan();
+            for _ in 0..10 {
+                set.flow(workload).unwrap();
+            }
+            assert!(set.counts.write_bytes > 0 && set.counts.read_bytes > 0);
+            assert!(set.counts.fsyncs >= 10);
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn paths_spread_over_directories_of_the_given_width() {
+        let common = Common { workload: Workload::Fileserver, dir: PathBuf::from("/x"), files: 100, seed: 1 };
+        let set = FileSet::new(&common);
+        assert_eq!(set.path(19), Path::new("/x/d0/f19"));
+        assert_eq!(set.path(20), Path::new("/x/d1/f20"));
+    }
+}
