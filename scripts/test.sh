@@ -53,6 +53,9 @@ echo "smoke: CLI checks passed"
 suites=0
 scripts/suites.sh || suites=$?
 scripts/crash.sh
+# Injected SSD faults and full devices through a mount.
+mkdir -p "$work/faults"
+tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1
 scripts/fuzz.sh
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
 bench/run.py --quick --verify --out "$work/bench-mount" || suites=1

@@ -7,9 +7,11 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use alignfs::volume::{format_paths, open_paths, DeviceSpec};
+use alignfs::device::FaultPlan;
+use alignfs::volume::{format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
 use alignfs_fuse::{AlignFs, FuseOptions, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
@@ -51,6 +53,11 @@ pub struct MountArgs {
     /// (FOPEN_DIRECT_IO): the engine already caches, and it measured faster (docs/FUSE.md).
     #[arg(long)]
     page_cache: bool,
+    /// Put the SSD behind a fault injector armed through the root's `user.alignfs.inject`
+    /// attribute (e.g. `setfattr -n user.alignfs.inject -v write=1 MOUNTPOINT` fails the
+    /// next SSD write). For testing error paths; docs/CRASH-CONSISTENCY.md.
+    #[arg(long)]
+    inject_faults: bool,
 }
 
 #[derive(Args)]
@@ -190,7 +197,8 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         bail!("{} is already an alignfs mount (`alignfs umount` it first)", mountpoint.display());
     }
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
-    let volume = open_volume(&args.devices, parsed.read_only)?;
+    let faults = args.inject_faults.then(|| Arc::new(FaultPlan::default()));
+    let volume = open_volume(&args.devices, parsed.read_only, faults.clone())?;
     let recovery = volume.recovery().clone();
     tracing::info!(
         "volume {} opened in {:?}: {} journal records replayed{}",
@@ -203,6 +211,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         ttl: Duration::from_secs_f64(args.attr_ttl),
         direct_io: !args.page_cache,
         mountpoint: std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.clone()),
+        faults,
         ..FuseOptions::default()
     };
     let mut config = Config::default();
@@ -242,7 +251,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     Ok(())
 }
 
-fn open_volume(devices: &DeviceArgs, read_only: bool) -> Result<alignfs::Volume> {
+fn open_volume(devices: &DeviceArgs, read_only: bool, faults: Option<Arc<FaultPlan>>) -> Result<alignfs::Volume> {
     let (fast, ssd) = devices.specs()?;
     let options = VolumeOptions { read_only, ..VolumeOptions::default() };
     let defaults = devices.fast.is_none() && devices.ssd.is_none();
@@ -260,7 +269,7 @@ fn open_volume(devices: &DeviceArgs, read_only: bool) -> Result<alignfs::Volume>
     // for it to let go of the devices rather than fail.
     let started = Instant::now();
     loop {
-        match open_paths(&fast.path, &ssd.path, options.clone(), devices.backend()) {
+        match open_paths_with_faults(&fast.path, &ssd.path, options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
             result => return Ok(result?),

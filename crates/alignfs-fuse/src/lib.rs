@@ -10,8 +10,10 @@ mod handles;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use alignfs::device::FaultPlan;
 use alignfs::meta::TimeNs;
 use alignfs::stats::DaemonInfo;
 use alignfs::volume::{DirEntry, FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, XattrSet};
@@ -29,6 +31,10 @@ use handles::Handles;
 /// (JSON) to `alignfs stat MOUNTPOINT`. It is not listed, so copying tools never see it.
 pub const STATS_XATTR: &str = "user.alignfs.stats";
 
+/// The root attribute that arms injected SSD faults on a mount started with
+/// `--inject-faults` (write: a plan such as `write=1`; read: what is armed).
+pub const INJECT_XATTR: &str = "user.alignfs.inject";
+
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE: u32 = 1 << 20;
 
@@ -45,11 +51,13 @@ pub struct FuseOptions {
     pub direct_io: bool,
     /// Where the volume is mounted (reported by the stats attribute).
     pub mountpoint: PathBuf,
+    /// The SSD's fault injector, when the mount was started with one.
+    pub faults: Option<Arc<FaultPlan>>,
 }
 
 impl Default for FuseOptions {
     fn default() -> Self {
-        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: true, mountpoint: PathBuf::new() }
+        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: true, mountpoint: PathBuf::new(), faults: None }
     }
 }
 
@@ -437,6 +445,17 @@ impl Filesystem for AlignFs {
             reply.error(Errno::EPERM);
             return;
         }
+        if name == INJECT_XATTR && ino == INodeNo::ROOT {
+            let Some(faults) = &self.options.faults else {
+                reply.error(Errno::EPERM);
+                return;
+            };
+            let spec = String::from_utf8_lossy(value);
+            try_or_reply!(reply, faults.arm(&spec));
+            tracing::warn!("fault injection armed: {}", faults.describe());
+            reply.ok();
+            return;
+        }
         let mode = match flags {
             0 => XattrSet::CreateOrReplace,
             libc::XATTR_CREATE => XattrSet::CreateOnly,
@@ -453,6 +472,10 @@ impl Filesystem for AlignFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         if name == STATS_XATTR && ino == INodeNo::ROOT {
             reply_xattr(reply, size, &self.report_json());
+            return;
+        }
+        if let (true, Some(faults)) = (name == INJECT_XATTR && ino == INodeNo::ROOT, &self.options.faults) {
+            reply_xattr(reply, size, faults.describe().as_bytes());
             return;
         }
         let value = try_or_reply!(reply, self.volume.getxattr(Self::ino(ino), name_bytes(name)));

@@ -7,9 +7,10 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use alignfs::device::{BlockDevice, FaultPlan, FaultyDevice};
 use alignfs::stats::Counter;
 use alignfs::volume::FallocateMode;
-use alignfs::{Error, Geometry, Ino, VolumeOptions};
+use alignfs::{Error, Geometry, Ino, Volume, VolumeOptions};
 use common::Devices;
 
 fn quiet() -> VolumeOptions {
@@ -198,6 +199,34 @@ fn ssd_faults_surface_as_errors_and_change_nothing() {
     let content = read_all(&volume, ino);
     assert_eq!(content.len(), expected.len());
     assert_eq!(&content[100_000..], b"tail");
+}
+
+#[test]
+fn short_ssd_ios_fail_the_call_and_leave_the_data_as_it_was() {
+    let devices = Devices::new(8 << 20, 32 << 20);
+    devices.format(Geometry::default());
+    let plan = Arc::new(FaultPlan::default());
+    let faulty: Arc<dyn BlockDevice> = Arc::new(FaultyDevice::new(Arc::clone(&devices.ssd) as Arc<dyn BlockDevice>, Arc::clone(&plan)));
+    let volume = Volume::open(Arc::clone(&devices.fast), Arc::clone(&faulty), quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let model: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    volume.write(ino, 0, &model).unwrap();
+    for spec in ["short-write=1", "write=1"] {
+        plan.arm(spec).unwrap();
+        let failed = volume.write(ino, 0, &vec![7u8; 262_144]);
+        assert_eq!(failed.map_err(|e| e.errno()), Err(libc::EIO), "{spec}");
+        assert_eq!(read_all(&volume, ino), model, "{spec} changed acknowledged data");
+    }
+    for spec in ["short-read=1", "read=1"] {
+        plan.arm(spec).unwrap();
+        let mut buf = vec![0u8; 262_144];
+        assert_eq!(volume.read(ino, 0, &mut buf).map_err(|e| e.errno()), Err(libc::EIO), "{spec}");
+        assert_eq!(read_all(&volume, ino), model, "the read after {spec}");
+    }
+    volume.close().unwrap();
+    let volume = Volume::open(Arc::clone(&devices.fast), faulty, quiet()).unwrap();
+    assert_eq!(read_all(&volume, ino), model);
+    assert!(volume.check().is_empty());
 }
 
 #[test]

@@ -6,16 +6,18 @@
 //! the caller, never bad input.
 
 mod aligned;
+mod faults;
 mod file_ssd;
 mod pmem;
 mod pool;
 mod sim;
 
 pub use aligned::AlignedBuf;
+pub use faults::{Fault, FaultPlan, FaultyDevice};
 pub use file_ssd::{FileSsd, IoBackend, SsdOptions};
 pub use pmem::{PersistMode, PmemRegion};
 pub use pool::BufferPool;
-pub use sim::{FaultPlan, SimSsd};
+pub use sim::SimSsd;
 
 use crossbeam_channel::{Receiver, Sender};
 

@@ -6,24 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::faults::FaultPlan;
 use super::{BlockDevice, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
-
-/// Faults to inject: each counter, when non-zero, fails the n-th next operation of its kind
-/// (1 = the next one) and then disarms.
-#[derive(Default)]
-pub struct FaultPlan {
-    pub fail_write_in: AtomicU64,
-    pub fail_read_in: AtomicU64,
-    pub fail_flush_in: AtomicU64,
-}
-
-fn fires(counter: &AtomicU64) -> bool {
-    counter
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| if n == 0 { None } else { Some(n - 1) })
-        .map(|previous| previous == 1)
-        .unwrap_or(false)
-}
 
 pub struct SimSsd {
     bytes: Mutex<Vec<u8>>,
@@ -67,14 +52,14 @@ impl SimSsd {
         let range = self.range(request.offset_bytes, request.buf.len())?;
         match request.op {
             IoOp::Write => {
-                if fires(&self.faults.fail_write_in) {
+                if FaultPlan::fires(&self.faults.fail_write_in) {
                     return Err(Error::Injected("SSD write"));
                 }
                 self.writes.fetch_add(1, Ordering::Relaxed);
                 self.bytes.lock()[range].copy_from_slice(&request.buf);
             }
             IoOp::Read => {
-                if fires(&self.faults.fail_read_in) {
+                if FaultPlan::fires(&self.faults.fail_read_in) {
                     return Err(Error::Injected("SSD read"));
                 }
                 self.reads.fetch_add(1, Ordering::Relaxed);
@@ -100,7 +85,7 @@ impl BlockDevice for SimSsd {
     }
 
     fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        if fires(&self.faults.fail_read_in) {
+        if FaultPlan::fires(&self.faults.fail_read_in) {
             return Err(Error::Injected("SSD read"));
         }
         let range = self.range(offset_bytes, buf.len())?;
@@ -110,7 +95,7 @@ impl BlockDevice for SimSsd {
     }
 
     fn flush(&self) -> Result<()> {
-        if fires(&self.faults.fail_flush_in) {
+        if FaultPlan::fires(&self.faults.fail_flush_in) {
             return Err(Error::Injected("SSD flush"));
         }
         self.flushes.fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{FormatOptions, Volume, VolumeOptions};
-use crate::device::{BlockDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
+use crate::device::{BlockDevice, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
@@ -57,6 +57,18 @@ pub fn format_paths(
 
 /// Open a formatted volume by path, with the IO shape its superblock records.
 pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Option<IoBackend>) -> Result<Volume> {
+    open_paths_with_faults(fast, ssd, options, backend, None)
+}
+
+/// [`open_paths`], with the SSD behind a [`FaultyDevice`] when a plan is given (the
+/// suites' `alignfs mount --inject-faults`).
+pub fn open_paths_with_faults(
+    fast: &Path,
+    ssd: &Path,
+    options: VolumeOptions,
+    backend: Option<IoBackend>,
+    faults: Option<Arc<FaultPlan>>,
+) -> Result<Volume> {
     for path in [fast, ssd] {
         if !path.exists() {
             return Err(Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into()));
@@ -66,7 +78,10 @@ pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Opti
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
-    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
+    let mut device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
+    if let Some(plan) = faults {
+        device = Arc::new(FaultyDevice::new(device, plan));
+    }
     Volume::open(region, device, options)
 }
 
