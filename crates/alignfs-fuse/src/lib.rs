@@ -146,15 +146,23 @@ impl AlignFs {
     }
 
     fn open_flags(&self) -> FopenFlags {
-        let mut flags = FopenFlags::empty();
-        if self.options.keep_cache {
-            flags |= FopenFlags::FOPEN_KEEP_CACHE;
-        }
-        if self.options.direct_io {
-            flags |= FopenFlags::FOPEN_DIRECT_IO;
-        }
-        flags
+        file_open_flags(self.options.direct_io, self.options.keep_cache)
     }
+}
+
+/// How opened files behave in the kernel; shared with the benchmark's passthrough.
+pub fn file_open_flags(direct_io: bool, keep_cache: bool) -> FopenFlags {
+    let mut flags = FopenFlags::empty();
+    if keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if direct_io {
+        // The engine's per-file range lock orders overlapping writes, so the kernel need
+        // not hold the inode lock across a whole direct write: writers of one file run in
+        // parallel (the kernel still serializes writes that extend the file).
+        flags |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+    }
+    flags
 }
 
 fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {

@@ -145,11 +145,8 @@ impl Passthrough {
     }
 
     fn fopen_flags(&self) -> FopenFlags {
-        if self.direct_io {
-            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::FOPEN_KEEP_CACHE
-        }
+        // pwrite on the host file is safe from many threads, so the same flags as alignfs.
+        alignfs_fuse::file_open_flags(self.direct_io, true)
     }
 }
 
