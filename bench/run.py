@@ -114,13 +114,13 @@ class Systems:
         ssd = self.work / "ssd.img"
         run([str(ALIGNFS), "mkfs", "--fast", f"{self.fast}:{self.fast_size}", "--ssd", f"{ssd}:{self.ssd_size}"])
         run([str(ALIGNFS), "mount", "--fast", str(self.fast), "--ssd", str(ssd), "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
-        log_file = open(self.work / "passthrough.log", "w")
-        subprocess.Popen(
-            [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), str(self.work / "mnt/passthrough")],
-            stdout=log_file,
-            stderr=log_file,
-            start_new_session=True,
-        )
+        with open(self.work / "passthrough.log", "w") as log_file:
+            subprocess.Popen(
+                [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), str(self.work / "mnt/passthrough")],
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+            )
         for _ in range(100):
             if os.path.ismount(self.work / "mnt/passthrough"):
                 break
@@ -389,7 +389,7 @@ def summarize(cells: list) -> list:
         keyed.setdefault((c["group"], c["workload"], c["system"]), []).append(c)
     rows = []
     for (group, workload, system), cs in keyed.items():
-        metric = "mib_s" if "mib_s" in cs[0] and group not in ("macro", "rocksdb") else "ops_per_s"
+        metric = "mib_s" if "mib_s" in cs[0] else "ops_per_s"
         values = [c[metric] for c in cs]
         mid = sorted(cs, key=lambda c: c[metric])[len(cs) // 2]
         rows.append(
