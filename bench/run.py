@@ -218,6 +218,7 @@ def fio_metrics(result: dict, direction: str, jobs: int = 1) -> dict:
         "io_p99_us": percentiles.get(99.0, 0.0),
         "fsync_p99_us": sync_pct.get(99.0, 0.0),
         "cdf_us": sorted(percentiles.items()),
+        "fsync_cdf_us": sorted(sync_pct.items()),
     }
 
 
@@ -406,6 +407,7 @@ def summarize(cells: list) -> list:
                 "p99_us": statistics.median(c.get("io_p99_us", c.get("flow_p99_us", 0)) for c in cs),
                 "fsync_p99_us": statistics.median(c.get("fsync_p99_us", 0) for c in cs),
                 "cdf_us": mid.get("cdf_us", []),
+                "fsync_cdf_us": mid.get("fsync_cdf_us", []),
                 "over_time": mid.get("over_time", []),
                 "alignfs_counters": mid.get("alignfs_counters"),
             }
@@ -560,21 +562,26 @@ def plot(out: Path, rows: list) -> None:
         fig.savefig(out / f"throughput-{group}.png", dpi=110)
         plt.close(fig)
 
-    # Latency CDFs of the durable overwrites and of the macro flows.
-    for group, pick in [("overwrite", lambda w: w.endswith(" fsync")), ("macro", lambda w: True)]:
+    # Latency CDFs of the durable overwrites (write call solid, fsync call dashed) and of
+    # the macro flows.
+    for group, pick in [("overwrite", lambda w: not w.endswith("no fsync")), ("macro", lambda w: True)]:
         rs = [r for r in rows if r["group"] == group and pick(r["workload"]) and r["cdf_us"]]
         workloads = list(dict.fromkeys(r["workload"] for r in rs))
         if not workloads:
             continue
-        fig, axes = plt.subplots(1, len(workloads), figsize=(3.2 * len(workloads), 3.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(workloads), figsize=(3.4 * len(workloads), 3.4), squeeze=False)
         for ax, w in zip(axes[0], workloads):
             for r in rs:
-                if r["workload"] == w:
-                    pts = r["cdf_us"]
-                    ax.plot([p[1] for p in pts], [p[0] for p in pts], marker=".", label=r["system"], color=COLORS[r["system"]])
+                if r["workload"] != w:
+                    continue
+                pts = r["cdf_us"]
+                ax.plot([p[1] for p in pts], [p[0] for p in pts], marker=".", label=r["system"], color=COLORS[r["system"]])
+                if r["fsync_cdf_us"]:
+                    pts = r["fsync_cdf_us"]
+                    ax.plot([p[1] for p in pts], [p[0] for p in pts], linestyle="--", color=COLORS[r["system"]])
             ax.set_xscale("log")
             ax.set_title(w, fontsize=9)
-            ax.set_xlabel("µs" + (" (write call)" if group == "overwrite" else " (one flow)"), fontsize=8)
+            ax.set_xlabel("µs" + (" (write solid, fsync dashed)" if group == "overwrite" else " (one flow)"), fontsize=8)
             ax.set_ylabel("percentile", fontsize=8)
         axes[0][0].legend(fontsize=7)
         fig.tight_layout()
