@@ -482,7 +482,8 @@ impl Filesystem for AlignFs {
             reply_xattr(reply, size, &self.report_json());
             return;
         }
-        if let (true, Some(faults)) = (name == INJECT_XATTR && ino == INodeNo::ROOT, &self.options.faults) {
+        let inject_plan = self.options.faults.as_ref().filter(|_| name == INJECT_XATTR && ino == INodeNo::ROOT);
+        if let Some(faults) = inject_plan {
             reply_xattr(reply, size, faults.describe().as_bytes());
             return;
         }

@@ -128,10 +128,11 @@ impl FileSet {
         self.rng.random_range(mean / 2..=mean + mean / 2)
     }
 
-    fn pick(&mut self, present: bool) -> Option<usize> {
+    /// A random file that exists (`present`) or a free slot for a new one.
+    fn pick(&mut self, present: bool) -> Result<usize> {
         let n = self.present.len();
         let start = self.rng.random_range(0..n);
-        (0..n).map(|k| (start + k) % n).find(|&i| self.present[i] == present)
+        (0..n).map(|k| (start + k) % n).find(|&i| self.present[i] == present).context("the file set is empty or full; run `prepare` first")
     }
 
     fn write_in_pieces(&mut self, file: &mut File, mut len: u64) -> Result<()> {
@@ -228,39 +229,38 @@ impl FileSet {
     }
 
     fn flow(&mut self, workload: Workload) -> Result<()> {
-        let need = |x: Option<usize>| x.context("the file set is empty or full; run `prepare` first");
         match workload {
             Workload::Fileserver => {
-                let new = need(self.pick(false))?;
+                let new = self.pick(false)?;
                 self.create(new)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.append(old)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.read_whole(old)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.delete(old)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.stat(old)?;
             }
             Workload::Webproxy => {
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.delete(old)?;
-                let new = need(self.pick(false))?;
+                let new = self.pick(false)?;
                 self.create(new)?;
                 for _ in 0..5 {
-                    let old = need(self.pick(true))?;
+                    let old = self.pick(true)?;
                     self.read_whole(old)?;
                 }
             }
             Workload::Varmail => {
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.delete(old)?;
-                let new = need(self.pick(false))?;
+                let new = self.pick(false)?;
                 self.create(new)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.read_whole(old)?;
                 self.append(old)?;
-                let old = need(self.pick(true))?;
+                let old = self.pick(true)?;
                 self.read_whole(old)?;
             }
         }

@@ -70,10 +70,11 @@ impl FaultPlan {
     /// Arm faults from text such as `write=1 flush=2` (fail the next write and the second
     /// flush from now), or disarm everything with `clear`.
     pub fn arm(&self, spec: &str) -> Result<()> {
+        let counters = self.counters();
         let mut settings = Vec::new();
         for word in spec.split_whitespace() {
             if word == "clear" {
-                settings.extend(self.counters().iter().map(|(name, _)| (*name, 0)));
+                settings.extend(counters.iter().map(|(_, counter)| (*counter, 0)));
                 continue;
             }
             let bad = || {
@@ -83,15 +84,14 @@ impl FaultPlan {
             };
             let (kind, n) = word.split_once('=').ok_or_else(bad)?;
             let n: u64 = n.parse().map_err(|_| bad())?;
-            let name = self.counters().iter().map(|(name, _)| *name).find(|name| *name == kind).ok_or_else(bad)?;
-            settings.push((name, n));
+            let counter = counters.iter().find(|(name, _)| *name == kind).ok_or_else(bad)?.1;
+            settings.push((counter, n));
         }
         if settings.is_empty() {
             return Err(Error::InvalidArgument("no fault given (e.g. `write=1`, or `clear`)".into()));
         }
         // Checked first, applied after: a bad word arms nothing.
-        for (name, n) in settings {
-            let counter = self.counters().into_iter().find(|(c, _)| *c == name).expect("name checked above").1;
+        for (counter, n) in settings {
             counter.store(n, Ordering::SeqCst);
         }
         Ok(())
@@ -129,21 +129,18 @@ impl FaultyDevice {
     /// One IO through the plan. Faulted IOs run alone, so the rest of a batch keeps the
     /// inner device's parallelism.
     fn faulted(&self, request: IoRequest, fault: Fault) -> Result<AlignedBuf> {
-        let what = match request.op {
-            IoOp::Write => "SSD write",
-            IoOp::Read => "SSD read",
-        };
-        if fault == Fault::Short {
-            let half = (request.buf.len() / 2 / IO_ALIGN) * IO_ALIGN;
-            if half > 0 {
-                let mut part = AlignedBuf::zeroed(half);
-                part.copy_from_slice(&request.buf[..half]);
-                let partial = IoRequest { op: request.op, offset_bytes: request.offset_bytes, buf: part };
-                self.inner.submit(vec![partial]).wait()?;
-            }
-            return Err(Error::Injected(if request.op == IoOp::Write { "short SSD write" } else { "short SSD read" }));
+        let write = request.op == IoOp::Write;
+        if fault != Fault::Short {
+            return Err(Error::Injected(if write { "SSD write" } else { "SSD read" }));
         }
-        Err(Error::Injected(what))
+        let half = (request.buf.len() / 2 / IO_ALIGN) * IO_ALIGN;
+        if half > 0 {
+            let mut part = AlignedBuf::zeroed(half);
+            part.copy_from_slice(&request.buf[..half]);
+            let partial = IoRequest { op: request.op, offset_bytes: request.offset_bytes, buf: part };
+            self.inner.submit(vec![partial]).wait()?;
+        }
+        Err(Error::Injected(if write { "short SSD write" } else { "short SSD read" }))
     }
 }
 
