@@ -1,4 +1,5 @@
-//! Where bytes live: the SSD seam ([`BlockDevice`]) and the fast tier ([`PmemRegion`]).
+//! Where bytes live: the SSD seam ([`BlockDevice`]) and the fast tier ([`PmemRegion`]),
+//! plus the test twins: a simulated SSD, fault injection, and power-loss recording.
 //!
 //! A block device moves owned, aligned buffers and hands them back with the result
 //! (the shape io_uring needs). Every request's offset and length are multiples of
@@ -10,6 +11,7 @@ mod faults;
 mod file_ssd;
 mod pmem;
 mod pool;
+pub mod power_loss;
 mod sim;
 
 pub use aligned::AlignedBuf;

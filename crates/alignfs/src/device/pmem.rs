@@ -5,7 +5,8 @@
 //!   durable with `clwb` (or `clflushopt`/`clflush`) per 64-byte line and an `sfence`;
 //! - a file on tmpfs or any page-cache file system (`MAP_SYNC` refused): a process crash
 //!   keeps every completed store, so persisting is store ordering (a fence);
-//! - anonymous memory, for tests and simulation.
+//! - anonymous memory, for tests and simulation; optionally with every store and persist
+//!   recorded in a [`PowerLog`], from which power-loss images are built.
 //!
 //! Assumption about the media (as for every pmem file system): aligned 8-byte stores are
 //! atomic; nothing larger is. Callers guarantee that no two threads touch overlapping
@@ -14,9 +15,11 @@
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use super::power_loss::{Event, PowerLog};
 use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +43,7 @@ pub struct PmemRegion {
     mode: PersistMode,
     line_flush: LineFlush,
     name: String,
+    recorder: Option<Arc<PowerLog>>,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access to disjoint bytes is
@@ -84,8 +88,17 @@ impl PmemRegion {
         Ok(PmemRegion::new(Mapping::Raw(MmapRaw::from(map)), len, PersistMode::Volatile, "anonymous".into()))
     }
 
+    /// Anonymous memory whose stores and persists are recorded in `log`, in the same order
+    /// as the SSD's writes and flushes, for power-loss simulation.
+    pub fn recorded(len_bytes: u64, log: Arc<PowerLog>) -> Result<PmemRegion> {
+        let mut region = PmemRegion::anonymous(len_bytes)?;
+        region.name = "anonymous, recorded for power-loss simulation".into();
+        region.recorder = Some(log);
+        Ok(region)
+    }
+
     fn new(mapping: Mapping, len: usize, mode: PersistMode, name: String) -> PmemRegion {
-        PmemRegion { mapping, len, mode, line_flush: LineFlush::detect(), name }
+        PmemRegion { mapping, len, mode, line_flush: LineFlush::detect(), name, recorder: None }
     }
 
     pub fn len_bytes(&self) -> u64 {
@@ -123,6 +136,9 @@ impl PmemRegion {
         let start = self.check(offset, data.len());
         // SAFETY: the range is inside the mapping (checked) and callers own it exclusively.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base().add(start), data.len()) }
+        if let Some(log) = &self.recorder {
+            log.record(Event::FastStore { offset, bytes: data.to_vec() });
+        }
     }
 
     /// Fill `len` bytes at `offset` with zeros. Not yet persistent.
@@ -130,6 +146,9 @@ impl PmemRegion {
         let start = self.check(offset, len);
         // SAFETY: as in `write`.
         unsafe { std::ptr::write_bytes(self.base().add(start), 0, len) }
+        if let Some(log) = &self.recorder {
+            log.record(Event::FastStore { offset, bytes: vec![0; len] });
+        }
     }
 
     pub fn read(&self, offset: u64, out: &mut [u8]) {
@@ -141,6 +160,9 @@ impl PmemRegion {
     /// Make the bytes written to `offset..offset+len` durable, and order them before any
     /// later store.
     pub fn persist(&self, offset: u64, len: usize) {
+        if let Some(log) = &self.recorder {
+            log.record(Event::FastPersist { offset, len: len as u64 });
+        }
         if self.mode == PersistMode::CacheLineFlush && len > 0 {
             let start = self.check(offset, len);
             let first = start & !63;

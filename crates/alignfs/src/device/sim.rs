@@ -29,6 +29,11 @@ impl SimSsd {
         }
     }
 
+    /// A device holding `bytes` (a crash image, say).
+    pub fn with_contents(bytes: Vec<u8>) -> SimSsd {
+        SimSsd { bytes: Mutex::new(bytes), ..SimSsd::new(0) }
+    }
+
     /// Overwrite raw bytes, bypassing the volume (tests corrupt media with this).
     pub fn poke(&self, offset: u64, data: &[u8]) {
         let mut bytes = self.bytes.lock();

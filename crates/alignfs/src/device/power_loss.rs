@@ -1,0 +1,297 @@
+//! Power-loss simulation (DESIGN.md §8).
+//!
+//! `kill -9` keeps every store the daemon made, so it cannot show what a power cut does:
+//! drop fast-tier stores that were never persisted (or keep some of them: caches write
+//! lines back whenever they like) and drop SSD writes still in the device's volatile cache.
+//! In this mode the fast tier ([`PmemRegion::recorded`](super::PmemRegion::recorded)) and
+//! the SSD ([`RecordedSsd`]) append every store, persist, write and flush to one
+//! [`PowerLog`], in the order they happened. [`Replay`] walks that log and, at any point,
+//! builds a crash image: what the media could hold had the power failed there.
+//!
+//! The model, per medium:
+//! - fast tier: `persist` writes back the 64-byte lines it covers and fences. A store not
+//!   yet written back may or may not have reached the media, independently per aligned
+//!   8-byte word (the largest store the media is assumed to keep atomic);
+//! - SSD: a completed write sits in the volatile cache until the next flush. At a power
+//!   cut each of its 4 KiB sectors may or may not have reached the flash, independently
+//!   (the device reorders freely within a flush epoch).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{BlockDevice, IoOp, IoRequest, IoTicket};
+use crate::error::Result;
+use crate::geometry::IO_ALIGN;
+
+const WORD: u64 = 8;
+const LINE: u64 = 64;
+
+/// One recorded event.
+#[derive(Clone, Debug)]
+pub enum Event {
+    FastStore { offset: u64, bytes: Vec<u8> },
+    FastPersist { offset: u64, len: u64 },
+    SsdWrite { offset: u64, bytes: Vec<u8> },
+    SsdFlush,
+}
+
+impl Event {
+    /// Whether a power cut just before this event can differ from one just after the
+    /// previous persistence point: these are the points worth crashing at.
+    pub fn is_persistence_point(&self) -> bool {
+        matches!(self, Event::FastPersist { .. } | Event::SsdFlush)
+    }
+}
+
+/// The shared, ordered record of both devices' events.
+#[derive(Default)]
+pub struct PowerLog {
+    events: Mutex<Vec<Event>>,
+}
+
+impl PowerLog {
+    pub fn new() -> Arc<PowerLog> {
+        Arc::new(PowerLog::default())
+    }
+
+    pub(crate) fn record(&self, event: Event) {
+        self.events.lock().push(event);
+    }
+
+    /// Events so far; a test notes this after each acknowledged operation.
+    pub fn position(&self) -> usize {
+        self.events.lock().len()
+    }
+
+    /// A copy of every event so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().clone()
+    }
+}
+
+/// A block device whose completed writes and flushes are recorded in a [`PowerLog`].
+pub struct RecordedSsd {
+    inner: Arc<dyn BlockDevice>,
+    log: Arc<PowerLog>,
+}
+
+impl RecordedSsd {
+    pub fn new(inner: Arc<dyn BlockDevice>, log: Arc<PowerLog>) -> RecordedSsd {
+        RecordedSsd { inner, log }
+    }
+}
+
+impl BlockDevice for RecordedSsd {
+    fn len_bytes(&self) -> u64 {
+        self.inner.len_bytes()
+    }
+
+    /// Writes are recorded once the whole batch completed; a batch that failed records
+    /// nothing (the failing device decides what landed, and the crash images only model
+    /// healthy devices).
+    fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
+        let ops: Vec<(IoOp, u64)> = batch.iter().map(|r| (r.op, r.offset_bytes)).collect();
+        let (tx, ticket) = IoTicket::channel(batch.len());
+        match self.inner.submit(batch).wait() {
+            Ok(buffers) => {
+                for (index, ((op, offset), buf)) in ops.into_iter().zip(buffers).enumerate() {
+                    if op == IoOp::Write {
+                        self.log.record(Event::SsdWrite { offset, bytes: buf.to_vec() });
+                    }
+                    tx.send((index, Ok(buf))).expect("ticket holds the receiver");
+                }
+            }
+            // The ticket reports the first error; dropping the sender ends its wait.
+            Err(e) => tx.send((0, Err(e))).expect("ticket holds the receiver"),
+        }
+        ticket
+    }
+
+    fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_buffered(offset_bytes, buf)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.inner.flush()?;
+        self.log.record(Event::SsdFlush);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("{}, recorded for power-loss simulation", self.inner.describe())
+    }
+}
+
+/// How much of what was still volatile a crash image keeps.
+#[derive(Clone, Copy, Debug)]
+pub struct Survival {
+    /// Chance that an unpersisted fast-tier word reached the media.
+    pub fast_word: f64,
+    /// Chance that an unflushed SSD sector reached the flash.
+    pub ssd_sector: f64,
+}
+
+/// The two devices' contents after a simulated power cut.
+pub struct CrashImage {
+    pub fast: Vec<u8>,
+    pub ssd: Vec<u8>,
+}
+
+/// Walks a [`PowerLog`]'s events from blank devices, keeping what is durable apart from
+/// what is still volatile.
+pub struct Replay {
+    fast_current: Vec<u8>,
+    fast_durable: Vec<u8>,
+    /// Words stored since they were last written back (word index → nothing; the value
+    /// is in `fast_current`).
+    fast_unpersisted: BTreeMap<u64, ()>,
+    ssd_durable: Vec<u8>,
+    /// Completed SSD writes since the last flush, in order.
+    ssd_cached: Vec<(u64, Vec<u8>)>,
+    position: usize,
+}
+
+impl Replay {
+    /// Start from zeroed devices of these sizes (what the recorded devices started as).
+    pub fn new(fast_bytes: u64, ssd_bytes: u64) -> Replay {
+        Replay {
+            fast_current: vec![0; fast_bytes as usize],
+            fast_durable: vec![0; fast_bytes as usize],
+            fast_unpersisted: BTreeMap::new(),
+            ssd_durable: vec![0; ssd_bytes as usize],
+            ssd_cached: Vec::new(),
+            position: 0,
+        }
+    }
+
+    /// Events applied so far.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    pub fn apply(&mut self, event: &Event) {
+        self.position += 1;
+        match event {
+            Event::FastStore { offset, bytes } => {
+                let start = *offset as usize;
+                self.fast_current[start..start + bytes.len()].copy_from_slice(bytes);
+                let end = offset + bytes.len() as u64;
+                for word in offset / WORD..end.div_ceil(WORD) {
+                    self.fast_unpersisted.insert(word, ());
+                }
+            }
+            Event::FastPersist { offset, len } => {
+                if *len == 0 {
+                    return;
+                }
+                let (first, last) = (offset / LINE * LINE, (offset + len).div_ceil(LINE) * LINE);
+                let words: Vec<u64> = self.fast_unpersisted.range(first / WORD..last / WORD).map(|(&w, _)| w).collect();
+                for word in words {
+                    self.write_back(word);
+                }
+            }
+            Event::SsdWrite { offset, bytes } => self.ssd_cached.push((*offset, bytes.clone())),
+            Event::SsdFlush => {
+                for (offset, bytes) in std::mem::take(&mut self.ssd_cached) {
+                    self.ssd_durable[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
+                }
+            }
+        }
+    }
+
+    fn write_back(&mut self, word: u64) {
+        let at = (word * WORD) as usize;
+        let end = (at + WORD as usize).min(self.fast_current.len());
+        self.fast_durable[at..end].copy_from_slice(&self.fast_current[at..end]);
+        self.fast_unpersisted.remove(&word);
+    }
+
+    /// Bytes still volatile: unpersisted fast-tier words and unflushed SSD writes.
+    pub fn volatile_bytes(&self) -> (u64, u64) {
+        (self.fast_unpersisted.len() as u64 * WORD, self.ssd_cached.iter().map(|(_, b)| b.len() as u64).sum())
+    }
+
+    /// A crash image at the current position. `coin(p)` answers "did this survive?" with
+    /// probability `p`; tests pass a seeded generator.
+    pub fn image(&self, survival: Survival, coin: &mut dyn FnMut(f64) -> bool) -> CrashImage {
+        let mut fast = self.fast_durable.clone();
+        for &word in self.fast_unpersisted.keys() {
+            if coin(survival.fast_word) {
+                let at = (word * WORD) as usize;
+                let end = (at + WORD as usize).min(fast.len());
+                fast[at..end].copy_from_slice(&self.fast_current[at..end]);
+            }
+        }
+        let mut ssd = self.ssd_durable.clone();
+        for (offset, bytes) in &self.ssd_cached {
+            for (k, sector) in bytes.chunks(IO_ALIGN).enumerate() {
+                if coin(survival.ssd_sector) {
+                    let at = *offset as usize + k * IO_ALIGN;
+                    ssd[at..at + sector.len()].copy_from_slice(sector);
+                }
+            }
+        }
+        CrashImage { fast, ssd }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{run_batch, AlignedBuf, PmemRegion, SimSsd};
+
+    fn all(_: f64) -> bool {
+        true
+    }
+    fn none(_: f64) -> bool {
+        false
+    }
+    const EVERYTHING: Survival = Survival { fast_word: 1.0, ssd_sector: 1.0 };
+
+    #[test]
+    fn unpersisted_stores_and_unflushed_writes_are_volatile() {
+        let log = PowerLog::new();
+        let fast = PmemRegion::recorded(4096, Arc::clone(&log)).unwrap();
+        let ssd = RecordedSsd::new(Arc::new(SimSsd::new(16384)), Arc::clone(&log));
+        fast.write_persist(0, b"durable!");
+        fast.write(128, b"volatile");
+        let mut buf = AlignedBuf::zeroed(4096);
+        buf[..5].copy_from_slice(b"block");
+        run_batch(&ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 8192, buf }]).unwrap();
+
+        let mut replay = Replay::new(4096, 16384);
+        log.events().iter().for_each(|e| replay.apply(e));
+        assert_eq!(replay.volatile_bytes(), (8, 4096));
+        let lost = replay.image(EVERYTHING, &mut none);
+        assert_eq!(&lost.fast[..8], b"durable!");
+        assert_eq!(&lost.fast[128..136], &[0; 8]);
+        assert_eq!(&lost.ssd[8192..8197], &[0; 5]);
+        let kept = replay.image(EVERYTHING, &mut all);
+        assert_eq!(&kept.fast[128..136], b"volatile");
+        assert_eq!(&kept.ssd[8192..8197], b"block");
+
+        ssd.flush().unwrap();
+        fast.persist(130, 1);
+        log.events()[replay.position()..].iter().for_each(|e| replay.apply(e));
+        assert_eq!(replay.volatile_bytes(), (0, 0));
+        let after = replay.image(EVERYTHING, &mut none);
+        assert_eq!(&after.fast[128..136], b"volatile", "persist writes back the whole line");
+        assert_eq!(&after.ssd[8192..8197], b"block");
+    }
+
+    #[test]
+    fn a_persist_covers_only_its_lines() {
+        let log = PowerLog::new();
+        let fast = PmemRegion::recorded(4096, Arc::clone(&log)).unwrap();
+        fast.write(0, &[1; 200]);
+        fast.persist(64, 64);
+        let mut replay = Replay::new(4096, 4096);
+        log.events().iter().for_each(|e| replay.apply(e));
+        let image = replay.image(EVERYTHING, &mut none);
+        assert_eq!(&image.fast[..64], &[0; 64]);
+        assert_eq!(&image.fast[64..128], &[1; 64]);
+        assert_eq!(&image.fast[128..200], &[0; 72]);
+    }
+}
