@@ -187,9 +187,15 @@ fn ssd_faults_surface_as_errors_and_change_nothing() {
     let mut buf = vec![0u8; 50_000];
     assert_eq!(volume.read(ino, 0, &mut buf).unwrap_err().errno(), libc::EIO);
     volume.write(ino, 100_000, b"tail").unwrap();
+    // A write flushes its SSD blocks before journaling them: a failed flush fails the
+    // write and leaves the file as it was; the next fsync retries the flush.
     devices.ssd.faults.fail_flush_in.store(1, Ordering::SeqCst);
-    assert!(volume.fsync(ino).is_err());
+    let flushes = devices.ssd.flushes.load(Ordering::SeqCst);
+    assert_eq!(volume.write(ino, 0, &vec![7u8; 64 << 10]).unwrap_err().errno(), libc::EIO);
     volume.fsync(ino).unwrap();
+    assert_eq!(devices.ssd.flushes.load(Ordering::SeqCst), flushes + 1, "fsync retried the failed flush");
+    volume.fsync(ino).unwrap();
+    assert_eq!(devices.ssd.flushes.load(Ordering::SeqCst), flushes + 1, "nothing left to flush");
     let mut expected = model.clone();
     expected.extend_from_slice(b"tail");
     // Whole blocks are written out of place, so the failed write left the old data.

@@ -103,9 +103,9 @@ impl Volume {
         self.inner.truncate_locked(&inode, size)
     }
 
-    /// Make the file's data durable on the SSD: all its metadata already is (journaled at
-    /// each write), so this flushes the SSD's volatile cache, only if an SSD write
-    /// completed since the last flush.
+    /// Make the file durable. Every acknowledged write already is (its SSD blocks were
+    /// flushed before its map edit was journaled), so this only retries a flush that
+    /// failed.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         self.inner.get(ino)?;
         self.inner.flush_ssd()
@@ -191,15 +191,27 @@ impl Inner {
         }
     }
 
+    /// Count completed SSD writes; [`Inner::flush_ssd`] makes them durable.
+    fn ssd_written(&self) {
+        self.ssd_writes_done.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Flush the SSD's volatile cache so that every write completed before this call is
+    /// durable. Concurrent callers share flushes: one whose writes a flush that ran while
+    /// it waited already covered returns at once (group commit).
     pub(crate) fn flush_ssd(&self) -> Result<()> {
-        if !self.ssd.needs_flush() || !self.ssd_dirty.swap(false, Ordering::SeqCst) {
+        let wanted = self.ssd_writes_done.load(Ordering::SeqCst);
+        if !self.ssd.needs_flush() {
+            return Ok(());
+        }
+        let mut flushed = self.ssd_writes_flushed.lock();
+        if *flushed >= wanted {
             self.stats.add(Counter::ssd_flushes_skipped, 1);
             return Ok(());
         }
-        if let Err(e) = self.ssd.flush() {
-            self.ssd_dirty.store(true, Ordering::SeqCst);
-            return Err(e);
-        }
+        let covered = self.ssd_writes_done.load(Ordering::SeqCst);
+        self.ssd.flush()?;
+        *flushed = covered;
         self.stats.add(Counter::ssd_flushes, 1);
         Ok(())
     }
@@ -343,8 +355,11 @@ impl Inner {
         }
         if let Some(ticket) = ticket {
             self.buffers.give(ticket.wait().map_err(&undo)?);
-            self.ssd_dirty.store(true, Ordering::SeqCst);
+            self.ssd_written();
             written.iter().for_each(|&bytes| self.stats.ssd_write(bytes));
+            // Data before metadata: the map edit must not outlive a power cut that the
+            // blocks it points at did not.
+            self.flush_ssd().map_err(&undo)?;
         }
         let mut next_block = new_blocks.iter();
         let ops = plan
@@ -601,8 +616,13 @@ impl Inner {
         match self.ssd.submit(vec![write]).wait() {
             Ok(buffers) => {
                 self.buffers.give(buffers);
-                self.ssd_dirty.store(true, Ordering::SeqCst);
+                self.ssd_written();
                 self.stats.ssd_write(self.geometry.block());
+                // The caller journals a map edit pointing here next: flush first.
+                if let Err(e) = self.flush_ssd() {
+                    self.release(&[], &[target]);
+                    return Err(e);
+                }
                 Ok(target)
             }
             Err(e) => {

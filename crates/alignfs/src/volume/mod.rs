@@ -15,7 +15,7 @@ pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use paths::{format_paths, open_paths, open_paths_with_faults, DeviceSpec};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -102,7 +102,10 @@ pub(crate) struct Inner {
     namespace: Mutex<()>,
     stats: Stats,
     options: VolumeOptions,
-    ssd_dirty: AtomicBool,
+    /// SSD writes completed so far, and how many of them the last completed flush covers:
+    /// a commit that makes a map point at new SSD blocks waits until they are flushed.
+    ssd_writes_done: AtomicU64,
+    ssd_writes_flushed: Mutex<u64>,
     buffers: BufferPool,
     wake: Condvar,
     wake_flag: Mutex<bool>,
@@ -284,7 +287,8 @@ impl Volume {
             namespace: Mutex::new(()),
             stats: Stats::new(&checkpoint.counters),
             options,
-            ssd_dirty: AtomicBool::new(false),
+            ssd_writes_done: AtomicU64::new(0),
+            ssd_writes_flushed: Mutex::new(0),
             buffers: BufferPool::new(64 << 20),
             wake: Condvar::new(),
             wake_flag: Mutex::new(false),
