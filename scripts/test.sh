@@ -55,6 +55,14 @@ grep -q "is not the root of an alignfs mount" "$work/err"
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"
 
+# The C API's example, compiled against the header and the shared library, on a fresh volume.
+cargo build --locked -q -p alignfs-c
+"$bin" mkfs --fast "$shm/c-fast:16M" --ssd "$work/c-ssd.img:256M" >/dev/null
+cc -Wall -Wextra -Werror -Icrates/alignfs-c/include crates/alignfs-c/examples/hello.c \
+    -Ltarget/debug -lalignfs_c "-Wl,-rpath,$(pwd)/target/debug" -o "$work/hello"
+"$work/hello" "$shm/c-fast" "$work/c-ssd.img" | tail -1
+"$bin" fsck --fast "$shm/c-fast" --ssd "$work/c-ssd.img" | grep -q ': clean$'
+
 suites=0
 scripts/suites.sh || suites=$?
 scripts/crash.sh

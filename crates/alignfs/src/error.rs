@@ -59,6 +59,8 @@ pub enum Error {
     BeyondEnd,
     #[error("injected fault: {0}")]
     Injected(&'static str),
+    #[error("bad file descriptor (not open, or not open for this access)")]
+    BadDescriptor,
     #[error("path {0} is unusable: {1}")]
     BadPath(PathBuf, String),
 }
@@ -96,6 +98,7 @@ impl Error {
             Error::InUse(_) => libc::EBUSY,
             Error::TooLarge(_) => libc::E2BIG,
             Error::BeyondEnd => libc::ENXIO,
+            Error::BadDescriptor => libc::EBADF,
         }
     }
 }
