@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Volume;
+use crate::device::AlignedBuf;
+use crate::map::BlockEntry;
 use crate::meta::{FileKind, Ino, Inode};
 
 /// One thing wrong with a volume.
@@ -19,7 +21,8 @@ pub struct Problem {
 
 impl Volume {
     /// Check the namespace (every inode reachable from the root, link counts, directory
-    /// parents) and the maps (no block past the end of its file). Empty = consistent.
+    /// parents) and the maps (blocks past the end of a file hold only zeros). Empty =
+    /// consistent.
     pub fn check(&self) -> Vec<Problem> {
         let inodes = self.inner.meta.snapshot();
         let by_ino: HashMap<Ino, _> = inodes.iter().map(|i| (i.ino, i)).collect();
@@ -67,10 +70,16 @@ impl Volume {
             }
             let size = data.attr.size;
             drop(data);
-            let map = inode.map.lock();
-            if let Some((&last, _)) = map.iter().next_back() {
-                if last * block >= size {
-                    report(inode.ino, format!("maps block {last} past the end of the file ({size} bytes)"));
+            // Blocks past the end are legitimate preallocation (fallocate with
+            // FALLOC_FL_KEEP_SIZE), but they must read as zeros: a later extension of the
+            // file exposes them.
+            let beyond: Vec<(u64, BlockEntry)> = inode.map.lock().range(size.div_ceil(block)..).map(|(&lb, e)| (lb, e.clone())).collect();
+            for (lblock, entry) in beyond {
+                let mut image = AlignedBuf::zeroed(block as usize);
+                match self.inner.materialize(Some(&entry), &mut image) {
+                    Ok(_) if image.iter().all(|&b| b == 0) => {}
+                    Ok(_) => report(inode.ino, format!("block {lblock}, past the end of the file ({size} bytes), holds data")),
+                    Err(e) => report(inode.ino, format!("block {lblock}, past the end of the file: {e}")),
                 }
             }
         }
@@ -132,13 +141,14 @@ mod tests {
         let f = v.create_file(d, b"f", 0o644, 0, 0).unwrap().ino;
         let inner = &v.inner;
         inner.meta.get(f).unwrap().data.lock().attr.nlink = 3;
+        inner.residue.write(PageNo(1), 10, b"stray");
         inner.meta.get(f).unwrap().map.lock().insert(5, BlockEntry::Fast { pages: vec![(0, PageNo(1))] });
         inner.meta.get(Ino::ROOT).unwrap().data.lock().entries.remove(b"d".as_slice());
         inner.meta.get(Ino::ROOT).unwrap().data.lock().entries.insert(b"ghost".to_vec(), Ino(999));
         let problems: Vec<String> = v.check().into_iter().map(|p| format!("{}: {}", p.ino.0, p.what)).collect();
         let expect = |needle: &str| assert!(problems.iter().any(|p| p.contains(needle)), "{needle:?} not in {problems:?}");
         expect("link count 3 but 1 expected");
-        expect("past the end of the file");
+        expect("past the end of the file (0 bytes), holds data");
         expect("names missing inode 999");
         expect(&format!("{}: not reachable", d.0));
         expect(&format!("{}: directory has 0 names", d.0));

@@ -412,7 +412,7 @@ impl Inner {
 
     /// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
     /// Returns the bytes read from the SSD.
-    fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
+    pub(crate) fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
         image.fill(0);
         let page = self.geometry.page_bytes as usize;
         let mut read = 0;
