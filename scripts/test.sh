@@ -2,8 +2,9 @@
 # The project's tests: formatting, lints, unit + integration + doc tests, a smoke run of
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
 # applications against a real mount (scripts/suites.sh), the kill -9 crash loop
-# (scripts/crash.sh; both need root and /dev/fuse) and a short run of every fuzz target
-# (scripts/fuzz.sh; nightly Rust, installed if missing).
+# (scripts/crash.sh; both need root and /dev/fuse), device faults through a mount, programs
+# under the LD_PRELOAD shim, a short run of every fuzz target (scripts/fuzz.sh; nightly
+# Rust, installed if missing) and the mount benchmark's smoke run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +70,9 @@ scripts/crash.sh
 # Injected SSD faults and full devices through a mount.
 mkdir -p "$work/faults"
 tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1
+# Unmodified programs (Python, sqlite3, fio, RocksDB) under the LD_PRELOAD shim.
+cargo build --release --locked -q -p alignfs-preload
+tests/preload/run.py target/release/alignfs target/release/libalignfs_preload.so "$work/preload" || suites=1
 scripts/fuzz.sh
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
 bench/run.py --quick --verify --out "$work/bench-mount" || suites=1

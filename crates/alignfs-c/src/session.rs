@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
-use alignfs::volume::{open_paths, DirEntry, RenameFlags};
+use alignfs::volume::{open_paths, DirEntry, FallocateMode, RenameFlags, SetAttrRequest};
 use alignfs::{Attr, Error, FileKind, Ino, Result, Volume, VolumeOptions};
 use parking_lot::Mutex;
 
@@ -30,6 +30,10 @@ struct OpenFile {
     append: bool,
     /// The file position of `read`/`write`/`lseek`; the lock also orders those calls.
     position: Mutex<u64>,
+    /// The path it was opened by (directories: the base of `*at` calls).
+    path: String,
+    /// The `O_*` flags it was opened with (`F_GETFL`).
+    flags: i32,
 }
 
 pub struct Session {
@@ -124,7 +128,16 @@ impl Session {
             let _ = self.volume.release_handle(ino);
             return Err(Error::TooLarge("out of descriptor numbers".into()));
         }
-        let file = OpenFile { ino, kind: attr.kind, readable, writable, append: flags & libc::O_APPEND != 0, position: Mutex::new(0) };
+        let file = OpenFile {
+            ino,
+            kind: attr.kind,
+            readable,
+            writable,
+            append: flags & libc::O_APPEND != 0,
+            position: Mutex::new(0),
+            path: path.to_string(),
+            flags,
+        };
         self.files.lock().insert(fd, Arc::new(file));
         Ok(fd)
     }
@@ -229,6 +242,42 @@ impl Session {
         self.volume.truncate(file.ino, size)
     }
 
+    /// `fallocate(2)` modes 0, `FALLOC_FL_KEEP_SIZE` and punch hole (with keep size).
+    pub fn fallocate(&self, fd: i32, mode: i32, offset: u64, len: u64) -> Result<()> {
+        let file = self.writable_file(fd)?;
+        let mode = match mode {
+            0 => FallocateMode::Allocate { keep_size: false },
+            libc::FALLOC_FL_KEEP_SIZE => FallocateMode::Allocate { keep_size: true },
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => FallocateMode::PunchHole,
+            m => return Err(Error::Unsupported(format!("fallocate mode {m:#x}"))),
+        };
+        self.volume.fallocate(file.ino, offset, len, mode)
+    }
+
+    /// `fchmod`/`fchown`-style attribute changes on an open file.
+    pub fn set_attr_fd(&self, fd: i32, request: &SetAttrRequest) -> Result<()> {
+        self.volume.setattr(self.file(fd)?.ino, request).map(drop)
+    }
+
+    /// `chmod`/`chown`-style attribute changes by path.
+    pub fn set_attr(&self, path: &str, request: &SetAttrRequest) -> Result<()> {
+        self.volume.setattr(self.volume.resolve(path)?, request).map(drop)
+    }
+
+    /// The `O_*` flags `fd` was opened with.
+    pub fn open_flags(&self, fd: i32) -> Result<i32> {
+        Ok(self.file(fd)?.flags)
+    }
+
+    /// The volume path an open directory descriptor names (for `*at` calls).
+    pub fn dir_path(&self, fd: i32) -> Result<String> {
+        let file = self.file(fd)?;
+        if file.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        Ok(file.path.clone())
+    }
+
     pub fn fstat(&self, fd: i32) -> Result<Attr> {
         self.volume.getattr(self.file(fd)?.ino)
     }
@@ -253,6 +302,10 @@ impl Session {
     }
 
     pub fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        // `mkdir -p` and fio create each ancestor and expect EEXIST for the root too.
+        if split(path).is_err() && self.volume.resolve(path).is_ok() {
+            return Err(Error::Exists);
+        }
         let (parent, name) = self.parent_and_name(path)?;
         self.volume.mkdir(parent, name.as_bytes(), (mode & 0o7777) as u16, self.uid, self.gid).map(drop)
     }

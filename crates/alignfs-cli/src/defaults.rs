@@ -6,15 +6,12 @@ use alignfs::geometry::GIB;
 use alignfs::volume::DeviceSpec;
 use anyhow::Result;
 
-pub const DEFAULT_FAST: &str = "/dev/shm/alignfs/fast";
+pub use alignfs::volume::DEFAULT_FAST_PATH as DEFAULT_FAST;
 pub const DEFAULT_FAST_BYTES: u64 = GIB;
 pub const DEFAULT_SSD_BYTES: u64 = 8 * GIB;
 
 pub fn data_dir(explicit: Option<&Path>) -> PathBuf {
-    explicit
-        .map(Path::to_path_buf)
-        .or_else(|| std::env::var_os("ALIGNFS_DATA_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/var/tmp/alignfs"))
+    explicit.map_or_else(alignfs::volume::default_data_dir, Path::to_path_buf)
 }
 
 /// The devices named on the command line, or the defaults (sized for creation only when

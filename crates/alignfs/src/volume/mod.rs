@@ -13,7 +13,7 @@ mod paths;
 pub use check::Problem;
 pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
-pub use paths::{format_paths, open_paths, open_paths_with_faults, DeviceSpec};
+pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, DeviceSpec, DEFAULT_FAST_PATH};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -9,6 +9,15 @@ use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
 
+/// The embedded default fast tier: a file on tmpfs.
+pub const DEFAULT_FAST_PATH: &str = "/dev/shm/alignfs/fast";
+
+/// Where the default SSD image (`ssd.img`) and logs live: `$ALIGNFS_DATA_DIR`, else
+/// `/var/tmp/alignfs`.
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("ALIGNFS_DATA_DIR").map_or_else(|| PathBuf::from("/var/tmp/alignfs"), PathBuf::from)
+}
+
 /// A device named on the command line: `PATH` or `PATH:SIZE` (size used when creating).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceSpec {
