@@ -4,6 +4,8 @@
 Formats a small volume, then runs with LD_PRELOAD=libalignfs_preload.so and
 ALIGNFS_PREFIX=<work>/af:
   - Python's file API (this script, re-run as a child with --python-checks);
+  - C stdio (fopen, fgets, fseek, fwrite …: glibc's stdio bypasses the interposed
+    symbols) and coreutils ls, cat, rm;
   - the sqlite3 CLI: a table of 5,000 rows, PRAGMA integrity_check;
   - fio (psync, --thread, verify=crc32c) on random 4/32/100 KiB writes;
   - RocksDB db_bench (fillrandom with sync, verifychecksum, readrandom), which must find
@@ -125,13 +127,13 @@ def main():
     subprocess.run([binary, "mkfs", "--force", "--fast", f"{fast}:64M", "--ssd", f"{ssd}:1G"], check=True, stdout=subprocess.DEVNULL)
     env = dict(os.environ, LD_PRELOAD=library, ALIGNFS_PREFIX=prefix, ALIGNFS_FAST=fast, ALIGNFS_SSD=ssd)
 
-    def run(name, argv, expect=None, timeout=300):
+    def run(name, argv, expect=None, timeout=300, absent=None):
         try:
             r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             check(name, False, "timed out")
             return
-        ok = r.returncode == 0 and (expect is None or expect in r.stdout)
+        ok = r.returncode == 0 and (expect is None or expect in r.stdout) and (absent is None or absent not in r.stdout)
         check(name, ok, (r.stdout + r.stderr)[-400:])
 
     try:
@@ -140,6 +142,13 @@ def main():
         sys.stdout.flush()
         results.extend(line.startswith("ok") for line in child.stdout.splitlines() if line[:4] in ("ok  ", "FAIL"))
         check("python: the checks ran to the end", child.returncode == 0, child.stderr[-400:])
+        stdio = f"{work}/stdio"
+        subprocess.run(["cc", "-O2", "-Wall", "-o", stdio, os.path.join(os.path.dirname(os.path.abspath(__file__)), "stdio.c")], check=True)
+        run("c stdio: fopen/fprintf/fputs/fflush/fseek/ftell/fgets/fread/fwrite/fclose", [stdio, f"{prefix}/dir/stdio.txt"], expect="stdio ok")
+        run("coreutils: ls -l lists the volume's files", ["ls", "-l", f"{prefix}/dir"], expect="stdio.txt")
+        run("coreutils: cat reads a file", ["cat", f"{prefix}/dir/lines.txt"], expect="line 999\nappended")
+        run("coreutils: rm removes it", ["rm", f"{prefix}/dir/lines.txt"])
+        run("coreutils: it is gone", ["ls", f"{prefix}/dir"], expect="stdio.txt", absent="lines.txt")
         sql = ("create table t(a integer primary key, b text);"
                "insert into t(b) select hex(randomblob(100)) from generate_series(1,5000);"
                "delete from t where a % 7 = 0; pragma integrity_check; select count(*) from t;")
