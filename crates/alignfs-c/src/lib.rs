@@ -385,7 +385,8 @@ fn mode_bits(kind: FileKind) -> libc::mode_t {
     }
 }
 
-fn dirent_type(kind: FileKind) -> u8 {
+/// `DT_*` of `<dirent.h>` for a file kind.
+pub fn dirent_type(kind: FileKind) -> u8 {
     match kind {
         FileKind::File => libc::DT_REG,
         FileKind::Dir => libc::DT_DIR,

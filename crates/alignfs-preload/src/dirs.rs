@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::ffi::{c_char, c_int};
 
 use alignfs::volume::DirEntry;
-use alignfs::FileKind;
+use alignfs_c::dirent_type;
 use parking_lot::Mutex;
 
 use crate::route::{is_ours, map_c_path, set_errno};
@@ -22,18 +22,6 @@ static OURS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
 fn is_our_dir(dir: *mut libc::DIR) -> bool {
     OURS.lock().as_ref().is_some_and(|set| set.contains(&(dir as usize)))
-}
-
-fn kind_byte(kind: FileKind) -> u8 {
-    match kind {
-        FileKind::File => libc::DT_REG,
-        FileKind::Dir => libc::DT_DIR,
-        FileKind::Symlink => libc::DT_LNK,
-        FileKind::Fifo => libc::DT_FIFO,
-        FileKind::Socket => libc::DT_SOCK,
-        FileKind::CharDevice => libc::DT_CHR,
-        FileKind::BlockDevice => libc::DT_BLK,
-    }
 }
 
 /// A listing of the directory open as `fd` (which the stream then owns).
@@ -93,7 +81,7 @@ unsafe fn next_entry(dir: *mut libc::DIR) -> *mut libc::dirent64 {
     entry.d_ino = next.ino.0;
     entry.d_off = dir.next as i64;
     entry.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
-    entry.d_type = kind_byte(next.kind);
+    entry.d_type = dirent_type(next.kind);
     entry.d_name = [0; 256];
     for (slot, &byte) in entry.d_name.iter_mut().zip(next.name.iter().take(255)) {
         *slot = byte as c_char;
