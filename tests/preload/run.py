@@ -9,7 +9,8 @@ ALIGNFS_PREFIX=<work>/af:
   - the sqlite3 CLI: a table of 5,000 rows, PRAGMA integrity_check;
   - fio (psync, --thread, verify=crc32c) on random 4/32/100 KiB writes;
   - RocksDB db_bench (fillrandom with sync, verifychecksum, readrandom), which must find
-    the same keys as the same seeded run on the host;
+    the same keys as the same seeded run on the host and on the mount;
+  - the mount then reads what the shim wrote (sqlite integrity_check);
   - processes: a fork's child gets EIO on the parent's files, an exec'd child (sh -c)
     that touches the prefix gets EBUSY instead of hanging, helpers that do not touch it
     (timeout, sh -c true) are unaffected, and the prefix matches whole components only.
@@ -170,6 +171,16 @@ def main():
         _, on_host, _ = found(f"{work}/rocks-host", dict(os.environ))
         check("rocksdb db_bench: fillrandom, verifychecksum, readrandom on the shim", code == 0 and "verifychecksum" in output, output[-400:])
         check("rocksdb db_bench: finds the same keys as on the host", on_shim != "" and on_shim == on_host, f"{on_shim} vs {on_host}")
+        # The same volume through the mount, now that no shim process holds it.
+        mnt = f"{work}/mnt"
+        subprocess.run([binary, "mount", "--fast", fast, "--ssd", ssd, "--log", f"{work}/mount.log", mnt], check=True, stdout=subprocess.DEVNULL)
+        try:
+            _, on_mount, _ = found(f"{mnt}/rocks-mount", dict(os.environ))
+            check("rocksdb db_bench: finds the same keys as on the mount", on_shim == on_mount, f"{on_shim} vs {on_mount}")
+            r = subprocess.run(["sqlite3", f"{mnt}/db.sqlite", "pragma integrity_check; select count(*) from t;"], capture_output=True, text=True)
+            check("the mount reads what the shim wrote (sqlite integrity_check)", r.stdout == "ok\n4286\n", r.stdout + r.stderr)
+        finally:
+            subprocess.run([binary, "umount", mnt], stdout=subprocess.DEVNULL)
         status = subprocess.run([binary, "fsck", "--fast", fast, "--ssd", ssd], capture_output=True, text=True)
         check("fsck after the programs exited: clean", status.returncode == 0 and status.stdout.strip().endswith("clean"), status.stdout[-300:])
     finally:
