@@ -14,7 +14,7 @@ cargo test --workspace --locked -- --skip power_loss
 # The power-loss tests apart, so their figures (crash points, images) show in the log.
 power_log=$(mktemp)
 cargo test --locked -p alignfs power_loss -- --nocapture >"$power_log" 2>&1 || { cat "$power_log"; exit 1; }
-grep -E "^power loss|seed" "$power_log"
+grep -E "^power loss|seed|^test result" "$power_log"
 rm -f "$power_log"
 
 cargo build --locked -p alignfs-cli

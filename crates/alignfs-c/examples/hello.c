@@ -16,10 +16,11 @@
 
 #include "alignfs.h"
 
-static int failures;
+static int failures, passes;
 
 static void check(int ok, const char *what) {
     printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+    passes += ok != 0;
     if (!ok) {
         failures++;
         printf("     last error: %s\n", alignfs_last_error());
@@ -98,6 +99,6 @@ int main(int argc, char **argv) {
     check(alignfs_volume_close(v) == 0, "close the volume");
     free(data);
     free(back);
-    printf("suite totals: %d failed\n", failures);
+    printf("suite totals: %d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;
 }

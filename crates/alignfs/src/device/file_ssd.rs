@@ -169,7 +169,7 @@ impl BlockDevice for FileSsd {
             if self.is_block_device { "block device" } else { "image file" },
             self.len,
             self.engine.backend(),
-            if self.write_through { "write-through: no flushes" } else { "write-back: flushed on fsync" }
+            if self.write_through { "write-through: no flushes" } else { "write-back: flushed before metadata exposes new blocks" }
         )
     }
 }
