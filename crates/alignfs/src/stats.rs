@@ -46,7 +46,7 @@ counters! {
     migration_read_bytes: "bytes read by migration",
     migration_write_bytes: "bytes written to the SSD by migration",
     ssd_flushes: "SSD cache flushes",
-    ssd_flushes_skipped: "fsyncs that needed no SSD flush",
+    ssd_flushes_skipped: "flushes asked for (write, fsync) but not needed: covered already, or a write-through device",
     journal_records: "journal records committed",
     journal_bytes: "journal payload bytes committed",
     checkpoints: "checkpoints written",

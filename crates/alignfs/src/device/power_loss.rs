@@ -16,7 +16,7 @@
 //!   cut each of its 4 KiB sectors may or may not have reached the flash, independently
 //!   (the device reorders freely within a flush epoch).
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -144,9 +144,9 @@ pub struct CrashImage {
 pub struct Replay {
     fast_current: Vec<u8>,
     fast_durable: Vec<u8>,
-    /// Words stored since they were last written back (word index → nothing; the value
-    /// is in `fast_current`).
-    fast_unpersisted: BTreeMap<u64, ()>,
+    /// Words stored since they were last written back (their values are in
+    /// `fast_current`).
+    fast_unpersisted: BTreeSet<u64>,
     ssd_durable: Vec<u8>,
     /// Completed SSD writes since the last flush, in order.
     ssd_cached: Vec<(u64, Vec<u8>)>,
@@ -159,7 +159,7 @@ impl Replay {
         Replay {
             fast_current: vec![0; fast_bytes as usize],
             fast_durable: vec![0; fast_bytes as usize],
-            fast_unpersisted: BTreeMap::new(),
+            fast_unpersisted: BTreeSet::new(),
             ssd_durable: vec![0; ssd_bytes as usize],
             ssd_cached: Vec::new(),
             position: 0,
@@ -179,7 +179,7 @@ impl Replay {
                 self.fast_current[start..start + bytes.len()].copy_from_slice(bytes);
                 let end = offset + bytes.len() as u64;
                 for word in offset / WORD..end.div_ceil(WORD) {
-                    self.fast_unpersisted.insert(word, ());
+                    self.fast_unpersisted.insert(word);
                 }
             }
             Event::FastPersist { offset, len } => {
@@ -187,7 +187,7 @@ impl Replay {
                     return;
                 }
                 let (first, last) = (offset / LINE * LINE, (offset + len).div_ceil(LINE) * LINE);
-                let words: Vec<u64> = self.fast_unpersisted.range(first / WORD..last / WORD).map(|(&w, _)| w).collect();
+                let words: Vec<u64> = self.fast_unpersisted.range(first / WORD..last / WORD).copied().collect();
                 for word in words {
                     self.write_back(word);
                 }
@@ -217,7 +217,7 @@ impl Replay {
     /// probability `p`; tests pass a seeded generator.
     pub fn image(&self, survival: Survival, coin: &mut dyn FnMut(f64) -> bool) -> CrashImage {
         let mut fast = self.fast_durable.clone();
-        for &word in self.fast_unpersisted.keys() {
+        for &word in &self.fast_unpersisted {
             if coin(survival.fast_word) {
                 let at = (word * WORD) as usize;
                 let end = (at + WORD as usize).min(fast.len());

@@ -202,6 +202,7 @@ impl Inner {
     pub(crate) fn flush_ssd(&self) -> Result<()> {
         let wanted = self.ssd_writes_done.load(Ordering::SeqCst);
         if !self.ssd.needs_flush() {
+            self.stats.add(Counter::ssd_flushes_skipped, 1);
             return Ok(());
         }
         let mut flushed = self.ssd_writes_flushed.lock();
