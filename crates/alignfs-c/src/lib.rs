@@ -47,7 +47,7 @@ fn remember(message: String) {
 
 fn failure(e: &Error) -> i64 {
     remember(e.to_string());
-    -errno_of(e)
+    -i64::from(e.errno())
 }
 
 /// Run `f`, turning its error (or a panic) into `-errno` and remembering the message.
@@ -66,13 +66,13 @@ fn call_int(f: impl FnOnce() -> alignfs::Result<i64>) -> c_int {
     c_int::try_from(call(f)).unwrap_or(-libc::EOVERFLOW)
 }
 
-fn fault(what: &str) -> Error {
-    Error::InvalidArgument(format!("{what} is a null pointer"))
+fn fault(what: &'static str) -> Error {
+    Error::BadAddress(what)
 }
 
 /// # Safety
 /// `p` is null or points to a NUL-terminated string that outlives the call.
-unsafe fn text<'a>(p: *const c_char, what: &str) -> alignfs::Result<&'a str> {
+unsafe fn text<'a>(p: *const c_char, what: &'static str) -> alignfs::Result<&'a str> {
     if p.is_null() {
         return Err(fault(what));
     }
@@ -86,14 +86,6 @@ unsafe fn text<'a>(p: *const c_char, what: &str) -> alignfs::Result<&'a str> {
 unsafe fn session<'a>(v: *const AlignfsVolume) -> alignfs::Result<&'a Session> {
     // SAFETY: the caller promises a live volume or null.
     unsafe { v.as_ref() }.map(|v| &v.0).ok_or_else(|| fault("volume"))
-}
-
-/// `-EFAULT` rather than `-EINVAL` for the null-pointer errors above.
-fn errno_of(e: &Error) -> i64 {
-    match e {
-        Error::InvalidArgument(m) if m.ends_with("is a null pointer") => i64::from(libc::EFAULT),
-        _ => i64::from(e.errno()),
-    }
 }
 
 /// Open the volume on these devices (formatted with `alignfs mkfs`). Stores the handle

@@ -107,14 +107,13 @@ impl Session {
             }
         };
         let attr = self.volume.getattr(ino)?;
+        if flags & libc::O_DIRECTORY != 0 && attr.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
         match attr.kind {
             FileKind::Dir if writable => return Err(Error::IsDir),
             FileKind::Dir | FileKind::File => {}
-            _ if flags & libc::O_DIRECTORY != 0 => return Err(Error::NotDir),
             _ => return Err(Error::Unsupported("only regular files and directories open through the C API".into())),
-        }
-        if flags & libc::O_DIRECTORY != 0 && attr.kind != FileKind::Dir {
-            return Err(Error::NotDir);
         }
         self.volume.open_handle(ino)?;
         if flags & libc::O_TRUNC != 0 && writable && attr.kind == FileKind::File && attr.size > 0 {
@@ -123,11 +122,13 @@ impl Session {
                 return Err(e);
             }
         }
-        let fd = self.next_fd.fetch_add(1, Ordering::Relaxed);
-        if fd < FD_BASE {
-            let _ = self.volume.release_handle(ino);
-            return Err(Error::TooLarge("out of descriptor numbers".into()));
-        }
+        let fd = match self.new_descriptor() {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = self.volume.release_handle(ino);
+                return Err(e);
+            }
+        };
         let file = OpenFile {
             ino,
             kind: attr.kind,
@@ -151,10 +152,20 @@ impl Session {
     /// position and flags.
     pub fn dup(&self, fd: i32) -> Result<i32> {
         let file = self.file(fd)?;
+        let new = self.new_descriptor()?;
         self.volume.open_handle(file.ino)?;
-        let new = self.next_fd.fetch_add(1, Ordering::Relaxed);
         self.files.lock().insert(new, file);
         Ok(new)
+    }
+
+    /// The next unused descriptor number; once the range past `FD_BASE` is used up, an
+    /// error rather than a number that could collide with the kernel's.
+    fn new_descriptor(&self) -> Result<i32> {
+        let fd = self.next_fd.fetch_add(1, Ordering::Relaxed);
+        if fd < FD_BASE {
+            return Err(Error::TooLarge("out of descriptor numbers".into()));
+        }
+        Ok(fd)
     }
 
     fn readable_file(&self, fd: i32) -> Result<Arc<OpenFile>> {

@@ -52,7 +52,7 @@ unsafe fn as_fn<F: Copy>(address: usize, name: &str) -> F {
 /// Run an engine call for the process's volume; errors (and panics, which are bugs)
 /// become errno values.
 fn with<T>(f: impl FnOnce(&'static Session) -> alignfs::Result<T>) -> Result<T, c_int> {
-    catch_unwind(AssertUnwindSafe(|| f(session()?).map_err(|e| route::errno_of(&e)))).unwrap_or(Err(libc::EIO))
+    catch_unwind(AssertUnwindSafe(|| f(session()?).map_err(|e| e.errno()))).unwrap_or(Err(libc::EIO))
 }
 
 /// `-1` and errno on failure, as libc does.
@@ -291,8 +291,11 @@ unsafe fn vectored(fd: c_int, iov: *const iovec, count: c_int, at: Option<off_t>
         Err(e) => return size(Err(e)),
     };
     if writing {
-        // SAFETY: each iovec names readable bytes (contract).
-        let data: Vec<u8> = iov.iter().flat_map(|v| unsafe { bytes(v.iov_base, v.iov_len) }.iter().copied()).collect();
+        let mut data = Vec::with_capacity(iov.iter().map(|v| v.iov_len).sum());
+        for v in iov {
+            // SAFETY: each iovec names readable bytes (contract).
+            data.extend_from_slice(unsafe { bytes(v.iov_base, v.iov_len) });
+        }
         return size(with(|s| match at {
             Some(off) => s.pwrite(fd, &data, offset(off)?),
             None => s.write(fd, &data),

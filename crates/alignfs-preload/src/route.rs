@@ -102,17 +102,13 @@ pub unsafe fn at_path(dirfd: c_int, path: *const c_char) -> Result<Target, c_int
     if !is_ours(dirfd) {
         return Ok(Target::Real);
     }
-    let base = session()?.dir_path(dirfd).map_err(|e| errno_of(&e))?;
+    let base = session()?.dir_path(dirfd).map_err(|e| e.errno())?;
     let name = std::str::from_utf8(bytes).map_err(|_| libc::EINVAL)?;
     Ok(Target::Ours(if name.is_empty() { base } else { format!("{}/{name}", base.trim_end_matches('/')) }))
 }
 
 pub fn is_ours(fd: c_int) -> bool {
     fd >= FD_BASE
-}
-
-pub fn errno_of(e: &alignfs::Error) -> c_int {
-    e.errno()
 }
 
 pub fn set_errno(e: c_int) {
@@ -137,7 +133,7 @@ pub fn session() -> Result<&'static Session, c_int> {
             }
             Err(e) => {
                 say(&format!("cannot open the volume ({} and {}): {e}", config.fast.display(), config.ssd.display()));
-                Err(errno_of(&e))
+                Err(e.errno())
             }
         }
     });

@@ -61,6 +61,8 @@ pub enum Error {
     Injected(&'static str),
     #[error("bad file descriptor (not open, or not open for this access)")]
     BadDescriptor,
+    #[error("{0} is a null pointer")]
+    BadAddress(&'static str),
     #[error("path {0} is unusable: {1}")]
     BadPath(PathBuf, String),
 }
@@ -99,6 +101,7 @@ impl Error {
             Error::TooLarge(_) => libc::E2BIG,
             Error::BeyondEnd => libc::ENXIO,
             Error::BadDescriptor => libc::EBADF,
+            Error::BadAddress(_) => libc::EFAULT,
         }
     }
 }
