@@ -200,6 +200,28 @@ run_rocksdb() {
 }
 check "RocksDB db_bench fillrandom/overwrite/readrandom + verifychecksum" run_rocksdb "$([[ $quick == 1 ]] && echo 20000 || echo 200000)"
 
+# --- health probe ------------------------------------------------------------------------
+# What a watchdog relies on: 0 for a served mount, 1 for one that is not (a plain
+# directory, a daemon that stopped answering), 2 for a usage mistake.
+health() {
+    "$bin" health "$mnt" | grep -q ': healthy' || return 1
+    local status=0
+    "$bin" health "$work" >/dev/null || status=$?
+    [[ $status == 1 ]] || { echo "health of a plain directory exited $status"; return 1; }
+    status=0
+    "$bin" health --timeout 0 "$mnt" 2>/dev/null || status=$?
+    [[ $status == 2 ]] || { echo "a bad --timeout exited $status"; return 1; }
+    local pid
+    pid=$(daemon_pid "$mnt")
+    kill -STOP "$pid"
+    status=0
+    "$bin" health --timeout 1 "$mnt" >"$work/health.out" || status=$?
+    kill -CONT "$pid"
+    [[ $status == 1 ]] && grep -q 'did not answer within 1.0 s' "$work/health.out" || { cat "$work/health.out"; return 1; }
+    "$bin" health "$mnt" >/dev/null
+}
+check "alignfs health: served, plain directory, hung daemon, bad usage" health
+
 # --- mount cycles ------------------------------------------------------------------------
 # Unmount three ways (alignfs umount, fusermount3 -u, SIGTERM to the daemon); every file's
 # checksum must survive and the reopened volume must have nothing left to replay.

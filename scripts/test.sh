@@ -3,8 +3,9 @@
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
 # applications against a real mount (scripts/suites.sh), the kill -9 crash loop
 # (scripts/crash.sh; both need root and /dev/fuse), device faults through a mount, programs
-# under the LD_PRELOAD shim, a short run of every fuzz target (scripts/fuzz.sh; nightly
-# Rust, installed if missing) and the mount benchmark's smoke run.
+# under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
+# fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
+# the mount and GlusterFS benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,7 +74,12 @@ tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1
 # Unmodified programs (Python, sqlite3, fio, RocksDB) under the LD_PRELOAD shim.
 cargo build --release --locked -q -p alignfs-preload
 tests/preload/run.py target/release/alignfs target/release/libalignfs_preload.so "$work/preload" || suites=1
+# GlusterFS with alignfs bricks: 3 nodes in network namespaces, a node's alignfs killed in
+# the middle of writes, recovery and self-heal, teardown (deploy/gluster, docs/SCALE-OUT.md).
+tests/gluster/run.py target/release/alignfs || suites=1
 scripts/fuzz.sh
+# The GlusterFS benchmark's smoke run (alignfs bricks vs ext4 bricks).
+bench/gluster.py --quick --out "$work/bench-gluster" | sed -n '/^| workload/,/^$/p' || suites=1
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
 bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
 exit "$suites"

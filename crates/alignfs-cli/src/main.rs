@@ -2,6 +2,7 @@
 
 mod bench;
 mod defaults;
+mod health;
 mod mount;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ enum Command {
     Fsck(FsckArgs),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
+    /// Probe a mount: exit 0 if its daemon answers, 1 if it died or hangs (for watchdogs).
+    Health(health::HealthArgs),
 }
 
 /// Where the volume's devices are.
@@ -276,6 +279,15 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Bench(args) => bench::run(args),
+        Command::Health(args) => match health::run(args) {
+            Ok(true) => return ExitCode::SUCCESS,
+            Ok(false) => return ExitCode::FAILURE,
+            // Not 1: a watchdog must not read a usage mistake as a dead mount.
+            Err(e) => {
+                eprintln!("alignfs: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
