@@ -3,6 +3,7 @@
 
 With deploy/gluster/cluster.sh (its own namespace names and state directory, so a
 cluster someone left up is not touched):
+  0. a bring-up that fails half-way must leave nothing behind;
   1. bring up 3 nodes with a replica-3 volume on alignfs bricks;
   2. run tests/gluster/brick_requirements.py on node 1's alignfs mount;
   3. fio (psync, verify=crc32c) writes through the client mount; two seconds in, node 2's
@@ -42,8 +43,9 @@ def check(name, ok, detail=""):
     return ok
 
 
-def cluster(*args, check_status=True, capture=True, timeout=600):
-    proc = subprocess.run([CLUSTER, *args], capture_output=capture, text=True, timeout=timeout)
+def cluster(*args, check_status=True, capture=True, timeout=600, env=None):
+    proc = subprocess.run([CLUSTER, *args], capture_output=capture, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
     if check_status and proc.returncode != 0:
         raise RuntimeError(f"cluster.sh {' '.join(args)} failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
     return proc
@@ -64,6 +66,11 @@ def install_gluster():
 
 
 def drill():
+    # A bring-up that fails half-way (mkfs refuses a 1 KiB SSD, after the namespaces
+    # exist) must take down what it made.
+    failed = cluster("up", check_status=False, env={"AFG_SSD_SIZE": "1K"})
+    left = leftovers()
+    check("a bring-up failing half-way removes what it made", failed.returncode != 0 and not left, left or failed.stdout)
     start = time.monotonic()
     cluster("up", "--nodes", "3")
     figures.append(f"bring-up of 3 nodes: {time.monotonic() - start:.1f} s")

@@ -236,9 +236,16 @@ fn print_report(r: &VolumeReport) {
         pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total)
     );
     println!(
-        "  journal:   {} of {} used, checkpoint generation {}",
+        "  journal:   {} of {} used",
         bytesize::ByteSize(r.usage.journal_used_bytes),
         bytesize::ByteSize(r.usage.journal_capacity_bytes),
+    );
+    // All metadata must fit one checkpoint slot; a full one refuses new data (ENOSPC).
+    println!(
+        "  checkpoint: {} of {} used ({:.1}%), generation {}",
+        bytesize::ByteSize(r.usage.checkpoint_used_bytes),
+        bytesize::ByteSize(r.usage.checkpoint_capacity_bytes),
+        pct(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
         r.usage.checkpoint_generation
     );
     println!(

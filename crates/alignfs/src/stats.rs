@@ -101,6 +101,11 @@ pub struct Usage {
     pub journal_used_bytes: u64,
     pub journal_capacity_bytes: u64,
     pub checkpoint_generation: u64,
+    /// Size of the newest checkpoint and of its slot: all metadata must fit one slot.
+    #[serde(default)]
+    pub checkpoint_used_bytes: u64,
+    #[serde(default)]
+    pub checkpoint_capacity_bytes: u64,
 }
 
 /// Counters plus gauges, as reported by [`crate::Volume::stats`].

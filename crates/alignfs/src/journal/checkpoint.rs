@@ -23,6 +23,8 @@ pub struct CheckpointSlots {
     offsets: [u64; 2],
     device: String,
     newest: Option<(usize, u64)>,
+    /// Payload bytes of the newest checkpoint: how full a slot is (sizing the fast tier).
+    newest_bytes: u64,
 }
 
 /// The newest valid checkpoint.
@@ -42,7 +44,7 @@ struct SlotHeader {
 
 impl CheckpointSlots {
     pub fn new(a: Box<dyn MetaMedium>, b: Box<dyn MetaMedium>, offsets: [u64; 2], device: String) -> CheckpointSlots {
-        CheckpointSlots { slots: [a, b], offsets, device, newest: None }
+        CheckpointSlots { slots: [a, b], offsets, device, newest: None, newest_bytes: 0 }
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -51,6 +53,10 @@ impl CheckpointSlots {
 
     pub fn generation(&self) -> u64 {
         self.newest.map_or(0, |(_, g)| g)
+    }
+
+    pub fn used_bytes(&self) -> u64 {
+        self.newest_bytes
     }
 
     fn header(&self, slot: usize) -> Option<SlotHeader> {
@@ -87,6 +93,7 @@ impl CheckpointSlots {
         let (state, counters) = decode_state(&payload, pages_per_block, page_bytes)
             .map_err(|s| Error::corrupt("checkpoint", &self.device, at + HEADER_BYTES + s.at as u64, s.what))?;
         self.newest = Some((slot, header.generation));
+        self.newest_bytes = header.len;
         Ok(LoadedCheckpoint { generation: header.generation, next_seq: header.next_seq, state, counters })
     }
 
@@ -111,6 +118,7 @@ impl CheckpointSlots {
         e.bytes.resize(HEADER_BYTES as usize, 0);
         self.slots[slot].write_durable(0, &e.bytes);
         self.newest = Some((slot, generation));
+        self.newest_bytes = payload.len() as u64;
         Ok(())
     }
 

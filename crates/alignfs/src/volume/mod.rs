@@ -353,6 +353,8 @@ impl Volume {
                 journal_used_bytes: committer.journal.used_bytes(),
                 journal_capacity_bytes: committer.journal.capacity_bytes(),
                 checkpoint_generation: committer.checkpoints.generation(),
+                checkpoint_used_bytes: committer.checkpoints.used_bytes(),
+                checkpoint_capacity_bytes: committer.checkpoints.capacity_bytes(),
             },
             recovery: inner.recovery.clone(),
             io_backend: inner.ssd.describe(),
