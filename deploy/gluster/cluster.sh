@@ -9,6 +9,7 @@
 #   cluster.sh exec NODE CMD...           run CMD inside node NODE (1..N) or `client`
 #   cluster.sh kill-alignfs NODE          kill -9 node NODE's alignfs daemon (a failure drill)
 #   cluster.sh recover NODE               remount NODE's alignfs, restart its brick, heal, wait
+#   cluster.sh rebuild NODE               NODE lost its devices: format anew, reset-brick, full heal
 #   cluster.sh heal-wait [SECS]           wait until self-heal has nothing left to do
 #   cluster.sh brick-sums NODE            md5 of every file in NODE's brick (outside .glusterfs)
 #
@@ -327,6 +328,35 @@ recover() {
     heal_wait 300
 }
 
+# A node whose fast tier or SSD is gone (a reboot with a tmpfs fast tier, a dead device):
+# a new, empty volume and brick, refilled from the other replicas.
+rebuild() {
+    load_config
+    local node=$1 mnt brick dir
+    [[ $BRICKS == alignfs ]] || die "the bricks are not on alignfs"
+    mnt=$(brick_mnt "$node")
+    brick="$(node_ip "$node"):$(brick_path "$node")"
+    dir=$(node_dir "$node")
+    [[ -f $dir/watchdog.pid ]] && kill "$(cat "$dir/watchdog.pid")" 2>/dev/null || true
+    stop_brick "$node"
+    in_node "$node" "$ALIGNFS" umount "$mnt" >/dev/null 2>&1 || in_node "$node" umount -l "$mnt" 2>/dev/null || true
+    "$ALIGNFS" mkfs --force --fast "$SHM/n$node-fast:$FAST_SIZE" --ssd "$dir/ssd.img:$SSD_SIZE" >/dev/null
+    mount_alignfs "$node"
+    in_node "$node" mkdir -p "$(brick_path "$node")"
+    start_watchdog "$node"
+    say "node $node: new alignfs volume mounted"
+    gluster_cli volume reset-brick "$VOLUME" "$brick" start >/dev/null
+    gluster_cli volume reset-brick "$VOLUME" "$brick" "$brick" commit force >/dev/null
+    wait_for "node $node's brick online" 60 bricks_online "$NODES"
+    local i
+    for i in $(seq 20); do
+        gluster_cli volume heal "$VOLUME" full >/dev/null 2>&1 && break
+        sleep 0.5
+    done
+    say "node $node: brick reset, full heal started"
+    heal_wait 600
+}
+
 stop_brick() {
     local node=$1 pid
     pid=$(pgrep -f -- "glusterfsd .*--brick-name $(brick_path "$node")( |$)" || true)
@@ -373,6 +403,7 @@ case $cmd in
         ;;
     kill-alignfs) [[ $# == 1 ]] || die "usage: cluster.sh kill-alignfs NODE"; kill_alignfs "$1" ;;
     recover) [[ $# == 1 ]] || die "usage: cluster.sh recover NODE"; recover "$1" ;;
+    rebuild) [[ $# == 1 ]] || die "usage: cluster.sh rebuild NODE"; rebuild "$1" ;;
     heal-wait) heal_wait "${1:-300}" ;;
     brick-sums) [[ $# == 1 ]] || die "usage: cluster.sh brick-sums NODE"; brick_sums "$1" ;;
     -h | --help | help | "") awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0" ;;
