@@ -110,24 +110,26 @@ impl CheckpointSlots {
             Some((current, generation)) => (1 - current, generation + 1),
             None => (0, 1),
         };
-        self.slots[slot].write_durable(HEADER_BYTES, payload);
+        self.slots[slot].write_durable(HEADER_BYTES, payload)?;
         let mut e = Encoder::new();
         e.u32(MAGIC).u64(generation).u64(next_seq).u64(payload.len() as u64).u32(crc32c(payload));
         let header_crc = crc32c(&e.bytes);
         e.u32(header_crc);
         e.bytes.resize(HEADER_BYTES as usize, 0);
-        self.slots[slot].write_durable(0, &e.bytes);
+        self.slots[slot].write_durable(0, &e.bytes)?;
         self.newest = Some((slot, generation));
         self.newest_bytes = payload.len() as u64;
         Ok(())
     }
 
     /// Make a slot's header invalid (format time).
-    pub fn clear(&mut self) {
+    pub fn clear(&mut self) -> Result<()> {
         for slot in &self.slots {
-            slot.write_durable(0, &[0u8; HEADER_BYTES as usize]);
+            slot.write_durable(0, &[0u8; HEADER_BYTES as usize])?;
         }
         self.newest = None;
+        self.newest_bytes = 0;
+        Ok(())
     }
 }
 

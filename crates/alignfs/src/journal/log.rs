@@ -1,4 +1,5 @@
-//! The redo log: records appended at `head`, each `[header 24 B][payload][pad to 8 B]`.
+//! The redo log: records appended at `head`, each `[header 24 B][payload][padding]`,
+//! padded to the medium's write unit (8 B in persistent memory, a sector on an SSD).
 //!
 //! Header: magic u32 | seq u64 | payload_len u32 | payload_crc u32 | header_crc u32 (of the
 //! first 20 bytes). Sequence numbers continue across checkpoints; after one the log
@@ -12,12 +13,15 @@ use crate::error::{Error, Result};
 const MAGIC: u32 = u32::from_le_bytes(*b"AJRN");
 pub const HEADER_BYTES: u64 = 24;
 
-fn padded(len: u64) -> u64 {
-    (HEADER_BYTES + len).div_ceil(8) * 8
+/// Bytes a record with `len` payload bytes takes on a medium writing `unit`-sized units.
+fn padded(len: u64, unit: u64) -> u64 {
+    (HEADER_BYTES + len).div_ceil(unit) * unit
 }
 
 pub struct Journal {
     medium: Box<dyn MetaMedium>,
+    /// The medium's write unit: every record starts on its boundary.
+    unit: u64,
     head: u64,
     next_seq: u64,
 }
@@ -42,7 +46,9 @@ struct Header {
 impl Journal {
     /// Continue appending at `head` with sequence number `next_seq` (from [`Journal::replay`]).
     pub fn resume(medium: Box<dyn MetaMedium>, head: u64, next_seq: u64) -> Journal {
-        Journal { medium, head, next_seq }
+        let unit = unit_of(medium.as_ref());
+        debug_assert!(head % unit == 0, "a record starts on a write unit");
+        Journal { medium, unit, head, next_seq }
     }
 
     pub fn used_bytes(&self) -> u64 {
@@ -60,13 +66,13 @@ impl Journal {
     /// Whether a record with this payload length could ever fit (in an empty log), with
     /// `reserve` bytes kept free.
     pub fn fits_when_empty(&self, payload_len: usize, reserve: u64) -> bool {
-        padded(payload_len as u64) + reserve <= self.capacity_bytes()
+        padded(payload_len as u64, self.unit) + reserve <= self.capacity_bytes()
     }
 
     /// Append one record and make it durable, leaving the last `reserve` bytes free.
     /// `Ok(false)` if it does not fit (take a checkpoint and retry).
     pub fn append(&mut self, payload: &[u8], reserve: u64) -> Result<bool> {
-        let size = padded(payload.len() as u64);
+        let size = padded(payload.len() as u64, self.unit);
         if self.head + size + reserve > self.capacity_bytes() {
             return Ok(false);
         }
@@ -75,7 +81,7 @@ impl Journal {
         let header_crc = crc32c(&e.bytes);
         e.u32(header_crc).raw(payload);
         e.bytes.resize(size as usize, 0);
-        self.medium.write_durable(self.head, &e.bytes);
+        self.medium.write_durable(self.head, &e.bytes)?;
         self.head += size;
         self.next_seq += 1;
         Ok(true)
@@ -97,21 +103,22 @@ impl Journal {
         let (magic, seq, len, crc) = (d.u32().ok()?, d.u64().ok()?, d.u32().ok()?, d.u32().ok()?);
         let header_crc = d.u32().ok()?;
         let len = u64::from(len);
-        let valid = magic == MAGIC && header_crc == crc32c(&raw[..20]) && at + padded(len) <= medium.len_bytes();
+        let valid = magic == MAGIC && header_crc == crc32c(&raw[..20]) && at + padded(len, unit_of(medium)) <= medium.len_bytes();
         valid.then_some(Header { seq, len, crc })
     }
 
     /// Is there a valid record with a sequence number ≥ `seq` anywhere after `from`?
     /// (Then the bad record before it was acknowledged once: corruption, not a torn tail.)
     fn later_record(medium: &dyn MetaMedium, from: u64, seq: u64) -> Option<u64> {
-        let mut at = from.div_ceil(8) * 8;
+        let unit = unit_of(medium);
+        let mut at = from.div_ceil(unit) * unit;
         while at + HEADER_BYTES <= medium.len_bytes() {
             if let Some(h) = Self::header_at(medium, at) {
                 if h.seq >= seq {
                     return Some(at);
                 }
             }
-            at += 8;
+            at += unit;
         }
         None
     }
@@ -133,7 +140,7 @@ impl Journal {
                     medium.read(at + HEADER_BYTES, &mut payload);
                     if crc32c(&payload) == h.crc {
                         replay.payloads.push((at, payload));
-                        replay.end += padded(h.len);
+                        replay.end += padded(h.len, unit_of(medium));
                         replay.next_seq += 1;
                         continue;
                     }
@@ -149,7 +156,7 @@ impl Journal {
                 }
             };
             if damaged {
-                if let Some(later) = Self::later_record(medium, at + 8, replay.next_seq + 1) {
+                if let Some(later) = Self::later_record(medium, at + 1, replay.next_seq + 1) {
                     return Err(Error::corrupt(
                         "journal record",
                         name,
@@ -164,6 +171,11 @@ impl Journal {
     }
 }
 
+/// Records are at least 8-byte aligned, whatever the medium.
+fn unit_of(medium: &dyn MetaMedium) -> u64 {
+    medium.write_unit().max(8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,11 +188,15 @@ mod tests {
         fn len_bytes(&self) -> u64 {
             self.0.lock().len() as u64
         }
+        fn write_unit(&self) -> u64 {
+            8
+        }
         fn read(&self, offset: u64, out: &mut [u8]) {
             out.copy_from_slice(&self.0.lock()[offset as usize..offset as usize + out.len()]);
         }
-        fn write_durable(&self, offset: u64, data: &[u8]) {
+        fn write_durable(&self, offset: u64, data: &[u8]) -> Result<()> {
             self.0.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+            Ok(())
         }
     }
 

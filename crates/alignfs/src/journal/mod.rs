@@ -4,22 +4,29 @@
 mod checkpoint;
 mod encoding;
 mod log;
+mod ssd_window;
 
 pub use checkpoint::{decode_state, encode_state as checkpoint_payload, CheckpointSlots, LoadedCheckpoint};
 pub use encoding::{decode_entry, decode_ops, encode_entry, encode_ops};
 pub use log::{Journal, Replay};
+pub use ssd_window::SsdWindow;
 
 use std::sync::Arc;
 
 use crate::device::PmemRegion;
+use crate::error::Result;
 
 /// The medium metadata lives on: a window of the fast tier for `orch`; an SSD log area
-/// for profiles without persistent memory.
+/// ([`SsdWindow`]) for profiles without persistent memory.
 pub trait MetaMedium: Send + Sync {
     fn len_bytes(&self) -> u64;
+    /// The unit the medium writes whole (8 bytes of persistent memory, a 4 KiB SSD
+    /// sector). Journal records start on its boundaries, so appending one never rewrites
+    /// the unit holding an acknowledged record, and a torn write cannot damage one.
+    fn write_unit(&self) -> u64;
     fn read(&self, offset: u64, out: &mut [u8]);
     /// Write and make durable before returning.
-    fn write_durable(&self, offset: u64, data: &[u8]);
+    fn write_durable(&self, offset: u64, data: &[u8]) -> Result<()>;
 }
 
 /// `len` bytes of a fast-tier region starting at `offset`.
@@ -45,10 +52,14 @@ impl MetaMedium for PmemWindow {
     fn len_bytes(&self) -> u64 {
         self.len
     }
+    fn write_unit(&self) -> u64 {
+        8
+    }
     fn read(&self, offset: u64, out: &mut [u8]) {
         self.region.read(self.at(offset, out.len()), out);
     }
-    fn write_durable(&self, offset: u64, data: &[u8]) {
+    fn write_durable(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.region.write_persist(self.at(offset, data.len()), data);
+        Ok(())
     }
 }

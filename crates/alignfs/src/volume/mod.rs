@@ -195,7 +195,7 @@ impl Volume {
         fast.zero(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
         fast.persist(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
         let (_, mut slots) = windows(fast, &fast_layout, "fast tier");
-        slots.clear();
+        slots.clear()?;
         let uid = rustix::process::getuid().as_raw();
         let gid = rustix::process::getgid().as_raw();
         let fresh = MetaState::fresh(uid, gid, now_ns());
