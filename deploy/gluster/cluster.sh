@@ -134,6 +134,20 @@ start_glusterd() {
     die "glusterd on node $node did not start (see $(node_dir "$node")/log/glusterd.log)"
 }
 
+# What the cluster runs on, installed when missing (Debian/Ubuntu).
+ensure_packages() {
+    local missing=() tool package
+    for tool in glusterd:glusterfs-server mount.glusterfs:glusterfs-client ip:iproute2 nsenter:util-linux \
+        pgrep:procps fio:fio; do
+        command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+    done
+    ((${#missing[@]})) || return 0
+    command -v apt-get >/dev/null || die "missing: ${missing[*]} (install them)"
+    say "installing ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
 up() {
     local replica=""
     NODES=3
@@ -152,7 +166,7 @@ up() {
     ((NODES % replica == 0)) || die "--nodes must be a multiple of --replica"
     [[ -e $STATE/cluster.env ]] && die "a cluster already exists in $STATE; run \`cluster.sh down\` first"
     [[ $EUID == 0 ]] || die "needs root (namespaces, mounts)"
-    command -v glusterd >/dev/null || die "glusterd is missing: apt-get install glusterfs-server glusterfs-client"
+    ensure_packages
     [[ $BRICKS == ext4 ]] || [[ -x $ALIGNFS ]] || die "$ALIGNFS is missing: cargo build --release -p alignfs-cli"
 
     # Half a bring-up is torn down again, so a failure leaves nothing behind.

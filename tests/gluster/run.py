@@ -23,7 +23,6 @@ usage: run.py ALIGNFS_BINARY
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -56,15 +55,6 @@ def cluster(*args, check_status=True, capture=True, timeout=600, env=None):
 def online_bricks():
     out = cluster("exec", "1", "gluster", "--mode=script", "volume", "status", "gv0", "detail", check_status=False).stdout
     return len(re.findall(r"^Online\s*:\s*Y", out, re.M))
-
-
-def install_gluster():
-    if shutil.which("glusterd") and shutil.which("mount.glusterfs"):
-        return
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "glusterfs-server", "glusterfs-client"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
 
 
 def drill():
@@ -168,7 +158,6 @@ def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     os.environ.update(ALIGNFS=os.path.abspath(sys.argv[1]), AFG_NAME=NAME, AFG_STATE=STATE, AFG_SHM=SHM)
-    install_gluster()
     cluster("down", check_status=False)
     try:
         drill()
