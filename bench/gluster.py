@@ -33,15 +33,20 @@ ALIGNFS = REPO / "target" / "release" / "alignfs"
 MIB = 1 << 20
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# name, fio arguments, file size (full run), whether it reads the file a write workload left.
+# The files the workloads use, laid out once per cluster: name → size in a full run.
+FILES = {"small": 64 * MIB, "large": 512 * MIB}
+QUICK_FILE_BYTES = 16 * MIB
+# name, fio arguments, the file it works on, whether it writes or reads.
 WORKLOADS = [
-    ("durable 4 KiB random writes", ["--rw=randwrite", "--bs=4k", "--fsync=1"], 64 * MIB, "write"),
-    ("durable 1 MiB random writes", ["--rw=randwrite", "--bs=1m", "--fsync=1"], 512 * MIB, "write"),
-    ("4 KiB random reads", ["--rw=randread", "--bs=4k"], 64 * MIB, "read"),
-    ("1 MiB random reads", ["--rw=randread", "--bs=1m"], 512 * MIB, "read"),
+    ("durable 4 KiB random writes", ["--rw=randwrite", "--bs=4k", "--fsync=1"], "small", "write"),
+    ("durable 1 MiB random writes", ["--rw=randwrite", "--bs=1m", "--fsync=1"], "large", "write"),
+    ("4 KiB random reads", ["--rw=randread", "--bs=4k"], "small", "read"),
+    ("1 MiB random reads", ["--rw=randread", "--bs=1m"], "large", "read"),
 ]
-# The files: the 4 KiB workloads share one, the 1 MiB workloads another.
-FILE_OF = {0: "small", 1: "large", 2: "small", 3: "large"}
+
+
+def file_bytes(name: str, quick: bool) -> int:
+    return min(FILES[name], QUICK_FILE_BYTES) if quick else FILES[name]
 
 
 def log(msg: str) -> None:
@@ -127,10 +132,10 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def fio(cluster: Cluster, node: str, directory: str, workload: int, runtime: float, size: int) -> dict:
-    name, args, _, kind = WORKLOADS[workload]
-    cmd = ["exec", node, "fio", "--name=bench", f"--directory={directory}", f"--filename={FILE_OF[workload]}",
-           f"--size={size}", "--ioengine=psync", "--time_based", f"--runtime={runtime}", "--randrepeat=0",
+def fio(cluster: Cluster, node: str, directory: str, workload: int, runtime: float, quick: bool) -> dict:
+    _, args, file, kind = WORKLOADS[workload]
+    cmd = ["exec", node, "fio", "--name=bench", f"--directory={directory}", f"--filename={file}",
+           f"--size={file_bytes(file, quick)}", "--ioengine=psync", "--time_based", f"--runtime={runtime}", "--randrepeat=0",
            "--output-format=json", *args]
     if kind == "read":
         cmd.append("--direct=1")  # past the client's page cache: every read reaches the bricks
@@ -159,10 +164,9 @@ def fio(cluster: Cluster, node: str, directory: str, workload: int, runtime: flo
 def prepare_files(cluster: Cluster, node: str, directory: str, quick: bool) -> None:
     """Write each workload's file once, so every cell starts from a laid-out file."""
     cluster.run("exec", node, "mkdir", "-p", directory)
-    for label, size in (("small", WORKLOADS[0][2]), ("large", WORKLOADS[1][2])):
-        size = min(size, 16 * MIB) if quick else size
-        cluster.run("exec", node, "fio", "--name=layout", f"--directory={directory}", f"--filename={label}",
-                    f"--size={size}", "--rw=write", "--bs=1m", "--ioengine=psync", "--end_fsync=1")
+    for file in FILES:
+        cluster.run("exec", node, "fio", "--name=layout", f"--directory={directory}", f"--filename={file}",
+                    f"--size={file_bytes(file, quick)}", "--rw=write", "--bs=1m", "--ioengine=psync", "--end_fsync=1")
 
 
 def main() -> int:
@@ -192,13 +196,12 @@ def main() -> int:
             prepare_files(c, "client", c.client_dir, args.quick)
             prepare_files(c, "1", c.local_dir, args.quick)
         for rnd in range(args.rounds):
-            for w, (name, _, size, _) in enumerate(WORKLOADS):
-                size = min(size, 16 * MIB) if args.quick else size
+            for w, (name, *_) in enumerate(WORKLOADS):
                 for where in ("gluster", "brick alone"):
                     for c in clusters if rnd % 2 == 0 else reversed(clusters):
                         node, directory = ("client", c.client_dir) if where == "gluster" else ("1", c.local_dir)
                         drop_caches()
-                        cell = fio(c, node, directory, w, args.runtime, size)
+                        cell = fio(c, node, directory, w, args.runtime, args.quick)
                         cell.update(round=rnd, workload=name, where=where, bricks=c.bricks)
                         cells.append(cell)
                         log(f"round {rnd + 1}/{args.rounds} {name:30} {where:12} {c.bricks:8} "

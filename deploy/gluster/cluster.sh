@@ -258,7 +258,7 @@ down() {
         in_node client umount -l "$CLIENT_MNT" 2>/dev/null || true
     fi
     for node in $(seq 1 "${NODES:-0}"); do
-        [[ -f $(node_dir "$node")/watchdog.pid ]] && kill "$(cat "$(node_dir "$node")/watchdog.pid")" 2>/dev/null || true
+        stop_watchdog "$node"
     done
     pids=$(our_pids | tr '\n' ' ')
     for pid in $pids; do
@@ -267,8 +267,7 @@ down() {
     for node in $(seq 1 "${NODES:-0}"); do
         ns=$(node_ns "$node")
         [[ -e $STATE/ns/$ns ]] || continue
-        in_node "$node" timeout 60 "$ALIGNFS" umount "$(brick_mnt "$node")" >/dev/null 2>&1 ||
-            in_node "$node" umount -l "$(brick_mnt "$node")" 2>/dev/null || true
+        unmount_alignfs "$node"
     done
     # Anything left (a hung daemon, a watchdog's child) goes now.
     pids=$(our_pids | tr '\n' ' ')
@@ -312,6 +311,30 @@ kill_alignfs() {
     say "killed node $node's alignfs daemon (pid $pid)"
 }
 
+# Unmount a node's alignfs: cleanly (checkpoint) while its daemon runs, else detach.
+unmount_alignfs() {
+    local node=$1 mnt
+    mnt=$(brick_mnt "$node")
+    in_node "$node" timeout 60 "$ALIGNFS" umount "$mnt" >/dev/null 2>&1 || in_node "$node" umount -l "$mnt" 2>/dev/null || true
+}
+
+stop_watchdog() {
+    local pidfile
+    pidfile=$(node_dir "$1")/watchdog.pid
+    [[ -f $pidfile ]] && kill "$(cat "$pidfile")" 2>/dev/null || true
+}
+
+# Ask for a heal (`full` or an index heal). The self-heal daemon also starts on its own when
+# it reconnects to the brick; asking fails while it has not reconnected yet, so ask a few
+# times.
+start_heal() {
+    local i
+    for i in $(seq 20); do
+        gluster_cli volume heal "$VOLUME" "$@" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+}
+
 recover() {
     load_config
     local node=$1 mnt
@@ -320,7 +343,7 @@ recover() {
     if ! in_node "$node" "$ALIGNFS" health -q --timeout 2 "$mnt" >/dev/null; then
         # A brick still running on the dead mount would only return errors: stop it first.
         stop_brick "$node"
-        in_node "$node" "$ALIGNFS" umount "$mnt" >/dev/null 2>&1 || in_node "$node" umount -l "$mnt" 2>/dev/null || true
+        unmount_alignfs "$node"
         mount_alignfs "$node"
         say "node $node: alignfs remounted (journal replayed)"
     fi
@@ -331,13 +354,7 @@ recover() {
     fi
     gluster_cli volume start "$VOLUME" force >/dev/null
     wait_for "node $node's brick online" 60 bricks_online "$NODES"
-    # The self-heal daemon also starts on its own when it reconnects to the brick; asking
-    # fails while it has not reconnected yet, so ask a few times.
-    local i
-    for i in $(seq 20); do
-        gluster_cli volume heal "$VOLUME" >/dev/null 2>&1 && break
-        sleep 0.5
-    done
+    start_heal
     say "node $node: brick restarted, healing"
     heal_wait 300
 }
@@ -346,14 +363,13 @@ recover() {
 # a new, empty volume and brick, refilled from the other replicas.
 rebuild() {
     load_config
-    local node=$1 mnt brick dir
+    local node=$1 brick dir
     [[ $BRICKS == alignfs ]] || die "the bricks are not on alignfs"
-    mnt=$(brick_mnt "$node")
     brick="$(node_ip "$node"):$(brick_path "$node")"
     dir=$(node_dir "$node")
-    [[ -f $dir/watchdog.pid ]] && kill "$(cat "$dir/watchdog.pid")" 2>/dev/null || true
+    stop_watchdog "$node"
     stop_brick "$node"
-    in_node "$node" "$ALIGNFS" umount "$mnt" >/dev/null 2>&1 || in_node "$node" umount -l "$mnt" 2>/dev/null || true
+    unmount_alignfs "$node"
     "$ALIGNFS" mkfs --force --fast "$SHM/n$node-fast:$FAST_SIZE" --ssd "$dir/ssd.img:$SSD_SIZE" >/dev/null
     mount_alignfs "$node"
     in_node "$node" mkdir -p "$(brick_path "$node")"
@@ -362,11 +378,7 @@ rebuild() {
     gluster_cli volume reset-brick "$VOLUME" "$brick" start >/dev/null
     gluster_cli volume reset-brick "$VOLUME" "$brick" "$brick" commit force >/dev/null
     wait_for "node $node's brick online" 60 bricks_online "$NODES"
-    local i
-    for i in $(seq 20); do
-        gluster_cli volume heal "$VOLUME" full >/dev/null 2>&1 && break
-        sleep 0.5
-    done
+    start_heal full
     say "node $node: brick reset, full heal started"
     heal_wait 600
 }

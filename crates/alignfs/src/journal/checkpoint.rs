@@ -22,9 +22,16 @@ pub struct CheckpointSlots {
     /// Absolute offsets of the slots (for error messages).
     offsets: [u64; 2],
     device: String,
-    newest: Option<(usize, u64)>,
-    /// Payload bytes of the newest checkpoint: how full a slot is (sizing the fast tier).
-    newest_bytes: u64,
+    newest: Option<Newest>,
+}
+
+/// Where the newest checkpoint is.
+#[derive(Clone, Copy)]
+struct Newest {
+    slot: usize,
+    generation: u64,
+    /// Its payload bytes: how full a slot is (sizing the fast tier).
+    bytes: u64,
 }
 
 /// The newest valid checkpoint.
@@ -44,7 +51,7 @@ struct SlotHeader {
 
 impl CheckpointSlots {
     pub fn new(a: Box<dyn MetaMedium>, b: Box<dyn MetaMedium>, offsets: [u64; 2], device: String) -> CheckpointSlots {
-        CheckpointSlots { slots: [a, b], offsets, device, newest: None, newest_bytes: 0 }
+        CheckpointSlots { slots: [a, b], offsets, device, newest: None }
     }
 
     pub fn capacity_bytes(&self) -> u64 {
@@ -52,11 +59,11 @@ impl CheckpointSlots {
     }
 
     pub fn generation(&self) -> u64 {
-        self.newest.map_or(0, |(_, g)| g)
+        self.newest.map_or(0, |n| n.generation)
     }
 
     pub fn used_bytes(&self) -> u64 {
-        self.newest_bytes
+        self.newest.map_or(0, |n| n.bytes)
     }
 
     fn header(&self, slot: usize) -> Option<SlotHeader> {
@@ -92,8 +99,7 @@ impl CheckpointSlots {
         }
         let (state, counters) = decode_state(&payload, pages_per_block, page_bytes)
             .map_err(|s| Error::corrupt("checkpoint", &self.device, at + HEADER_BYTES + s.at as u64, s.what))?;
-        self.newest = Some((slot, header.generation));
-        self.newest_bytes = header.len;
+        self.newest = Some(Newest { slot, generation: header.generation, bytes: header.len });
         Ok(LoadedCheckpoint { generation: header.generation, next_seq: header.next_seq, state, counters })
     }
 
@@ -107,7 +113,7 @@ impl CheckpointSlots {
             )));
         }
         let (slot, generation) = match self.newest {
-            Some((current, generation)) => (1 - current, generation + 1),
+            Some(current) => (1 - current.slot, current.generation + 1),
             None => (0, 1),
         };
         self.slots[slot].write_durable(HEADER_BYTES, payload)?;
@@ -117,8 +123,7 @@ impl CheckpointSlots {
         e.u32(header_crc);
         e.bytes.resize(HEADER_BYTES as usize, 0);
         self.slots[slot].write_durable(0, &e.bytes)?;
-        self.newest = Some((slot, generation));
-        self.newest_bytes = payload.len() as u64;
+        self.newest = Some(Newest { slot, generation, bytes: payload.len() as u64 });
         Ok(())
     }
 
@@ -128,7 +133,6 @@ impl CheckpointSlots {
             slot.write_durable(0, &[0u8; HEADER_BYTES as usize])?;
         }
         self.newest = None;
-        self.newest_bytes = 0;
         Ok(())
     }
 }

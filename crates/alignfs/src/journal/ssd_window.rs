@@ -22,6 +22,7 @@ const SECTOR: u64 = IO_ALIGN as u64;
 pub struct SsdWindow {
     device: Arc<dyn BlockDevice>,
     offset: u64,
+    len: u64,
     mirror: Mutex<Vec<u8>>,
     /// `SECTOR`, except in the test that shows why it must be.
     unit: u64,
@@ -43,13 +44,13 @@ impl SsdWindow {
             mirror[at as usize..(at + n) as usize].copy_from_slice(&buf);
             at += n;
         }
-        Ok(SsdWindow { device, offset, mirror: Mutex::new(mirror), unit: SECTOR })
+        Ok(SsdWindow { device, offset, len, mirror: Mutex::new(mirror), unit: SECTOR })
     }
 }
 
 impl MetaMedium for SsdWindow {
     fn len_bytes(&self) -> u64 {
-        self.mirror.lock().len() as u64
+        self.len
     }
 
     fn write_unit(&self) -> u64 {
@@ -66,7 +67,7 @@ impl MetaMedium for SsdWindow {
         // written from a mirror another writer is changing.
         let mut mirror = self.mirror.lock();
         let end = offset + data.len() as u64;
-        assert!(end <= mirror.len() as u64, "write inside the window");
+        assert!(end <= self.len, "write inside the window");
         mirror[offset as usize..end as usize].copy_from_slice(data);
         let (first, last) = (offset / SECTOR * SECTOR, end.div_ceil(SECTOR) * SECTOR);
         let mut buf = AlignedBuf::zeroed((last - first) as usize);
