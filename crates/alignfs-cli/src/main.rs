@@ -153,8 +153,8 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     );
     println!(
         "  metadata:  journal {}, checkpoint slots 2 x {}",
-        bytesize::ByteSize(sb.fast.journal_bytes),
-        bytesize::ByteSize(sb.fast.checkpoint_bytes)
+        bytesize::ByteSize(sb.layout.journal_bytes),
+        bytesize::ByteSize(sb.layout.checkpoint_bytes)
     );
     volume.close()?;
     Ok(())

@@ -1,12 +1,14 @@
 //! Units of storage and the layout of both devices, fixed at format time.
 //!
 //! Invariants (checked by [`Geometry::validate`]):
-//! - `page_bytes` is a power of two ≥ 512 (O_DIRECT) and ≤ 64 KiB (upage offsets are u16).
+//! - `page_bytes` is a power of two ≥ 512 (O_DIRECT); `orch`'s fast pages are at most
+//!   64 KiB, `scrap`'s residue unit is one whole block (a scrap page, 64 KiB–16 MiB).
 //! - `block_bytes` is a power-of-two multiple of `page_bytes`, at most 64 pages (a block's
 //!   page set is a u64 mask).
 //! - `split_bytes` is a multiple of `block_bytes`.
 
 use crate::error::{Error, Result};
+use crate::layout::Profile;
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -14,6 +16,8 @@ pub const GIB: u64 = 1024 * MIB;
 
 /// Chunks an upage header can hold (OrchFS: 14 × (u16 offset, u16 length) in 56 bytes).
 pub const UPAGE_MAX_CHUNKS: usize = 14;
+/// Segments a scrap page header can hold (WSBuffer: 15 × (offset, length)).
+pub const SCRAP_MAX_SEGMENTS: usize = 15;
 /// The size of a superblock; also the O_DIRECT alignment of every buffer.
 pub const SUPERBLOCK_BYTES: u64 = 4 * KIB;
 pub const IO_ALIGN: usize = 4096;
@@ -37,11 +41,27 @@ impl Default for Geometry {
 }
 
 impl Geometry {
-    pub fn validate(&self) -> Result<()> {
+    /// The default geometry of a profile: `scrap` makes the block one scrap page of 256 KiB.
+    pub fn for_profile(profile: Profile) -> Geometry {
+        match profile {
+            Profile::Orch => Geometry::default(),
+            Profile::Scrap => Geometry { block_bytes: 256 * 1024, page_bytes: 256 * 1024, ..Geometry::default() },
+        }
+    }
+
+    pub fn validate(&self, profile: Profile) -> Result<()> {
         let (b, p, s) = (u64::from(self.block_bytes), u64::from(self.page_bytes), u64::from(self.split_bytes));
         let fail = |m: String| Err(Error::Geometry(m));
-        if !p.is_power_of_two() || !(512..=64 * KIB).contains(&p) {
-            return fail(format!("page size {p} must be a power of two between 512 B and 64 KiB"));
+        match profile {
+            Profile::Orch if !p.is_power_of_two() || !(512..=64 * KIB).contains(&p) => {
+                return fail(format!("page size {p} must be a power of two between 512 B and 64 KiB"));
+            }
+            Profile::Scrap if p != b || !p.is_power_of_two() || !(64 * KIB..=16 * MIB).contains(&p) => {
+                return fail(format!(
+                    "the scrap page is one block: block and page size ({b}, {p}) must be equal, a power of two between 64 KiB and 16 MiB"
+                ));
+            }
+            _ => {}
         }
         if !b.is_power_of_two() || b < p || b / p > MAX_PAGES_PER_BLOCK || (b as usize) % IO_ALIGN != 0 {
             return fail(format!(
@@ -68,9 +88,11 @@ impl Geometry {
     }
 }
 
-/// Where things live on the fast tier. All offsets in bytes from the start of the region.
+/// Where the superblock, checkpoints, journal and residue pages live: on the fast tier
+/// (`orch`), or at the start of the SSD for profiles without one (`scrap`, no page zone).
+/// All offsets in bytes from the start of that device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FastLayout {
+pub struct MetaLayout {
     pub checkpoint_bytes: u64,
     pub checkpoint_a_offset: u64,
     pub checkpoint_b_offset: u64,
@@ -80,9 +102,9 @@ pub struct FastLayout {
     pub page_count: u64,
 }
 
-impl FastLayout {
+impl MetaLayout {
     /// Carve a fast tier of `fast_bytes`: superblock, two checkpoint slots, journal, pages.
-    pub fn compute(fast_bytes: u64, geometry: &Geometry) -> Result<FastLayout> {
+    pub fn compute(fast_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
         let page = geometry.page().max(SUPERBLOCK_BYTES);
         let round = |x: u64| x.div_ceil(page) * page;
         let checkpoint_bytes = round((fast_bytes / 16).clamp(64 * KIB, 256 * MIB));
@@ -97,7 +119,7 @@ impl FastLayout {
                 "fast tier of {fast_bytes} bytes leaves {page_count} data pages after metadata ({pages_offset} bytes); need at least two blocks' worth"
             )));
         }
-        Ok(FastLayout {
+        Ok(MetaLayout {
             checkpoint_bytes,
             checkpoint_a_offset,
             checkpoint_b_offset,
@@ -106,6 +128,32 @@ impl FastLayout {
             pages_offset,
             page_count,
         })
+    }
+
+    /// The metadata area at the start of an SSD of `ssd_bytes`: superblock, two checkpoint
+    /// slots of `clamp(ssd/512, 1 MiB, 256 MiB)`, a journal of `clamp(ssd/1024, 1 MiB,
+    /// 64 MiB)`; `pages_offset` is the first byte of block-aligned data after it. The
+    /// volume mirrors the area in memory (16 + 16 + 8 MiB for an 8 GiB SSD).
+    pub fn on_ssd(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        let round = |x: u64| x.div_ceil(SUPERBLOCK_BYTES) * SUPERBLOCK_BYTES;
+        let checkpoint_bytes = round((ssd_bytes / 512).clamp(MIB, 256 * MIB));
+        let journal_bytes = round((ssd_bytes / 1024).clamp(MIB, 64 * MIB));
+        let checkpoint_a_offset = SUPERBLOCK_BYTES;
+        let checkpoint_b_offset = checkpoint_a_offset + checkpoint_bytes;
+        let journal_offset = checkpoint_b_offset + checkpoint_bytes;
+        let pages_offset = (journal_offset + journal_bytes).div_ceil(geometry.block()) * geometry.block();
+        if ssd_bytes < pages_offset + 2 * geometry.block() {
+            return Err(Error::Geometry(format!(
+                "SSD of {ssd_bytes} bytes leaves fewer than two {}-byte blocks after {pages_offset} bytes of metadata",
+                geometry.block()
+            )));
+        }
+        Ok(MetaLayout { checkpoint_bytes, checkpoint_a_offset, checkpoint_b_offset, journal_offset, journal_bytes, pages_offset, page_count: 0 })
+    }
+
+    /// SSD blocks the metadata area occupies (never allocated to data).
+    pub fn reserved_ssd_blocks(&self, geometry: &Geometry) -> u64 {
+        self.pages_offset / geometry.block()
     }
 }
 
@@ -148,7 +196,10 @@ mod tests {
 
     #[test]
     fn geometry_rules() {
-        Geometry::default().validate().unwrap();
+        Geometry::default().validate(Profile::Orch).unwrap();
+        Geometry::for_profile(Profile::Scrap).validate(Profile::Scrap).unwrap();
+        assert!(Geometry::default().validate(Profile::Scrap).is_err(), "a scrap page is one block");
+        assert!(Geometry::for_profile(Profile::Scrap).validate(Profile::Orch).is_err(), "fast pages are at most 64 KiB");
         let bad = [
             Geometry { page_bytes: 3000, ..Geometry::default() },
             Geometry { block_bytes: 2048, ..Geometry::default() },
@@ -157,15 +208,21 @@ mod tests {
             Geometry { io_workers: 0, ..Geometry::default() },
         ];
         for g in bad {
-            assert!(g.validate().is_err(), "{g:?}");
+            assert!(g.validate(Profile::Orch).is_err(), "{g:?}");
         }
     }
 
     #[test]
     fn layout_fits() {
         let g = Geometry::default();
-        let l = FastLayout::compute(GIB, &g).unwrap();
+        let l = MetaLayout::compute(GIB, &g).unwrap();
         assert!(l.pages_offset + l.page_count * g.page() <= GIB);
-        assert!(FastLayout::compute(64 * KIB, &g).is_err());
+        assert!(MetaLayout::compute(64 * KIB, &g).is_err());
+        let scrap = Geometry::for_profile(Profile::Scrap);
+        let l = MetaLayout::on_ssd(8 * GIB, &scrap).unwrap();
+        assert_eq!(l.pages_offset % scrap.block(), 0);
+        assert!(l.journal_offset + l.journal_bytes <= l.pages_offset);
+        assert_eq!(l.reserved_ssd_blocks(&scrap), l.pages_offset / scrap.block());
+        assert!(MetaLayout::on_ssd(3 * MIB, &scrap).is_err());
     }
 }

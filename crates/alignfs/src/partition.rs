@@ -9,11 +9,15 @@
 //!   becomes a `Fast` block (so an append fills the partial tail block, then whole blocks
 //!   go to the SSD, then the remainder to fast pages).
 //!
+//! - `scrap` (WSBuffer's buffer-minimized writes): a write smaller than the request-size
+//!   threshold goes to the residue store whole, blocks it covers whole included
+//!   ([`Residue::All`]).
+//!
 //! Guarantees (property-tested in this module): the plan covers every byte of the write
-//! exactly once; every SSD write is a whole block; a plan built with `allow_residue` never
+//! exactly once; every SSD write is a whole block; a plan that allows residue never
 //! contains [`BlockAction::Rewrite`], the only action that needs a read.
 
-use crate::geometry::{Geometry, UPAGE_MAX_CHUNKS};
+use crate::geometry::Geometry;
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
 
 /// Where one page's share of the write goes.
@@ -90,15 +94,34 @@ pub struct Plan {
     pub new_size: u64,
 }
 
+/// Which parts of a write may become residue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residue {
+    /// Partly covered blocks; whole blocks go to the SSD.
+    Partial,
+    /// Every block, whole ones included (`scrap` writes below the request threshold).
+    All,
+    /// None: partly covered blocks are rewritten whole after a read (the slow path taken
+    /// when the residue store is full).
+    Forbidden,
+}
+
+/// The profile's partitioning rules for one write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rules {
+    pub residue: Residue,
+    /// Most segments a unit's header holds (14 in an `orch` upage, 15 in a scrap page).
+    pub max_segments: usize,
+}
+
 /// Partition a write of `len` bytes at `offset`. `entry(lblock)` returns the current map
-/// entry of a block (`None` = hole). With `allow_residue == false` every partly covered
-/// block is planned as a [`BlockAction::Rewrite`] (the fast-tier-full slow path).
+/// entry of a block (`None` = hole).
 pub fn partition<'m>(
     offset: u64,
     len: u64,
     file_size: u64,
     geometry: &Geometry,
-    allow_residue: bool,
+    rules: Rules,
     entry: impl Fn(u64) -> Option<&'m BlockEntry>,
 ) -> Plan {
     let block = geometry.block();
@@ -111,12 +134,11 @@ pub fn partition<'m>(
         let start = (position - block_start) as u32;
         let stop = ((end - block_start).min(block)) as u32;
         let src = (position - offset) as usize;
-        let action = if start == 0 && stop == geometry.block_bytes {
-            Some(BlockAction::Ssd)
-        } else if !allow_residue {
-            Some(BlockAction::Rewrite)
-        } else {
-            residue_action(entry(lblock), start, stop, src, geometry)
+        let whole = start == 0 && stop == geometry.block_bytes;
+        let action = match rules.residue {
+            Residue::Partial | Residue::Forbidden if whole => Some(BlockAction::Ssd),
+            Residue::Forbidden => Some(BlockAction::Rewrite),
+            Residue::Partial | Residue::All => residue_action(entry(lblock), start, stop, src, geometry, rules.max_segments),
         };
         match action {
             Some(action) => plan.blocks.push(BlockPlan { lblock, start, end: stop, src, action }),
@@ -127,8 +149,15 @@ pub fn partition<'m>(
     plan
 }
 
-/// The residue plan for one partly covered block; `None` if an upage header overflows.
-fn residue_action(current: Option<&BlockEntry>, start: u32, end: u32, src: usize, geometry: &Geometry) -> Option<BlockAction> {
+/// The residue plan for one block; `None` if an upage header overflows.
+fn residue_action(
+    current: Option<&BlockEntry>,
+    start: u32,
+    end: u32,
+    src: usize,
+    geometry: &Geometry,
+    max_segments: usize,
+) -> Option<BlockAction> {
     let page = geometry.page_bytes;
     let mut pages = Vec::new();
     let mut position = start;
@@ -150,7 +179,7 @@ fn residue_action(current: Option<&BlockEntry>, start: u32, end: u32, src: usize
                     let merged = chunks.with(ps, pe);
                     if merged.covers_whole(page) {
                         PageTarget::UpageToPage(*p)
-                    } else if merged.len() > UPAGE_MAX_CHUNKS {
+                    } else if merged.len() > max_segments {
                         return None;
                     } else {
                         PageTarget::InPlaceUpage { page: *p, chunks: merged }

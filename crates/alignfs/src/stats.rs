@@ -50,6 +50,8 @@ counters! {
     journal_records: "journal records committed",
     journal_bytes: "journal payload bytes committed",
     checkpoints: "checkpoints written",
+    migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
+    migrations_sync: "blocks flushed by fsync or unmount (scrap)",
 }
 
 #[derive(Default)]
@@ -106,6 +108,10 @@ pub struct Usage {
     pub checkpoint_used_bytes: u64,
     #[serde(default)]
     pub checkpoint_capacity_bytes: u64,
+    /// The most residue units in use at once since the volume opened (`scrap`: never above
+    /// `--scrap-mem`).
+    #[serde(default)]
+    pub fast_pages_peak: u64,
 }
 
 /// Counters plus gauges, as reported by [`crate::Volume::stats`].

@@ -63,15 +63,15 @@ fn damaged_checkpoint_is_refused() {
     .superblock()
     .clone();
     // Both slots' headers destroyed.
-    devices.fast.write(sb.fast.checkpoint_a_offset, &[0u8; 64]);
-    devices.fast.write(sb.fast.checkpoint_b_offset, &[0u8; 64]);
+    devices.fast.write(sb.layout.checkpoint_a_offset, &[0u8; 64]);
+    devices.fast.write(sb.layout.checkpoint_b_offset, &[0u8; 64]);
     expect_refusal(&devices, "checkpoint");
 }
 
 #[test]
 fn damaged_journal_middle_is_refused() {
     let devices = populated();
-    let layout = devices.open(VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap().superblock().fast;
+    let layout = devices.open(VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap().superblock().layout;
     // The second record's payload.
     let mut header = [0u8; 24];
     devices.fast.read(layout.journal_offset, &mut header);
@@ -85,7 +85,7 @@ fn damaged_journal_middle_is_refused() {
 fn torn_journal_tail_is_dropped() {
     let devices = populated();
     let volume = devices.open(VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap();
-    let (layout, records) = (volume.superblock().fast, volume.recovery().records_replayed);
+    let (layout, records) = (volume.superblock().layout, volume.recovery().records_replayed);
     drop(volume);
     // Walk to the last record and tear its payload, as a crash mid-append would.
     let mut at = layout.journal_offset;
@@ -107,7 +107,7 @@ fn random_damage_never_panics() {
     let mut rng = StdRng::seed_from_u64(seed("bad_input::random_damage_never_panics"));
     let devices = populated();
     let pristine = devices.fast_bytes();
-    let layout = devices.open(VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap().superblock().fast;
+    let layout = devices.open(VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap().superblock().layout;
     let metadata_end = layout.pages_offset as usize;
     for _ in 0..300 {
         devices.fast.write(0, &pristine);

@@ -11,7 +11,7 @@ use super::encoding::{decode_attr, decode_entry, encode_attr, encode_entry, xatt
 use super::MetaMedium;
 use crate::codec::{crc32c, Decoder, Encoder, Short};
 use crate::error::{Error, Result};
-use crate::map::FileMap;
+use crate::map::{BlockEntry, FileMap};
 use crate::meta::{FileKind, Ino, Inode, InodeData, MetaState, XATTR_VALUE_MAX};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"ACKP");
@@ -137,8 +137,29 @@ impl CheckpointSlots {
     }
 }
 
-/// Serialize the whole state. Callers hold the commit lock, so it is consistent.
-pub fn encode_state(state: &MetaState, counters: &[u64]) -> Vec<u8> {
+/// What a checkpoint records of the live state. With a persistent residue store that is
+/// the state itself; with a volatile one (`scrap`) it is what survives a crash: no residue
+/// units, and each file's size as last journaled.
+pub trait DurableView {
+    fn entry(&self, entry: &BlockEntry) -> Option<BlockEntry>;
+    fn size(&self, ino: Ino, size: u64) -> u64;
+}
+
+/// The live state as it is.
+pub struct AsIs;
+
+impl DurableView for AsIs {
+    fn entry(&self, entry: &BlockEntry) -> Option<BlockEntry> {
+        Some(entry.clone())
+    }
+    fn size(&self, _ino: Ino, size: u64) -> u64 {
+        size
+    }
+}
+
+/// Serialize the whole state as `view` sees it. Callers hold the commit lock, so it is
+/// consistent.
+pub fn encode_state(state: &MetaState, counters: &[u64], view: &dyn DurableView) -> Vec<u8> {
     let mut e = Encoder::new();
     e.u64(state.next_ino.load(std::sync::atomic::Ordering::SeqCst));
     e.u32(counters.len() as u32);
@@ -149,7 +170,9 @@ pub fn encode_state(state: &MetaState, counters: &[u64]) -> Vec<u8> {
     e.u64(inodes.len() as u64);
     for inode in inodes {
         let data = inode.data.lock();
-        encode_attr(&mut e, &data.attr);
+        let mut attr = data.attr.clone();
+        attr.size = view.size(inode.ino, attr.size);
+        encode_attr(&mut e, &attr);
         e.u64(data.parent.0).blob(&data.target);
         e.u64(data.entries.len() as u64);
         for (name, ino) in &data.entries {
@@ -161,8 +184,9 @@ pub fn encode_state(state: &MetaState, counters: &[u64]) -> Vec<u8> {
         }
         drop(data);
         let map = inode.map.lock();
-        e.u64(map.len() as u64);
-        for (lblock, entry) in map.iter() {
+        let entries: Vec<(u64, BlockEntry)> = map.iter().filter_map(|(&lb, entry)| Some((lb, view.entry(entry)?))).collect();
+        e.u64(entries.len() as u64);
+        for (lblock, entry) in &entries {
             e.u64(*lblock);
             encode_entry(&mut e, entry);
         }

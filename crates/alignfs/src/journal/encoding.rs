@@ -25,7 +25,7 @@ pub fn encode_entry(e: &mut Encoder, entry: &BlockEntry) {
                     Overlay::Upage { page, chunks } => {
                         e.u8(*index).u8(1).u64(page.0).u8(chunks.len() as u8);
                         for &(s, end) in chunks.ranges() {
-                            e.u16(s).u16(end);
+                            e.u32(s).u32(end);
                         }
                     }
                 }
@@ -70,7 +70,7 @@ pub fn decode_entry(d: &mut Decoder<'_>, pages_per_block: usize, page_bytes: u32
                         }
                         let mut ranges = Vec::with_capacity(count);
                         for _ in 0..count {
-                            ranges.push((d.u16()?, d.u16()?));
+                            ranges.push((d.u32()?, d.u32()?));
                         }
                         match Chunks::from_ranges(ranges, page_bytes) {
                             Some(chunks) => Overlay::Upage { page, chunks },

@@ -204,7 +204,7 @@ mod tests {
         let state = |generation: u64| {
             let state = crate::meta::MetaState::fresh(0, 0, 0);
             state.next_ino.store(1000 + generation, std::sync::atomic::Ordering::SeqCst);
-            crate::journal::checkpoint_payload(&state, &[generation])
+            crate::journal::checkpoint_payload(&state, &[generation], &crate::journal::AsIs)
         };
         let cleared_at = log.position();
         let mut written_at = Vec::new();

@@ -8,6 +8,8 @@ struct Bits {
     capacity: u64,
     free: u64,
     cursor: u64,
+    /// The most units ever in use at once.
+    peak_used: u64,
 }
 
 impl Bits {
@@ -32,7 +34,7 @@ impl BitmapAllocator {
     /// `capacity` units, all free except `reserved` (e.g. the superblock's block).
     pub fn new(capacity: u64, reserved: &[u64]) -> BitmapAllocator {
         let words = vec![0u64; capacity.div_ceil(64) as usize];
-        let mut bits = Bits { words, capacity, free: capacity, cursor: 0 };
+        let mut bits = Bits { words, capacity, free: capacity, cursor: 0, peak_used: 0 };
         for &id in reserved {
             if id < capacity && !bits.used(id) {
                 bits.set(id, true);
@@ -80,6 +82,7 @@ impl BitmapAllocator {
         }
         bits.free -= n as u64;
         bits.cursor = id;
+        bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
         Some(out)
     }
 
@@ -101,7 +104,13 @@ impl BitmapAllocator {
         }
         bits.set(id, true);
         bits.free -= 1;
+        bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
         true
+    }
+
+    /// The most units in use at any moment since the allocator was built.
+    pub fn peak_used_count(&self) -> u64 {
+        self.bits.lock().peak_used
     }
 }
 
@@ -126,5 +135,6 @@ mod tests {
         assert!(!a.claim(500));
         a.free([5]);
         assert!(a.claim(5));
+        assert_eq!(a.peak_used_count(), 130);
     }
 }

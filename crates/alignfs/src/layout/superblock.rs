@@ -3,10 +3,10 @@
 
 use crate::codec::{crc32c, Decoder, Encoder, Short};
 use crate::error::{Error, Result};
-use crate::geometry::{FastLayout, Geometry, SUPERBLOCK_BYTES};
+use crate::geometry::{MetaLayout, Geometry, SUPERBLOCK_BYTES};
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceRole {
@@ -19,22 +19,39 @@ pub enum DeviceRole {
 pub enum Profile {
     /// OrchFS: persistent fast tier with pages and upages.
     Orch = 1,
+    /// WSBuffer: DRAM scrap pages, metadata on the SSD, no persistent memory.
+    Scrap = 2,
 }
 
 impl Profile {
     pub fn name(self) -> &'static str {
         match self {
             Profile::Orch => "orch",
+            Profile::Scrap => "scrap",
         }
+    }
+
+    /// Most segments one residue unit's header holds.
+    pub fn max_segments(self) -> usize {
+        match self {
+            Profile::Orch => crate::geometry::UPAGE_MAX_CHUNKS,
+            Profile::Scrap => crate::geometry::SCRAP_MAX_SEGMENTS,
+        }
+    }
+
+    /// Whether the profile keeps residue in a persistent fast tier (a device of its own).
+    pub fn has_fast_tier(self) -> bool {
+        matches!(self, Profile::Orch)
     }
 
     pub fn parse(name: &str) -> Result<Profile> {
         match name {
             "orch" => Ok(Profile::Orch),
-            "scrap" | "byte" | "uhs" | "nvstore" => {
-                Err(Error::InvalidArgument(format!("profile {name:?} is planned but not implemented yet; use \"orch\"")))
+            "scrap" => Ok(Profile::Scrap),
+            "byte" | "uhs" | "nvstore" => {
+                Err(Error::InvalidArgument(format!("profile {name:?} is planned but not implemented yet; use \"orch\" or \"scrap\"")))
             }
-            other => Err(Error::InvalidArgument(format!("unknown profile {other:?} (known: orch)"))),
+            other => Err(Error::InvalidArgument(format!("unknown profile {other:?} (known: orch, scrap)"))),
         }
     }
 }
@@ -45,15 +62,27 @@ pub struct Superblock {
     pub profile: Profile,
     pub uuid: [u8; 16],
     pub geometry: Geometry,
+    /// 0 for profiles without a fast tier.
     pub fast_bytes: u64,
     pub ssd_bytes: u64,
-    pub fast: FastLayout,
+    /// On the fast tier, or at the start of the SSD when the profile has no fast tier.
+    pub layout: MetaLayout,
     pub created_unix_ns: i64,
 }
 
 impl Superblock {
     pub fn ssd_blocks(&self) -> u64 {
         self.ssd_bytes / self.geometry.block()
+    }
+
+    /// SSD blocks that never hold file data: block 0 (the superblock), and the metadata
+    /// area when it lives on the SSD.
+    pub fn reserved_ssd_blocks(&self) -> u64 {
+        if self.profile.has_fast_tier() {
+            1
+        } else {
+            self.layout.reserved_ssd_blocks(&self.geometry)
+        }
     }
 
     pub fn uuid_string(&self) -> String {
@@ -67,7 +96,7 @@ impl Superblock {
         let g = &self.geometry;
         e.u32(g.block_bytes).u32(g.page_bytes).u32(g.split_bytes).u32(g.io_workers);
         e.u64(self.fast_bytes).u64(self.ssd_bytes);
-        let f = &self.fast;
+        let f = &self.layout;
         e.u64(f.checkpoint_bytes).u64(f.checkpoint_a_offset).u64(f.checkpoint_b_offset);
         e.u64(f.journal_offset).u64(f.journal_bytes).u64(f.pages_offset).u64(f.page_count);
         e.i64(self.created_unix_ns);
@@ -103,6 +132,7 @@ impl Superblock {
         };
         let profile = match d.u32().map_err(short)? {
             1 => Profile::Orch,
+            2 => Profile::Scrap,
             other => return Err(corrupt(format!("unknown profile {other}"))),
         };
         let mut uuid = [0u8; 16];
@@ -115,7 +145,7 @@ impl Superblock {
         };
         let fast_bytes = d.u64().map_err(short)?;
         let ssd_bytes = d.u64().map_err(short)?;
-        let fast = FastLayout {
+        let layout = MetaLayout {
             checkpoint_bytes: d.u64().map_err(short)?,
             checkpoint_a_offset: d.u64().map_err(short)?,
             checkpoint_b_offset: d.u64().map_err(short)?,
@@ -131,15 +161,21 @@ impl Superblock {
         if stored != actual {
             return Err(corrupt(format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})")));
         }
-        geometry.validate().map_err(|e| corrupt(e.to_string()))?;
-        let expected = FastLayout::compute(fast_bytes, &geometry).map_err(|e| corrupt(e.to_string()))?;
-        if expected != fast {
-            return Err(corrupt("fast-tier layout does not match its size and geometry".into()));
+        geometry.validate(profile).map_err(|e| corrupt(e.to_string()))?;
+        let expected = if profile.has_fast_tier() {
+            MetaLayout::compute(fast_bytes, &geometry)
+        } else if fast_bytes != 0 || role != DeviceRole::Ssd {
+            return Err(corrupt(format!("profile {} has no fast tier", profile.name())));
+        } else {
+            MetaLayout::on_ssd(ssd_bytes, &geometry)
+        };
+        if expected.map_err(|e| corrupt(e.to_string()))? != layout {
+            return Err(corrupt("metadata layout does not match the device size and geometry".into()));
         }
         if ssd_bytes / geometry.block() < 2 {
             return Err(corrupt(format!("SSD size {ssd_bytes} holds fewer than two blocks")));
         }
-        Ok(Superblock { role, profile, uuid, geometry, fast_bytes, ssd_bytes, fast, created_unix_ns })
+        Ok(Superblock { role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns })
     }
 }
 
@@ -157,7 +193,7 @@ mod tests {
             geometry,
             fast_bytes: GIB,
             ssd_bytes: 8 * GIB,
-            fast: FastLayout::compute(GIB, &geometry).unwrap(),
+            layout: MetaLayout::compute(GIB, &geometry).unwrap(),
             created_unix_ns: 42,
         }
     }
@@ -166,6 +202,23 @@ mod tests {
     fn round_trip() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode(), "dev").unwrap(), sb);
+    }
+
+    #[test]
+    fn scrap_round_trip() {
+        let geometry = Geometry::for_profile(Profile::Scrap);
+        let sb = Superblock {
+            role: DeviceRole::Ssd,
+            profile: Profile::Scrap,
+            fast_bytes: 0,
+            geometry,
+            layout: MetaLayout::on_ssd(8 * GIB, &geometry).unwrap(),
+            ..sample()
+        };
+        assert_eq!(Superblock::decode(&sb.encode(), "dev").unwrap(), sb);
+        assert!(sb.reserved_ssd_blocks() > 1);
+        let with_fast = Superblock { fast_bytes: GIB, ..sb.clone() };
+        assert!(matches!(Superblock::decode(&with_fast.encode(), "dev"), Err(Error::Corrupt { .. })));
     }
 
     #[test]

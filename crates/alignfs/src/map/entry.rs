@@ -11,29 +11,29 @@ pub struct SsdBlock(pub u64);
 /// The valid byte ranges of an upage, as sorted, disjoint, non-adjacent `(start, end)`
 /// offsets within the page. At most [`crate::geometry::UPAGE_MAX_CHUNKS`] ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Chunks(Vec<(u16, u16)>);
+pub struct Chunks(Vec<(u32, u32)>);
 
 impl Chunks {
     pub fn single(start: u32, end: u32) -> Chunks {
-        Chunks(vec![(start as u16, end as u16)])
+        Chunks(vec![(start, end)])
     }
 
     /// Ranges as stored: `(start, end)` pairs.
-    pub fn ranges(&self) -> &[(u16, u16)] {
+    pub fn ranges(&self) -> &[(u32, u32)] {
         &self.0
     }
 
     /// Build from decoded pairs; `None` if they are not sorted, disjoint, non-adjacent,
     /// non-empty and within `page_bytes`.
-    pub fn from_ranges(ranges: Vec<(u16, u16)>, page_bytes: u32) -> Option<Chunks> {
-        let ordered = ranges.iter().all(|&(s, e)| s < e && u32::from(e) <= page_bytes) && ranges.windows(2).all(|w| w[0].1 < w[1].0);
+    pub fn from_ranges(ranges: Vec<(u32, u32)>, page_bytes: u32) -> Option<Chunks> {
+        let ordered = ranges.iter().all(|&(s, e)| s < e && e <= page_bytes) && ranges.windows(2).all(|w| w[0].1 < w[1].0);
         ordered.then_some(Chunks(ranges))
     }
 
     /// The ranges after inserting `start..end`, merged with every range it overlaps or
     /// touches (the header's merge-on-insert).
     pub fn with(&self, start: u32, end: u32) -> Chunks {
-        let (mut s, mut e) = (start as u16, end as u16);
+        let (mut s, mut e) = (start, end);
         let mut out = Vec::with_capacity(self.0.len() + 1);
         let mut placed = false;
         for &(cs, ce) in &self.0 {
@@ -58,7 +58,6 @@ impl Chunks {
 
     /// The ranges clipped to `..limit`.
     pub fn clipped(&self, limit: u32) -> Chunks {
-        let limit = limit.min(u32::from(u16::MAX)) as u16;
         Chunks(self.0.iter().filter(|&&(s, _)| s < limit).map(|&(s, e)| (s, e.min(limit))).collect())
     }
 
@@ -71,7 +70,7 @@ impl Chunks {
     }
 
     pub fn covers_whole(&self, page_bytes: u32) -> bool {
-        self.0 == [(0, page_bytes as u16)] && page_bytes <= u32::from(u16::MAX)
+        self.0 == [(0, page_bytes)]
     }
 }
 
@@ -142,7 +141,7 @@ mod tests {
         assert_eq!(c.with(0, 4096).ranges(), &[(0, 4096)]);
         assert!(c.with(0, 4096).covers_whole(4096));
         assert_eq!(c.clipped(350).ranges(), &[(100, 200), (300, 350)]);
-        assert_eq!(c.clipped(100).ranges(), &[] as &[(u16, u16)]);
+        assert_eq!(c.clipped(100).ranges(), &[] as &[(u32, u32)]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
+use crate::geometry::{SCRAP_MAX_SEGMENTS, UPAGE_MAX_CHUNKS};
 use crate::test_support::{scaled, seed};
 
 #[derive(Default)]
@@ -147,7 +148,7 @@ fn execute(store: &mut Store, rng: &mut StdRng, g: &Geometry, current: Option<&B
     next_entry(current, plan, new_block, &new_pages)
 }
 
-fn check_case(rng: &mut StdRng, g: &Geometry, allow_residue: bool) {
+fn check_case(rng: &mut StdRng, g: &Geometry, rules: Rules) {
     let block = g.block();
     let nblocks = rng.random_range(1..=5u64);
     let mut store = Store::default();
@@ -170,16 +171,16 @@ fn check_case(rng: &mut StdRng, g: &Geometry, allow_residue: bool) {
     let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
 
     let before: Vec<Vec<u8>> = (0..=span / block + 3).map(|lb| store.materialize(map.get(&lb), g)).collect();
-    let mut plan = partition(offset, len, file_size, g, allow_residue, |lb| map.get(&lb));
+    let mut plan = partition(offset, len, file_size, g, rules, |lb| map.get(&lb));
     if !plan.merge_first.is_empty() {
-        assert!(allow_residue, "only upages overflow");
+        assert_ne!(rules.residue, Residue::Forbidden, "only upages overflow");
         for lb in &plan.merge_first {
             let bytes = store.materialize(map.get(lb), g);
             let b = store.fresh_block(g, rng);
             store.blocks.insert(b, bytes);
             map.insert(*lb, BlockEntry::Ssd { block: b, overlays: Vec::new() });
         }
-        plan = partition(offset, len, file_size, g, allow_residue, |lb| map.get(&lb));
+        plan = partition(offset, len, file_size, g, rules, |lb| map.get(&lb));
         assert!(plan.merge_first.is_empty(), "a merged block never overflows again");
     }
     assert_eq!(plan.new_size, file_size.max(offset + len));
@@ -190,8 +191,11 @@ fn check_case(rng: &mut StdRng, g: &Geometry, allow_residue: bool) {
         assert_eq!(bp.lblock * block + u64::from(bp.start), offset + covered, "contiguous coverage");
         assert_eq!(bp.src as u64, covered);
         match &bp.action {
-            BlockAction::Ssd => assert_eq!((bp.start, bp.end), (0, g.block_bytes), "SSD writes are whole blocks"),
-            BlockAction::Rewrite => assert!(!allow_residue, "no read-before-write with residue allowed"),
+            BlockAction::Ssd => {
+                assert_eq!((bp.start, bp.end), (0, g.block_bytes), "SSD writes are whole blocks");
+                assert_ne!(rules.residue, Residue::All, "a small scrap write stays in the buffer");
+            }
+            BlockAction::Rewrite => assert_eq!(rules.residue, Residue::Forbidden, "no read-before-write with residue allowed"),
             BlockAction::Fast(pages) | BlockAction::Overlay(pages) => {
                 let mut inner = bp.start;
                 for p in pages {
@@ -236,7 +240,14 @@ fn geometries() -> Vec<Geometry> {
         Geometry { block_bytes: 4096, page_bytes: 512, split_bytes: 4096, io_workers: 1 },
         Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 8192, io_workers: 1 },
         Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 65536, io_workers: 1 },
+        // A scrap page is one block.
+        Geometry { block_bytes: 65536, page_bytes: 65536, split_bytes: 65536, io_workers: 1 },
     ]
+}
+
+/// `orch`'s rules, or the slow path's when residue is not allowed.
+fn rules(allow_residue: bool) -> Rules {
+    Rules { residue: if allow_residue { Residue::Partial } else { Residue::Forbidden }, max_segments: UPAGE_MAX_CHUNKS }
 }
 
 #[test]
@@ -245,9 +256,20 @@ fn random_writes_match_the_model() {
     let mut rng = StdRng::seed_from_u64(seed);
     // Small geometries make a case cheap, so most of the million cases use them.
     let small = Geometry { block_bytes: 4096, page_bytes: 512, split_bytes: 4096, io_workers: 1 };
+    let scrap = Geometry { block_bytes: 4096, page_bytes: 4096, split_bytes: 4096, io_workers: 1 };
+    let all = geometries();
     for case in 0..scaled(1_000_000) {
-        let g = if case % 50 == 0 { geometries()[(case / 50 % 4) as usize] } else { small };
-        check_case(&mut rng, &g, case % 7 != 0);
+        let g = match case % 50 {
+            0 => all[(case / 50) as usize % all.len()],
+            1..=10 => scrap,
+            _ => small,
+        };
+        let rules = match case % 7 {
+            0 => rules(false),
+            1 | 2 => Rules { residue: Residue::All, max_segments: SCRAP_MAX_SEGMENTS },
+            _ => rules(true),
+        };
+        check_case(&mut rng, &g, rules);
     }
 }
 
@@ -269,7 +291,7 @@ fn orchfs_paper_example() {
         BlockEntry::Ssd { block: SsdBlock(2), overlays: vec![(5, Overlay::Upage { page: PageNo(10), chunks: Chunks::single(0, 1024) })] },
     );
     map.insert(4, BlockEntry::Fast { pages: (0..7).map(|i| (i, PageNo(20 + u64::from(i)))).collect() });
-    let plan = partition(89 * k, 105 * k, 154 * k, &g, true, |lb| map.get(&lb));
+    let plan = partition(89 * k, 105 * k, 154 * k, &g, rules(true), |lb| map.get(&lb));
     assert_eq!(plan.new_size, 194 * k);
     let kinds: Vec<(u64, &str)> = plan
         .blocks
@@ -307,10 +329,10 @@ fn header_overflow_asks_for_a_merge() {
     }
     let map: BTreeMap<u64, BlockEntry> =
         [(0, BlockEntry::Ssd { block: SsdBlock(1), overlays: vec![(0, Overlay::Upage { page: PageNo(1), chunks })] })].into();
-    let plan = partition(3000, 5, 32768, &g, true, |lb| map.get(&lb));
+    let plan = partition(3000, 5, 32768, &g, rules(true), |lb| map.get(&lb));
     assert_eq!(plan.merge_first, vec![0]);
     assert!(plan.blocks.is_empty());
     // Touching an existing chunk merges instead of overflowing.
-    let plan = partition(105, 20, 32768, &g, true, |lb| map.get(&lb));
+    let plan = partition(105, 20, 32768, &g, rules(true), |lb| map.get(&lb));
     assert!(plan.merge_first.is_empty());
 }

@@ -10,8 +10,10 @@
 //! same trait.
 
 mod pmem_pages;
+mod scrap_pages;
 
 pub use pmem_pages::PmemPages;
+pub use scrap_pages::ScrapPages;
 
 use crate::map::PageNo;
 
@@ -20,6 +22,11 @@ pub trait ResidueStore: Send + Sync {
     fn unit_bytes(&self) -> u32;
     fn capacity_units(&self) -> u64;
     fn used_units(&self) -> u64;
+    /// The most units in use at once since the volume opened.
+    fn peak_used_units(&self) -> u64;
+    /// Whether stored residue survives a crash. A volatile store's units are never named
+    /// in the journal: a block's residue becomes durable when it is flushed to the SSD.
+    fn durable(&self) -> bool;
     /// `n` units, all or none.
     fn allocate(&self, n: usize) -> Option<Vec<PageNo>>;
     fn free(&self, units: &[PageNo]);

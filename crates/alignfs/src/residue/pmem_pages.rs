@@ -40,6 +40,12 @@ impl ResidueStore for PmemPages {
     fn used_units(&self) -> u64 {
         self.allocator.used_count()
     }
+    fn peak_used_units(&self) -> u64 {
+        self.allocator.peak_used_count()
+    }
+    fn durable(&self) -> bool {
+        true
+    }
     fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
         self.allocator.allocate(n).map(|ids| ids.into_iter().map(PageNo).collect())
     }

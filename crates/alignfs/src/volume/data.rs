@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
-use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan};
+use crate::layout::Profile;
+use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
 use crate::stats::Counter;
 
 /// Largest file offset: keeps every block index and byte position far from overflow.
@@ -103,11 +104,16 @@ impl Volume {
         self.inner.truncate_locked(&inode, size)
     }
 
-    /// Make the file durable. Every acknowledged write already is (its SSD blocks were
-    /// flushed before its map edit was journaled), so this only retries a flush that
-    /// failed.
+    /// Make the file durable. With a persistent residue store every acknowledged write
+    /// already is (its SSD blocks were flushed before its map edit was journaled), so this
+    /// only retries a flush that failed. With a volatile one (`scrap`) it first flushes
+    /// the file's scrap pages to the SSD and journals its size.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
-        self.inner.get(ino)?;
+        let inode = self.inner.get(ino)?;
+        if !self.inner.residue.durable() && inode.kind == FileKind::File && !self.inner.options.read_only {
+            let _guard = inode.range.write(0, u64::MAX);
+            self.inner.sync_file_locked(&inode)?;
+        }
         self.inner.flush_ssd()
     }
 
@@ -242,11 +248,14 @@ impl Inner {
     /// pages and the current entry of each planned block (stable: the caller holds the
     /// range lock).
     fn plan_write(&self, inode: &Arc<Inode>, offset: u64, len: u64, size: u64) -> Result<(Plan, Vec<PageNo>, Vec<Option<BlockEntry>>)> {
-        let mut allow_residue = true;
+        let profile = self.superblock.profile;
+        // WSBuffer's buffer-minimized writes: below the request threshold, all of it.
+        let mut residue = if profile == Profile::Scrap && len < self.options.request_threshold { Residue::All } else { Residue::Partial };
         loop {
+            let rules = Rules { residue, max_segments: profile.max_segments() };
             let (plan, entries) = {
                 let map = inode.map.lock();
-                let plan = partition(offset, len, size, &self.geometry, allow_residue, |lb| map.get(&lb));
+                let plan = partition(offset, len, size, &self.geometry, rules, |lb| map.get(&lb));
                 let entries: Vec<Option<BlockEntry>> = plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect();
                 (plan, entries)
             };
@@ -262,7 +271,10 @@ impl Inner {
             }
             match self.reserve_pages(needed) {
                 Some(pages) => return Ok((plan, pages, entries)),
-                None => allow_residue = false,
+                // No room even after migrating: whole blocks go direct, then nothing is
+                // residue (the slow path).
+                None if residue == Residue::All => residue = Residue::Partial,
+                None => residue = Residue::Forbidden,
             }
         }
     }
@@ -330,6 +342,7 @@ impl Inner {
         // Residue, while the SSD works.
         let mut fresh = pages.iter();
         let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
+        let mut full: Vec<u64> = Vec::new();
         for bp in &plan.blocks {
             let mut bound = Vec::new();
             if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
@@ -344,6 +357,14 @@ impl Inner {
                         bound.push(unit);
                     }
                     self.store_residue(unit, p.start, bytes, zero_fill);
+                    // A unit written to its end (a block's tail, or now whole) needs no
+                    // read to flush: a volatile store queues it at once (WSBuffer's
+                    // stage 2).
+                    let whole = matches!(p.target, PageTarget::UpageToPage(_) | PageTarget::NewPage { zero_fill: false });
+                    let to_end = p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
+                    if (whole || to_end) && !self.residue.durable() {
+                        full.push(bp.lblock);
+                    }
                     let counter = if matches!(p.target, PageTarget::NewUpage | PageTarget::InPlaceUpage { .. }) {
                         Counter::upage_write_bytes
                     } else {
@@ -374,6 +395,11 @@ impl Inner {
                 Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
             })
             .collect();
+        if !full.is_empty() {
+            full.dedup();
+            self.full_units.lock().extend(full.into_iter().map(|lb| (inode.ino, lb)));
+            self.notify_maintenance();
+        }
         Ok(ops)
     }
 
@@ -439,7 +465,7 @@ impl Inner {
                         Overlay::Page(unit) => self.residue.read(*unit, 0, &mut image[at..at + page]),
                         Overlay::Upage { page: unit, chunks } => {
                             for &(s, e) in chunks.ranges() {
-                                let (s, e) = (usize::from(s), usize::from(e));
+                                let (s, e) = (s as usize, e as usize);
                                 self.residue.read(*unit, s as u32, &mut image[at + s..at + e]);
                             }
                         }
@@ -644,8 +670,13 @@ impl Inner {
         self.stats.add(Counter::migration_read_bytes, read);
         let target = self.write_new_block(image)?;
         self.stats.add(Counter::migration_write_bytes, block);
-        let op = Op::Map { ino: inode.ino, lblock, entry: Some(BlockEntry::Ssd { block: target, overlays: Vec::new() }) };
-        match self.commit(&[op]) {
+        let mut ops = vec![Op::Map { ino: inode.ino, lblock, entry: Some(BlockEntry::Ssd { block: target, overlays: Vec::new() }) }];
+        if !self.residue.durable() {
+            // The file's size becomes durable as far as its data now is.
+            let attr = inode.attr();
+            ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
+        }
+        match self.commit(&ops) {
             Ok(freed) => self.release_freed(freed),
             Err(e) => {
                 self.release(&[], &[target]);
@@ -684,5 +715,52 @@ impl Inner {
             }
         }
         Ok(migrated)
+    }
+}
+
+/// Flushing a volatile residue store (`scrap`).
+impl Inner {
+    /// Flush every block of `inode` that holds residue, then journal its size and mtime:
+    /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
+    /// lock.
+    pub(crate) fn sync_file_locked(&self, inode: &Arc<Inode>) -> Result<()> {
+        let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
+        for lblock in held {
+            self.migrate_block_locked(inode, lblock, Counter::migrations_sync)?;
+        }
+        let attr = inode.attr();
+        if self.durable_size(inode.ino, attr.size) < attr.size {
+            let freed = self.commit(&[Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime }])?;
+            self.release_freed(freed);
+        }
+        Ok(())
+    }
+
+    /// [`Inner::sync_file_locked`] for every file (unmount).
+    pub(crate) fn sync_all(&self) -> Result<()> {
+        for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+            let _guard = inode.range.write(0, u64::MAX);
+            if self.meta.get(inode.ino).is_some() {
+                self.sync_file_locked(&inode)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Flush the blocks whose residue unit became full since the last call (WSBuffer's
+    /// stage 2: no read needed). Returns how many moved.
+    pub(crate) fn flush_full_units(&self) -> Result<u64> {
+        let queued = std::mem::take(&mut *self.full_units.lock());
+        let mut moved = 0;
+        for (ino, lblock) in queued {
+            let Some(inode) = self.meta.get(ino) else { continue };
+            let _guard = inode.range.write(lblock, lblock);
+            match self.migrate_block_locked(&inode, lblock, Counter::migrations_full) {
+                Ok(m) => moved += u64::from(m),
+                Err(Error::NotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(moved)
     }
 }

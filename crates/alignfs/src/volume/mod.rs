@@ -7,6 +7,7 @@
 
 mod check;
 mod data;
+mod durable;
 mod namespace;
 mod paths;
 
@@ -15,6 +16,7 @@ pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, DeviceSpec, DEFAULT_FAST_PATH};
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,12 +26,12 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, PmemRegion};
 use crate::error::{Error, Result};
-use crate::geometry::{FastLayout, Geometry, SUPERBLOCK_BYTES};
-use crate::journal::{checkpoint_payload, decode_ops, encode_ops, CheckpointSlots, Journal, PmemWindow};
+use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
+use crate::journal::{checkpoint_payload, decode_ops, encode_ops, AsIs, CheckpointSlots, Journal, MetaMedium, PmemWindow, SsdWindow};
 use crate::layout::{BitmapAllocator, DeviceRole, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, now_ns, FileKind, Freed, Ino, MetaState, Op};
-use crate::residue::{PmemPages, ResidueStore};
+use crate::residue::{PmemPages, ResidueStore, ScrapPages};
 use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
 
 /// How SSD data is read.
@@ -52,11 +54,24 @@ pub struct VolumeOptions {
     pub migrate_low: f64,
     /// Run the background maintenance thread (migration, checkpoints).
     pub background: bool,
+    /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`).
+    pub scrap_mem_bytes: u64,
+    /// `scrap`: writes this large or larger send their whole blocks straight to the SSD;
+    /// smaller ones go whole to the scrap buffer (WSBuffer's request-size threshold).
+    pub request_threshold: u64,
 }
 
 impl Default for VolumeOptions {
     fn default() -> Self {
-        VolumeOptions { read_mode: ReadMode::Buffered, read_only: false, migrate_high: 0.8, migrate_low: 0.6, background: true }
+        VolumeOptions {
+            read_mode: ReadMode::Buffered,
+            read_only: false,
+            migrate_high: 0.8,
+            migrate_low: 0.6,
+            background: true,
+            scrap_mem_bytes: 1 << 30,
+            request_threshold: 1 << 20,
+        }
     }
 }
 
@@ -93,7 +108,8 @@ struct Committer {
 pub(crate) struct Inner {
     superblock: Superblock,
     geometry: Geometry,
-    fast: Arc<PmemRegion>,
+    /// `None` for profiles without a fast tier.
+    fast: Option<Arc<PmemRegion>>,
     ssd: Arc<dyn BlockDevice>,
     residue: Arc<dyn ResidueStore>,
     blocks: BitmapAllocator,
@@ -111,6 +127,11 @@ pub(crate) struct Inner {
     wake_flag: Mutex<bool>,
     shutdown: AtomicBool,
     recovery: RecoveryReport,
+    /// Files whose size a crash would not keep (volatile residue only): ino → the size
+    /// last journaled.
+    unsynced_sizes: Mutex<HashMap<Ino, u64>>,
+    /// Blocks whose volatile residue unit became full, for the flusher.
+    full_units: Mutex<Vec<(Ino, u64)>>,
 }
 
 /// An open alignfs volume.
@@ -151,65 +172,126 @@ fn read_fast_superblock(fast: &PmemRegion) -> Vec<u8> {
     bytes
 }
 
-fn windows(fast: &Arc<PmemRegion>, layout: &FastLayout, name: &str) -> (Box<PmemWindow>, CheckpointSlots) {
-    let journal = Box::new(PmemWindow::new(Arc::clone(fast), layout.journal_offset, layout.journal_bytes));
-    let a = Box::new(PmemWindow::new(Arc::clone(fast), layout.checkpoint_a_offset, layout.checkpoint_bytes));
-    let b = Box::new(PmemWindow::new(Arc::clone(fast), layout.checkpoint_b_offset, layout.checkpoint_bytes));
+/// Where a volume's journal and checkpoints live.
+#[derive(Clone, Copy)]
+enum MetaDevice<'a> {
+    Fast(&'a Arc<PmemRegion>),
+    /// The metadata area at the start of the SSD, for profiles without a fast tier.
+    Ssd(&'a Arc<dyn BlockDevice>),
+}
+
+/// The journal and checkpoint slots on their device.
+fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(Box<dyn MetaMedium>, CheckpointSlots)> {
+    let window = |offset: u64, len: u64| -> Result<Box<dyn MetaMedium>> {
+        Ok(match device {
+            MetaDevice::Fast(fast) => Box::new(PmemWindow::new(Arc::clone(fast), offset, len)),
+            MetaDevice::Ssd(ssd) => Box::new(SsdWindow::open(Arc::clone(ssd), offset, len)?),
+        })
+    };
+    let journal = window(layout.journal_offset, layout.journal_bytes)?;
+    let a = window(layout.checkpoint_a_offset, layout.checkpoint_bytes)?;
+    let b = window(layout.checkpoint_b_offset, layout.checkpoint_bytes)?;
     let slots = CheckpointSlots::new(a, b, [layout.checkpoint_a_offset, layout.checkpoint_b_offset], name.to_string());
-    (journal, slots)
+    Ok((journal, slots))
+}
+
+/// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume.
+fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
+    for (bytes, device) in existing {
+        if Superblock::has_magic(bytes) {
+            let uuid = Superblock::decode(bytes, device).map_or("unreadable".into(), |sb| sb.uuid_string());
+            return Err(Error::AlreadyFormatted { device: device.clone(), uuid });
+        }
+    }
+    Ok(())
+}
+
+/// The superblock of a new volume (role fast; callers adjust it per device).
+fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevice, layout: MetaLayout) -> Result<Superblock> {
+    let geometry = options.geometry;
+    let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
+    if ssd_bytes / geometry.block() < 2 {
+        return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
+    }
+    Ok(Superblock {
+        role: DeviceRole::Fast,
+        profile: options.profile,
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        geometry,
+        fast_bytes,
+        ssd_bytes,
+        layout,
+        created_unix_ns: now_ns(),
+    })
+}
+
+/// Checkpoint generation 1: the root directory alone, owned by the formatting user.
+fn write_fresh_checkpoint(slots: &mut CheckpointSlots) -> Result<()> {
+    slots.clear()?;
+    let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
+    slots.write(&checkpoint_payload(&fresh, &[], &AsIs), 1)
+}
+
+/// Write (and flush) the SSD's superblock sector.
+fn write_ssd_superblock(ssd: &dyn BlockDevice, image: &[u8]) -> Result<()> {
+    let mut buf = AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize);
+    buf.copy_from_slice(image);
+    run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 0, buf }])?;
+    ssd.flush()
 }
 
 impl Volume {
-    /// Format both devices as one new volume. Refuses devices that already hold a volume
-    /// unless `options.force`.
+    /// Format both devices as one new `orch` volume. Refuses devices that already hold a
+    /// volume unless `options.force`.
     pub fn format(fast: &Arc<PmemRegion>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
+        if !options.profile.has_fast_tier() {
+            return Err(Error::InvalidArgument(format!("profile {} has no fast tier: format it with Volume::format_ssd", options.profile.name())));
+        }
         let geometry = options.geometry;
-        geometry.validate()?;
+        geometry.validate(options.profile)?;
         if !options.force {
-            let existing = [(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd)?, ssd.describe())];
-            for (bytes, device) in existing {
-                if Superblock::has_magic(&bytes) {
-                    let uuid = Superblock::decode(&bytes, &device).map_or("unreadable".into(), |sb| sb.uuid_string());
-                    return Err(Error::AlreadyFormatted { device, uuid });
-                }
-            }
+            refuse_existing(&[(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd)?, ssd.describe())])?;
         }
-        let fast_layout = FastLayout::compute(fast.len_bytes(), &geometry)?;
-        let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
-        if ssd_bytes / geometry.block() < 2 {
-            return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
-        }
-        let superblock = Superblock {
-            role: DeviceRole::Fast,
-            profile: options.profile,
-            uuid: *uuid::Uuid::new_v4().as_bytes(),
-            geometry,
-            fast_bytes: fast.len_bytes(),
-            ssd_bytes,
-            fast: fast_layout,
-            created_unix_ns: now_ns(),
-        };
+        let layout = MetaLayout::compute(fast.len_bytes(), &geometry)?;
+        let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
         // Invalidate what a previous volume left: its superblock first, so a crash during
         // format never leaves a half-new volume that opens.
         fast.write_persist(0, &[0u8; SUPERBLOCK_BYTES as usize]);
-        fast.zero(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
-        fast.persist(fast_layout.journal_offset, fast_layout.journal_bytes as usize);
-        let (_, mut slots) = windows(fast, &fast_layout, "fast tier");
-        slots.clear()?;
-        let uid = rustix::process::getuid().as_raw();
-        let gid = rustix::process::getgid().as_raw();
-        let fresh = MetaState::fresh(uid, gid, now_ns());
-        slots.write(&checkpoint_payload(&fresh, &[]), 1)?;
-        let mut ssd_image = AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize);
-        ssd_image.copy_from_slice(&Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode());
-        run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 0, buf: ssd_image }])?;
-        ssd.flush()?;
+        fast.zero(layout.journal_offset, layout.journal_bytes as usize);
+        fast.persist(layout.journal_offset, layout.journal_bytes as usize);
+        let (_, mut slots) = windows(MetaDevice::Fast(fast), &layout, "fast tier")?;
+        write_fresh_checkpoint(&mut slots)?;
+        write_ssd_superblock(ssd, &Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode())?;
         fast.write_persist(0, &superblock.encode());
         Ok(superblock)
     }
 
-    /// Open a formatted volume: check both superblocks, load the newest checkpoint, replay
-    /// the journal, rebuild the allocators. Nothing is written before every check passed.
+    /// Format an SSD as one new volume of a profile without a fast tier (`scrap`): the
+    /// superblock, checkpoints and journal go to a metadata area at its start.
+    pub fn format_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<Superblock> {
+        if options.profile.has_fast_tier() {
+            return Err(Error::InvalidArgument(format!("profile {} needs a fast tier", options.profile.name())));
+        }
+        let geometry = options.geometry;
+        geometry.validate(options.profile)?;
+        if !options.force {
+            refuse_existing(&[(read_ssd_superblock(ssd.as_ref())?, ssd.describe())])?;
+        }
+        let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
+        let layout = MetaLayout::on_ssd(ssd_bytes, &geometry)?;
+        let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
+        // As for `orch`: the old superblock goes first, the new one last.
+        write_ssd_superblock(ssd.as_ref(), &[0u8; SUPERBLOCK_BYTES as usize])?;
+        let (journal, mut slots) = windows(MetaDevice::Ssd(ssd), &layout, &ssd.describe())?;
+        journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
+        write_fresh_checkpoint(&mut slots)?;
+        write_ssd_superblock(ssd.as_ref(), &superblock.encode())?;
+        Ok(superblock)
+    }
+
+    /// Open a formatted `orch` volume: check both superblocks, load the newest checkpoint,
+    /// replay the journal, rebuild the allocators. Nothing is written before every check
+    /// passed.
     pub fn open(fast: Arc<PmemRegion>, ssd: Arc<dyn BlockDevice>, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
         let fast_name = format!("fast tier {}", fast.describe());
@@ -236,36 +318,69 @@ impl Volume {
                 format!("device is {} bytes, the volume needs {}", fast.len_bytes(), superblock.fast_bytes),
             ));
         }
+        Self::assemble(Some(fast), ssd, superblock, fast_name, options, started)
+    }
+
+    /// Open a formatted volume of a profile without a fast tier (`scrap`).
+    pub fn open_ssd(ssd: Arc<dyn BlockDevice>, options: VolumeOptions) -> Result<Volume> {
+        let started = Instant::now();
+        let ssd_name = format!("SSD {}", ssd.describe());
+        let superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref())?, &ssd_name)?;
+        if superblock.profile.has_fast_tier() {
+            return Err(Error::InvalidArgument(format!(
+                "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
+                superblock.profile.name()
+            )));
+        }
+        Self::assemble(None, ssd, superblock, ssd_name, options, started)
+    }
+
+    /// The rest of opening, once the superblocks agree: metadata, allocators, threads.
+    fn assemble(
+        fast: Option<Arc<PmemRegion>>,
+        ssd: Arc<dyn BlockDevice>,
+        superblock: Superblock,
+        meta_name: String,
+        options: VolumeOptions,
+        started: Instant,
+    ) -> Result<Volume> {
         if ssd.len_bytes() < superblock.ssd_bytes {
             return Err(Error::corrupt(
                 "superblock",
-                &ssd_name,
+                &format!("SSD {}", ssd.describe()),
                 0,
                 format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes),
             ));
         }
         let geometry = superblock.geometry;
-        let layout = superblock.fast;
+        let layout = superblock.layout;
         let (ppb, page_bytes) = (geometry.pages_per_block(), geometry.page_bytes);
-        let (journal_window, mut checkpoints) = windows(&fast, &layout, &fast_name);
+        let meta_device = match &fast {
+            Some(fast) => MetaDevice::Fast(fast),
+            None => MetaDevice::Ssd(&ssd),
+        };
+        let (journal_window, mut checkpoints) = windows(meta_device, &layout, &meta_name)?;
         let checkpoint = checkpoints.load(ppb, page_bytes)?;
-        let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, &fast_name)?;
+        let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, &meta_name)?;
         let meta = checkpoint.state;
         for (offset, payload) in &replay.payloads {
             let at = layout.journal_offset + offset;
-            let ops = decode_ops(payload, ppb, page_bytes).map_err(|s| Error::corrupt("journal record", &fast_name, at, s.to_string()))?;
+            let ops = decode_ops(payload, ppb, page_bytes).map_err(|s| Error::corrupt("journal record", &meta_name, at, s.to_string()))?;
             for op in &ops {
-                apply(&meta, op).map_err(|e| Error::corrupt("journal record", &fast_name, at, e.0))?;
+                apply(&meta, op).map_err(|e| Error::corrupt("journal record", &meta_name, at, e.0))?;
             }
         }
         let orphans: Vec<Ino> = meta.snapshot().iter().filter(|i| i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
         for ino in &orphans {
             meta.inodes.write().remove(ino);
         }
-        let residue: Arc<dyn ResidueStore> =
-            Arc::new(PmemPages::new(Arc::clone(&fast), layout.pages_offset, layout.page_count, page_bytes));
-        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &[0]);
-        claim_units(&meta, residue.as_ref(), &blocks, &fast_name)?;
+        let residue: Arc<dyn ResidueStore> = match &fast {
+            Some(fast) => Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, page_bytes)),
+            None => Arc::new(ScrapPages::new(options.scrap_mem_bytes, page_bytes)?),
+        };
+        let reserved: Vec<u64> = (0..superblock.reserved_ssd_blocks()).collect();
+        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &reserved);
+        claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
         let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
         let recovery = RecoveryReport {
             duration: started.elapsed(),
@@ -294,6 +409,8 @@ impl Volume {
             wake_flag: Mutex::new(false),
             shutdown: AtomicBool::new(false),
             recovery,
+            unsynced_sizes: Mutex::new(HashMap::new()),
+            full_units: Mutex::new(Vec::new()),
         });
         if !inner.options.read_only {
             // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
@@ -325,7 +442,8 @@ impl Volume {
     }
 
     pub fn describe_devices(&self) -> (String, String, String) {
-        (self.inner.fast.describe(), self.inner.ssd.describe(), self.inner.residue.describe())
+        let fast = self.inner.fast.as_ref().map_or_else(|| "none".to_string(), |f| f.describe());
+        (fast, self.inner.ssd.describe(), self.inner.residue.describe())
     }
 
     /// Write a checkpoint now (the journal restarts empty).
@@ -355,6 +473,7 @@ impl Volume {
                 checkpoint_generation: committer.checkpoints.generation(),
                 checkpoint_used_bytes: committer.checkpoints.used_bytes(),
                 checkpoint_capacity_bytes: committer.checkpoints.capacity_bytes(),
+                fast_pages_peak: inner.residue.peak_used_units(),
             },
             recovery: inner.recovery.clone(),
             io_backend: inner.ssd.describe(),
@@ -408,6 +527,9 @@ impl Volume {
             let _ = handle.join();
         }
         if clean && !self.inner.options.read_only {
+            if !self.inner.residue.durable() {
+                self.inner.sync_all()?;
+            }
             self.inner.ssd.flush()?;
             self.inner.checkpoint()?;
         }
@@ -453,10 +575,11 @@ impl Inner {
     }
 
     /// Journal `ops` as one record and apply them. Returns the units they released, which
-    /// the caller frees (after waiting out users of removed inodes).
+    /// the caller frees (after waiting out users of removed inodes). With a volatile
+    /// residue store, the record holds what a crash would keep of `ops` (see `durable`),
+    /// and no record at all when that is nothing.
     fn commit(&self, ops: &[Op]) -> Result<Freed> {
         self.check_writable()?;
-        let payload = encode_ops(ops);
         let mut committer = self.committer.lock();
         for op in ops {
             if let Op::Map { ino, .. }
@@ -470,6 +593,32 @@ impl Inner {
                 }
             }
         }
+        let durable = (!self.residue.durable()).then(|| self.durable_ops(ops));
+        let journaled = durable.as_ref().map_or(ops, |d| d.journal.as_slice());
+        if !journaled.is_empty() {
+            self.append_record(&mut committer, journaled)?;
+        }
+        let mut freed = Freed::default();
+        for op in ops {
+            let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
+            freed.extend(released);
+        }
+        if let Some(durable) = durable {
+            self.note_durable_sizes(&durable.sizes);
+            let mut unsynced = self.unsynced_sizes.lock();
+            for inode in &freed.removed {
+                unsynced.remove(&inode.ino);
+            }
+        }
+        if committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes() {
+            self.notify_maintenance();
+        }
+        Ok(freed)
+    }
+
+    /// Append one record holding `ops`, checkpointing first when the journal is full.
+    fn append_record(&self, committer: &mut Committer, ops: &[Op]) -> Result<()> {
+        let payload = encode_ops(ops);
         // The journal's last eighth is kept for records that only release space, so that
         // when the state has outgrown its checkpoint slot (nothing new fits) files can
         // still be deleted and truncated until a checkpoint fits again.
@@ -478,21 +627,13 @@ impl Inner {
             return Err(Error::MetadataFull(format!("one journal record of {} bytes exceeds the journal", payload.len())));
         }
         if !committer.journal.append(&payload, reserve)? {
-            self.checkpoint_locked(&mut committer)?;
+            self.checkpoint_locked(committer)?;
             let appended = committer.journal.append(&payload, reserve)?;
             assert!(appended, "a record that fits an empty journal fits after a checkpoint");
         }
         self.stats.add(Counter::journal_records, 1);
         self.stats.add(Counter::journal_bytes, payload.len() as u64);
-        let mut freed = Freed::default();
-        for op in ops {
-            let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
-            freed.extend(released);
-        }
-        if committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes() {
-            self.notify_maintenance();
-        }
-        Ok(freed)
+        Ok(())
     }
 
     /// Return units to their allocators.
@@ -522,7 +663,11 @@ impl Inner {
 
     fn checkpoint_locked(&self, committer: &mut Committer) -> Result<()> {
         self.stats.add(Counter::checkpoints, 1);
-        let payload = checkpoint_payload(&self.meta, &self.stats.all());
+        let payload = if self.residue.durable() {
+            checkpoint_payload(&self.meta, &self.stats.all(), &AsIs)
+        } else {
+            checkpoint_payload(&self.meta, &self.stats.all(), &durable::AfterCrash(self))
+        };
         let next_seq = committer.journal.next_seq();
         committer.checkpoints.write(&payload, next_seq)?;
         committer.journal.reset(next_seq);
@@ -545,6 +690,9 @@ impl Inner {
             }
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
+            }
+            if let Err(e) = self.flush_full_units() {
+                tracing::warn!("flushing full scrap pages: {e}");
             }
             let capacity = self.residue.capacity_units();
             let used = self.residue.used_units();

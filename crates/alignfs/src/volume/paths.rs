@@ -53,7 +53,7 @@ pub fn format_paths(
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
-    options.geometry.validate()?;
+    options.geometry.validate(options.profile)?;
     if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
     }
