@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Format a fast tier and an SSD as one new volume.
+    /// Format a new volume: a fast tier and an SSD (`orch`), or an SSD alone (`scrap`).
     Mkfs(MkfsArgs),
     /// Mount a volume through FUSE (the default devices are formatted on first use).
     Mount(mount::MountArgs),
@@ -85,18 +85,21 @@ impl DeviceArgs {
 struct MkfsArgs {
     #[command(flatten)]
     devices: DeviceArgs,
-    /// Profile (only `orch` is implemented so far).
+    /// Profile: `orch` (persistent fast tier + SSD) or `scrap` (SSD only; residue in DRAM
+    /// scrap pages, metadata on the SSD).
     #[arg(long, default_value = "orch")]
     profile: String,
-    /// SSD block size: the unit of every SSD write.
-    #[arg(long, default_value = "32K")]
-    block_size: String,
-    /// Fast-tier page size.
-    #[arg(long, default_value = "4K")]
-    page_size: String,
-    /// Interleaving unit of the SSD IO workers and largest SSD write (a multiple of the block size).
-    #[arg(long, default_value = "256K")]
-    split_size: String,
+    /// SSD block size: the unit of every SSD write (default 32K; for `scrap` it is the
+    /// scrap page, default 256K).
+    #[arg(long)]
+    block_size: Option<String>,
+    /// Fast-tier page size (default 4K; for `scrap` it equals the block size).
+    #[arg(long)]
+    page_size: Option<String>,
+    /// Interleaving unit of the SSD IO workers and largest SSD write, a multiple of the
+    /// block size (default 256K, or the block size when that is larger).
+    #[arg(long)]
+    split_size: Option<String>,
     /// SSD IO worker threads (each with its own io_uring).
     #[arg(long, default_value_t = 2)]
     io_workers: u32,
@@ -129,16 +132,26 @@ fn size_arg(text: &str, what: &str) -> Result<u32> {
 }
 
 fn mkfs(args: &MkfsArgs) -> Result<()> {
-    let geometry = Geometry {
-        block_bytes: size_arg(&args.block_size, "block-size")?,
-        page_bytes: size_arg(&args.page_size, "page-size")?,
-        split_bytes: size_arg(&args.split_size, "split-size")?,
-        io_workers: args.io_workers,
-    };
     let profile = Profile::parse(&args.profile)?;
+    let defaults = Geometry::for_profile(profile);
+    let block_bytes = args.block_size.as_deref().map_or(Ok(defaults.block_bytes), |t| size_arg(t, "block-size"))?;
+    let page_bytes = match (&args.page_size, profile) {
+        (Some(text), _) => size_arg(text, "page-size")?,
+        (None, Profile::Scrap) => block_bytes,
+        (None, Profile::Orch) => defaults.page_bytes,
+    };
+    let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
+    let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
     let (fast, ssd) = args.devices.specs()?;
+    let fast = if profile.has_fast_tier() {
+        Some(fast)
+    } else if args.devices.fast.is_some() {
+        anyhow::bail!("profile {} keeps no data in a fast tier; drop --fast", profile.name());
+    } else {
+        None
+    };
     let options = FormatOptions { geometry, profile, force: args.force };
-    let (sb, volume) = format_paths(&fast, &ssd, &options, args.devices.backend())?;
+    let (sb, volume) = format_paths(fast.as_ref(), &ssd, &options, args.devices.backend())?;
     let (fast_desc, ssd_desc, residue) = volume.describe_devices();
     println!("formatted alignfs volume {} (profile {})", sb.uuid_string(), sb.profile.name());
     println!("  fast tier: {fast_desc}");
@@ -181,7 +194,9 @@ fn stat(args: &StatArgs) -> Result<()> {
 fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let (fast, ssd) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
-    println!("checking superblocks, checkpoint, journal and unit references of {} + {}", fast.path.display(), ssd.path.display());
+    let scrap = alignfs::volume::ssd_superblock(&ssd.path).ok().flatten().is_some_and(|sb| !sb.profile.has_fast_tier());
+    let devices = if scrap { ssd.path.display().to_string() } else { format!("{} + {}", fast.path.display(), ssd.path.display()) };
+    println!("checking superblocks, checkpoint, journal and unit references of {devices}");
     let volume = match open_paths(&fast.path, &ssd.path, options, args.devices.backend()) {
         Ok(volume) => volume,
         Err(e) => {
@@ -223,11 +238,14 @@ fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
+    // `scrap` keeps its residue in DRAM scrap pages instead of a fast tier.
+    let residue = if r.fast_device == "none" { "scrap mem" } else { "fast tier" };
     println!(
-        "  fast tier: {} of {} pages used ({:.1}%)",
+        "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
         r.usage.fast_pages_used,
         r.usage.fast_pages_total,
-        pct(r.usage.fast_pages_used, r.usage.fast_pages_total)
+        pct(r.usage.fast_pages_used, r.usage.fast_pages_total),
+        r.usage.fast_pages_peak
     );
     println!(
         "  SSD:       {} of {} blocks used ({:.1}%)",

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alignfs::device::FaultPlan;
-use alignfs::volume::{format_paths, open_paths_with_faults, DeviceSpec};
+use alignfs::volume::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
 use alignfs_fuse::{AlignFs, FuseOptions, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
@@ -58,6 +58,14 @@ pub struct MountArgs {
     /// next SSD write). For testing error paths; docs/CRASH-CONSISTENCY.md.
     #[arg(long)]
     inject_faults: bool,
+    /// `scrap` volumes: the most DRAM the scrap pages may take. Writers wait for the
+    /// flusher when it is reached.
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    scrap_mem: String,
+    /// `scrap` volumes: writes this large or larger send their whole blocks straight to the
+    /// SSD; smaller writes go whole to the scrap buffer.
+    #[arg(long, value_name = "SIZE", default_value = "1M")]
+    request_threshold: String,
 }
 
 #[derive(Args)]
@@ -198,7 +206,13 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     }
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
     let faults = args.inject_faults.then(|| Arc::new(FaultPlan::default()));
-    let volume = open_volume(&args.devices, parsed.read_only, faults.clone())?;
+    let options = VolumeOptions {
+        read_only: parsed.read_only,
+        scrap_mem_bytes: alignfs::geometry::parse_size(&args.scrap_mem).context("--scrap-mem")?,
+        request_threshold: alignfs::geometry::parse_size(&args.request_threshold).context("--request-threshold")?,
+        ..VolumeOptions::default()
+    };
+    let volume = open_volume(&args.devices, options, faults.clone())?;
     let recovery = volume.recovery().clone();
     tracing::info!(
         "volume {} opened in {:?}: {} journal records replayed{}",
@@ -251,13 +265,13 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     Ok(())
 }
 
-fn open_volume(devices: &DeviceArgs, read_only: bool, faults: Option<Arc<FaultPlan>>) -> Result<alignfs::Volume> {
+fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<FaultPlan>>) -> Result<alignfs::Volume> {
     let (fast, ssd) = devices.specs()?;
-    let options = VolumeOptions { read_only, ..VolumeOptions::default() };
     let defaults = devices.fast.is_none() && devices.ssd.is_none();
+    let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.profile.has_fast_tier()));
     if defaults && !fast.path.exists() && !ssd.path.exists() {
         format_defaults(&fast, &ssd)?;
-    } else if defaults && !fast.path.exists() {
+    } else if defaults && !fast.path.exists() && needs_fast() {
         bail!(
             "the default fast tier {} is gone (tmpfs does not survive a reboot), and the SSD image {} cannot be read without it; \
              `alignfs mkfs --force` starts a new, empty volume",
@@ -272,13 +286,16 @@ fn open_volume(devices: &DeviceArgs, read_only: bool, faults: Option<Arc<FaultPl
         match open_paths_with_faults(&fast.path, &ssd.path, options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
+            Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.has_fast_tier() => {
+                bail!("{} holds a {} volume, which has no fast tier; drop --fast", ssd.path.display(), volume.superblock().profile.name())
+            }
             result => return Ok(result?),
         }
     }
 }
 
 fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {
-    let (sb, volume) = format_paths(fast, ssd, &FormatOptions::default(), None)?;
+    let (sb, volume) = format_paths(Some(fast), ssd, &FormatOptions::default(), None)?;
     volume.close()?;
     println!(
         "formatted a new default volume {}: fast tier {} ({}), SSD image {} ({})",

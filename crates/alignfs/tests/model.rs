@@ -2,14 +2,16 @@
 //! Model-based end-to-end test: random operations on a volume compared byte for byte with
 //! an in-memory reference, across geometries, read modes and fast-tier sizes (a tiny one
 //! keeps migration and the fast-tier-full path busy), with clean remounts, simulated
-//! crashes and forced migrations in between.
+//! crashes and forced migrations in between. `scrap` cases keep residue in DRAM: after a
+//! crash every synced byte must be back, and every other byte must hold a value it held
+//! since the last sync (or zero, where a block was never flushed).
 
 mod common;
 
 use alignfs::stats::Counter;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::{FallocateMode, SeekTarget};
-use alignfs::{Error, Geometry, Ino, ReadMode, Volume, VolumeOptions};
+use alignfs::{Error, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
 use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -18,7 +20,9 @@ const MAX_FILE: u64 = 6 << 20;
 
 struct Case {
     name: &'static str,
+    profile: Profile,
     geometry: Geometry,
+    /// The fast tier (`orch`) or the scrap memory (`scrap`).
     fast_bytes: u64,
     read_mode: ReadMode,
     /// Whether the fast tier is big enough that no write ever needs the slow path.
@@ -80,17 +84,72 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
     assert!(matches!(volume.seek(ino, size, SeekTarget::Data), Err(Error::BeyondEnd)));
 }
 
+/// What a crash may leave of a file whose residue is volatile: its bytes as of the last
+/// sync, and everything changed since.
+#[derive(Clone, Default)]
+struct Unsynced {
+    synced: Vec<u8>,
+    /// Bytes touched since the sync (writes, holes, truncates, fallocate).
+    touched: Vec<bool>,
+    writes: Vec<(usize, Vec<u8>)>,
+    min_size: usize,
+    max_size: usize,
+}
+
+impl Unsynced {
+    fn synced(content: &[u8]) -> Unsynced {
+        Unsynced {
+            synced: content.to_vec(),
+            touched: vec![false; content.len()],
+            writes: Vec::new(),
+            min_size: content.len(),
+            max_size: content.len(),
+        }
+    }
+
+    fn touch(&mut self, start: usize, end: usize, new_size: usize) {
+        if self.touched.len() < end.max(new_size) {
+            self.touched.resize(end.max(new_size), true);
+        }
+        self.touched[start..end].fill(true);
+        self.min_size = self.min_size.min(new_size);
+        self.max_size = self.max_size.max(new_size);
+    }
+
+    /// Check what a crash left (`after`) against what it may leave.
+    fn check_after_crash(&self, ino: Ino, after: &[u8]) {
+        let n = after.len();
+        assert!(n >= self.min_size.min(self.synced.len()) && n <= self.max_size, "inode {}: size {n} after a crash", ino.0);
+        for (i, &b) in after.iter().enumerate() {
+            let synced = self.synced.get(i).copied();
+            let touched = self.touched.get(i).copied().unwrap_or(true);
+            if !touched && i < self.min_size {
+                assert_eq!(Some(b), synced, "inode {}: synced byte {i} changed in a crash", ino.0);
+                continue;
+            }
+            if b == 0 || Some(b) == synced {
+                continue;
+            }
+            let written = self.writes.iter().any(|(at, data)| i >= *at && i < at + data.len() && data[i - at] == b);
+            assert!(written, "inode {}: byte {i} = {b:#04x} after a crash was never written there", ino.0);
+        }
+    }
+}
+
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     let g = case.geometry;
-    let devices = Devices::new(case.fast_bytes, 96 << 20);
+    let volatile = !case.profile.has_fast_tier();
+    let devices = if volatile { Devices::ssd_only(case.profile, 96 << 20) } else { Devices::new(case.fast_bytes, 96 << 20) };
     devices.format(g);
-    let options = VolumeOptions { read_mode: case.read_mode, ..VolumeOptions::default() };
+    let options = VolumeOptions { read_mode: case.read_mode, scrap_mem_bytes: case.fast_bytes, ..VolumeOptions::default() };
     let mut volume = devices.open(options.clone()).unwrap();
     let files: Vec<Ino> = (0..3).map(|i| volume.create_file(Ino::ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
     let mut model: Vec<Vec<u8>> = vec![Vec::new(); files.len()];
+    let mut unsynced: Vec<Unsynced> = vec![Unsynced::default(); files.len()];
+    let mut crashes_checked = 0;
     for step in 0..operations {
         let f = rng.random_range(0..files.len());
-        let (ino, reference) = (files[f], &mut model[f]);
+        let (ino, reference, pending) = (files[f], &mut model[f], &mut unsynced[f]);
         match rng.random_range(0..100) {
             0..=59 => {
                 let size = reference.len() as u64;
@@ -103,6 +162,8 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                     reference.resize(end, 0);
                 }
                 reference[offset as usize..end].copy_from_slice(&data);
+                pending.touch(offset as usize, end, reference.len());
+                pending.writes.push((offset as usize, data));
             }
             60..=63 => {
                 let size = reference.len() as u64;
@@ -115,6 +176,7 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                         let stop = end.min(reference.len());
                         if (offset as usize) < stop {
                             reference[offset as usize..stop].fill(0);
+                            pending.touch(offset as usize, stop, reference.len());
                         }
                     }
                     keep => {
@@ -123,6 +185,8 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                         if !keep_size && reference.len() < end {
                             reference.resize(end, 0);
                         }
+                        let stop = end.min(reference.len());
+                        pending.touch((offset as usize).min(stop), stop, reference.len());
                     }
                 }
             }
@@ -135,18 +199,36 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                 }
                 .min(MAX_FILE);
                 volume.truncate(ino, new_size).unwrap();
+                let old = reference.len();
                 reference.resize(new_size as usize, 0);
+                pending.touch(old.min(new_size as usize), old.max(new_size as usize), new_size as usize);
             }
             68..=81 => check_file(&volume, ino, reference, rng),
-            82..=87 => volume.fsync(ino).unwrap(),
+            82..=87 => {
+                volume.fsync(ino).unwrap();
+                *pending = Unsynced::synced(reference);
+            }
             88..=90 => {
                 volume.close().unwrap();
                 volume = devices.open(options.clone()).unwrap();
                 assert!(volume.recovery().clean, "a clean close leaves nothing to replay");
+                unsynced = model.iter().map(|r| Unsynced::synced(r)).collect();
             }
             91..=94 => {
                 volume.simulate_crash();
                 volume = devices.open(options.clone()).unwrap();
+                if volatile {
+                    // Adopt what survived, after checking it could have.
+                    for ((ino, reference), pending) in files.iter().zip(model.iter_mut()).zip(unsynced.iter_mut()) {
+                        let size = volume.getattr(*ino).unwrap().size as usize;
+                        let mut after = vec![0u8; size];
+                        assert_eq!(volume.read(*ino, 0, &mut after).unwrap(), size);
+                        pending.check_after_crash(*ino, &after);
+                        *reference = after;
+                        *pending = Unsynced::synced(reference);
+                    }
+                    crashes_checked += 1;
+                }
             }
             95..=97 => {
                 volume.migrate_all().unwrap();
@@ -161,20 +243,25 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     }
     for (ino, reference) in files.iter().zip(&model) {
         check_file(&volume, *ino, reference, rng);
+        // Nothing left in a volatile store, so the allocators compare after reopening.
+        volume.fsync(*ino).unwrap();
     }
     let stats = volume.stats();
     assert_eq!(stats.get(Counter::ssd_write_bytes) % g.block(), 0, "every SSD write is whole blocks");
     if case.roomy {
         assert_eq!(stats.get(Counter::fg_rmw_reads), 0, "{}: no foreground read-modify-write", case.name);
     }
+    assert!(stats.usage.fast_pages_peak <= stats.usage.fast_pages_total, "{}: residue above its cap", case.name);
     eprintln!(
-        "{}: {} ops, ssd share {:.2}, migrations {}+{}+{}, rmw {}",
+        "{}: {} ops, ssd share {:.2}, migrations {}+{}+{}+{}+{}, rmw {}, crashes checked {crashes_checked}",
         case.name,
         operations,
         stats.ssd_share(),
         stats.get(Counter::migrations_watermark),
         stats.get(Counter::migrations_header_full),
         stats.get(Counter::migrations_fast_full),
+        stats.get(Counter::migrations_full),
+        stats.get(Counter::migrations_sync),
         stats.get(Counter::fg_rmw_reads)
     );
     volume.close().unwrap();
@@ -188,19 +275,20 @@ fn cases() -> Vec<Case> {
     let default = Geometry::default();
     let small = Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 16384, io_workers: 2 };
     let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
+    let scrap = Geometry::for_profile(Profile::Scrap);
+    let scrap_small = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 128 << 10, io_workers: 2 };
+    let orch = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Orch, geometry, fast_bytes, read_mode, roomy };
+    let scrap_case = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Scrap, geometry, fast_bytes, read_mode, roomy };
     vec![
-        Case {
-            name: "default geometry, buffered reads",
-            geometry: default,
-            fast_bytes: 64 << 20,
-            read_mode: ReadMode::Buffered,
-            roomy: true,
-        },
-        Case { name: "default geometry, direct reads", geometry: default, fast_bytes: 64 << 20, read_mode: ReadMode::Direct, roomy: true },
-        Case { name: "8K blocks", geometry: small, fast_bytes: 32 << 20, read_mode: ReadMode::Direct, roomy: true },
-        Case { name: "1K pages", geometry: fine, fast_bytes: 32 << 20, read_mode: ReadMode::Buffered, roomy: true },
-        Case { name: "tiny fast tier", geometry: default, fast_bytes: 384 << 10, read_mode: ReadMode::Buffered, roomy: false },
-        Case { name: "tiny fast tier, 8K blocks", geometry: small, fast_bytes: 300 << 10, read_mode: ReadMode::Direct, roomy: false },
+        orch("default geometry, buffered reads", default, 64 << 20, ReadMode::Buffered, true),
+        orch("default geometry, direct reads", default, 64 << 20, ReadMode::Direct, true),
+        orch("8K blocks", small, 32 << 20, ReadMode::Direct, true),
+        orch("1K pages", fine, 32 << 20, ReadMode::Buffered, true),
+        orch("tiny fast tier", default, 384 << 10, ReadMode::Buffered, false),
+        orch("tiny fast tier, 8K blocks", small, 300 << 10, ReadMode::Direct, false),
+        scrap_case("scrap, 256K pages", scrap, 32 << 20, ReadMode::Buffered, true),
+        scrap_case("scrap, 64K pages, direct reads", scrap_small, 16 << 20, ReadMode::Direct, true),
+        scrap_case("scrap, 4 pages of scrap memory", scrap_small, 256 << 10, ReadMode::Buffered, false),
     ]
 }
 

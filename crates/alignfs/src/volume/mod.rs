@@ -14,7 +14,7 @@ mod paths;
 pub use check::Problem;
 pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
-pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, DeviceSpec, DEFAULT_FAST_PATH};
+pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH};
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -46,25 +46,45 @@ fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoB
     SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend, shared }
 }
 
-/// Create (when sized) and format both devices.
+/// Create (when sized) and format the devices: a fast tier and an SSD, or the SSD alone
+/// for a profile without a fast tier (`fast` must then be `None`).
 pub fn format_paths(
-    fast: &DeviceSpec,
+    fast: Option<&DeviceSpec>,
     ssd: &DeviceSpec,
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
     options.geometry.validate(options.profile)?;
+    let profile = options.profile.name();
+    let device: Arc<dyn BlockDevice> = match (fast, options.profile.has_fast_tier()) {
+        (None, true) => return Err(Error::InvalidArgument(format!("profile {profile} needs a fast tier"))),
+        (Some(_), false) => return Err(Error::InvalidArgument(format!("profile {profile} has no fast tier; name only the SSD"))),
+        _ => Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?),
+    };
+    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
+    let Some(fast) = fast else {
+        let superblock = Volume::format_ssd(&device, options)?;
+        return Ok((superblock, Volume::open_ssd(device, quiet)?));
+    };
     if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
     }
     let region = Arc::new(PmemRegion::open(&fast.path, fast.size)?);
-    let device = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?);
     let superblock = Volume::format(&region, device.as_ref(), options)?;
-    let volume = Volume::open(region, device, VolumeOptions { background: false, ..VolumeOptions::default() })?;
-    Ok((superblock, volume))
+    Ok((superblock, Volume::open(region, device, quiet)?))
 }
 
-/// Open a formatted volume by path, with the IO shape its superblock records.
+/// The superblock of the volume on an SSD; `None` if it holds no volume (or a damaged
+/// superblock, which opening reports in full).
+pub fn ssd_superblock(ssd: &Path) -> Result<Option<Superblock>> {
+    let file = std::fs::File::open(ssd).map_err(|e| Error::io(format!("open {}", ssd.display()), e))?;
+    let mut head = vec![0u8; SUPERBLOCK_BYTES as usize];
+    let n = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).map_err(|e| Error::io(format!("read {}", ssd.display()), e))?;
+    Ok(Superblock::decode(&head[..n], &ssd.display().to_string()).ok())
+}
+
+/// Open a formatted volume by path, with the IO shape its superblock records. `fast` is
+/// not used when the SSD holds a volume of a profile without a fast tier.
 pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Option<IoBackend>) -> Result<Volume> {
     open_paths_with_faults(fast, ssd, options, backend, None)
 }
@@ -78,10 +98,20 @@ pub fn open_paths_with_faults(
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Volume> {
-    for path in [fast, ssd] {
-        if !path.exists() {
-            return Err(Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into()));
+    let missing = |path: &Path| Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into());
+    if !ssd.exists() {
+        return Err(missing(ssd));
+    }
+    if let Some(superblock) = ssd_superblock(ssd)?.filter(|sb| !sb.profile.has_fast_tier()) {
+        let geometry = superblock.geometry;
+        let mut device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
+        if let Some(plan) = faults {
+            device = Arc::new(FaultyDevice::new(device, plan));
         }
+        return Volume::open_ssd(device, options);
+    }
+    if !fast.exists() {
+        return Err(missing(fast));
     }
     let region = Arc::new(PmemRegion::open(fast, None)?);
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];

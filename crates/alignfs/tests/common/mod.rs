@@ -4,25 +4,43 @@
 use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::layout::Profile;
 use alignfs::{FormatOptions, Geometry, Volume, VolumeOptions};
 
-/// A pair of simulated devices that outlive any volume opened on them.
+/// Simulated devices that outlive any volume opened on them: a fast tier and an SSD, or
+/// (for profiles without a fast tier) the SSD alone.
 pub struct Devices {
     pub fast: Arc<PmemRegion>,
     pub ssd: Arc<SimSsd>,
+    pub profile: Profile,
 }
 
 impl Devices {
     pub fn new(fast_bytes: u64, ssd_bytes: u64) -> Devices {
-        Devices { fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()), ssd: Arc::new(SimSsd::new(ssd_bytes)) }
+        Devices { fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()), ssd: Arc::new(SimSsd::new(ssd_bytes)), profile: Profile::Orch }
+    }
+
+    /// An SSD for a profile without a fast tier.
+    pub fn ssd_only(profile: Profile, ssd_bytes: u64) -> Devices {
+        Devices { fast: Arc::new(PmemRegion::anonymous(4096).unwrap()), ssd: Arc::new(SimSsd::new(ssd_bytes)), profile }
     }
 
     pub fn format(&self, geometry: Geometry) {
-        Volume::format(&self.fast, self.ssd.as_ref(), &FormatOptions { geometry, ..FormatOptions::default() }).unwrap();
+        let options = FormatOptions { geometry, profile: self.profile, ..FormatOptions::default() };
+        if self.profile.has_fast_tier() {
+            Volume::format(&self.fast, self.ssd.as_ref(), &options).unwrap();
+        } else {
+            Volume::format_ssd(&(Arc::clone(&self.ssd) as Arc<dyn BlockDevice>), &options).unwrap();
+        }
     }
 
     pub fn open(&self, options: VolumeOptions) -> alignfs::Result<Volume> {
-        Volume::open(Arc::clone(&self.fast), Arc::clone(&self.ssd) as Arc<dyn BlockDevice>, options)
+        let ssd = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
+        if self.profile.has_fast_tier() {
+            Volume::open(Arc::clone(&self.fast), ssd, options)
+        } else {
+            Volume::open_ssd(ssd, options)
+        }
     }
 
     pub fn fast_bytes(&self) -> Vec<u8> {
