@@ -441,24 +441,42 @@ impl Inner {
     /// Returns the bytes read from the SSD.
     pub(crate) fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
         image.fill(0);
-        let page = self.geometry.page_bytes as usize;
+        let Some(entry) = entry else { return Ok(0) };
         let mut read = 0;
+        if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
+            let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
+            let buf = self.ssd.submit(vec![request]).wait()?.remove(0);
+            image.copy_from_slice(&buf);
+            read = buf.len() as u64;
+            self.buffers.give([buf]);
+            self.stats.add(Counter::ssd_read_bytes, read);
+        }
+        self.lay_residue(entry, image);
+        Ok(read)
+    }
+
+    /// Whether merging `entry`'s residue needs its SSD copy: some page of the block is not
+    /// replaced whole by a residue page (WSBuffer's "unfilled" scrap page).
+    fn needs_fill(&self, entry: &BlockEntry) -> bool {
         match entry {
-            None => {}
-            Some(BlockEntry::Fast { pages }) => {
+            BlockEntry::Fast { .. } => false,
+            BlockEntry::Ssd { overlays, .. } => {
+                overlays.iter().filter(|(_, o)| matches!(o, Overlay::Page(_))).count() < self.geometry.pages_per_block()
+            }
+        }
+    }
+
+    /// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
+    fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) {
+        let page = self.geometry.page_bytes as usize;
+        match entry {
+            BlockEntry::Fast { pages } => {
                 for &(index, unit) in pages {
                     let at = index as usize * page;
                     self.residue.read(unit, 0, &mut image[at..at + page]);
                 }
             }
-            Some(BlockEntry::Ssd { block, overlays }) => {
-                let request =
-                    IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
-                let buf = self.ssd.submit(vec![request]).wait()?.remove(0);
-                image.copy_from_slice(&buf);
-                read = buf.len() as u64;
-                self.buffers.give([buf]);
-                self.stats.add(Counter::ssd_read_bytes, read);
+            BlockEntry::Ssd { overlays, .. } => {
                 for (index, overlay) in overlays {
                     let at = *index as usize * page;
                     match overlay {
@@ -473,7 +491,6 @@ impl Inner {
                 }
             }
         }
-        Ok(read)
     }
 
     /// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
@@ -662,33 +679,126 @@ impl Inner {
     /// Merge one block's residue into a new SSD block. The caller holds the block's range
     /// lock. Returns whether anything moved.
     pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
-        let entry = inode.map.lock().get(&lblock).cloned();
-        let Some(entry) = entry.filter(|e| e.fast_page_count() > 0) else { return Ok(false) };
+        Ok(self.migrate_blocks_locked(vec![(Arc::clone(inode), lblock)], cause)? > 0)
+    }
+
+    /// Merge the residue of several blocks into new SSD blocks (out of place): the SSD
+    /// reads they need in flight together (WSBuffer's stage 1, only for blocks whose
+    /// residue does not cover them whole), then the writes in flight together (stage 2),
+    /// one flush, and one journal record for all. The caller holds every block's range
+    /// lock. Returns how many blocks moved.
+    pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
         let block = self.geometry.block();
-        let mut image = AlignedBuf::zeroed(block as usize);
-        let read = self.materialize(Some(&entry), &mut image)?;
-        self.stats.add(Counter::migration_read_bytes, read);
-        let target = self.write_new_block(image)?;
-        self.stats.add(Counter::migration_write_bytes, block);
-        let mut ops = vec![Op::Map { ino: inode.ino, lblock, entry: Some(BlockEntry::Ssd { block: target, overlays: Vec::new() }) }];
-        if !self.residue.durable() {
-            // The file's size becomes durable as far as its data now is.
-            let attr = inode.attr();
-            ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
+        let mut work: Vec<(Arc<Inode>, u64, BlockEntry)> = blocks
+            .into_iter()
+            .filter_map(|(inode, lblock)| {
+                let entry = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0)?;
+                Some((inode, lblock, entry))
+            })
+            .collect();
+        if work.is_empty() {
+            return Ok(0);
         }
-        match self.commit(&ops) {
-            Ok(freed) => self.release_freed(freed),
+        let reads: Vec<IoRequest> = work
+            .iter()
+            .filter(|(_, _, e)| self.needs_fill(e))
+            .filter_map(|(_, _, e)| e.ssd_block())
+            .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: self.buffers.take(block as usize) })
+            .collect();
+        let read_bytes = reads.len() as u64 * block;
+        let mut filled = if reads.is_empty() { Vec::new() } else { self.ssd.submit(reads).wait()? }.into_iter();
+        self.stats.add(Counter::ssd_read_bytes, read_bytes);
+        self.stats.add(Counter::migration_read_bytes, read_bytes);
+        let images: Vec<AlignedBuf> = work
+            .iter()
+            .map(|(_, _, entry)| {
+                let mut image = if self.needs_fill(entry) {
+                    filled.next().expect("one read per block that needs filling")
+                } else {
+                    let mut zeros = self.buffers.take(block as usize);
+                    zeros.fill(0);
+                    zeros
+                };
+                self.lay_residue(entry, &mut image);
+                image
+            })
+            .collect();
+        let Some(ids) = self.blocks.allocate(work.len()) else {
+            self.buffers.give(images);
+            return Err(Error::NoSpace);
+        };
+        let mut targets: Vec<SsdBlock> = ids.into_iter().map(SsdBlock).collect();
+        let writes = images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
+        match self.ssd.submit(writes).wait() {
+            Ok(buffers) => self.buffers.give(buffers),
             Err(e) => {
-                self.release(&[], &[target]);
+                self.release(&[], &targets);
                 return Err(e);
             }
         }
-        self.stats.add(cause, 1);
-        Ok(true)
+        self.ssd_written();
+        for _ in &targets {
+            self.stats.ssd_write(block);
+        }
+        self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
+        // The journal record must not point at blocks a power cut could lose.
+        if let Err(e) = self.flush_ssd() {
+            self.release(&[], &targets);
+            return Err(e);
+        }
+        loop {
+            let mut ops: Vec<Op> = work
+                .iter()
+                .zip(&targets)
+                .map(|((inode, lblock, _), t)| Op::Map { ino: inode.ino, lblock: *lblock, entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }) })
+                .collect();
+            if !self.residue.durable() {
+                // Each file's size becomes durable as far as its data now is.
+                let mut files: Vec<&Arc<Inode>> = work.iter().map(|(inode, _, _)| inode).collect();
+                files.dedup_by_key(|inode| inode.ino);
+                for inode in files {
+                    let attr = inode.attr();
+                    ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
+                }
+            }
+            match self.commit(&ops) {
+                Ok(freed) => {
+                    self.release_freed(freed);
+                    break;
+                }
+                // A file was removed while its blocks were being merged: drop them.
+                Err(Error::NotFound) => {
+                    let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].0.ino).is_none()).collect();
+                    if gone.is_empty() {
+                        self.release(&[], &targets);
+                        return Err(Error::NotFound);
+                    }
+                    for &i in gone.iter().rev() {
+                        work.remove(i);
+                        self.release(&[], &[targets.remove(i)]);
+                    }
+                    if work.is_empty() {
+                        return Ok(0);
+                    }
+                }
+                Err(e) => {
+                    self.release(&[], &targets);
+                    return Err(e);
+                }
+            }
+        }
+        self.stats.add(cause, work.len() as u64);
+        Ok(work.len() as u64)
+    }
+
+    /// Blocks one migration batch merges: 8 MiB of them.
+    fn migration_batch(&self) -> usize {
+        ((8 << 20) / self.geometry.block()).max(1) as usize
     }
 
     /// Migrate the blocks holding the most fast pages until `want_free` pages are free
-    /// (or no candidate is left). Blocks whose range is busy are skipped.
+    /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
+    /// skipped.
     pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
         let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
         for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
@@ -698,23 +808,27 @@ impl Inner {
         }
         candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
         let mut migrated = 0;
-        for (_, inode, lblock) in candidates {
+        let mut rest = candidates.as_slice();
+        loop {
             let free = self.residue.capacity_units() - self.residue.used_units();
-            if free >= want_free {
-                break;
+            if free >= want_free || rest.is_empty() {
+                return Ok(migrated);
             }
-            if let Some(_guard) = inode.range.try_write(lblock, lblock) {
-                if self.meta.get(inode.ino).is_none() {
-                    continue;
-                }
-                match self.migrate_block_locked(&inode, lblock, cause) {
-                    Ok(moved) => migrated += u64::from(moved),
-                    Err(Error::NotFound) => {}
-                    Err(e) => return Err(e),
+            let (mut guards, mut batch, mut units) = (Vec::new(), Vec::new(), 0);
+            while let Some(((count, inode, lblock), tail)) = rest.split_first() {
+                rest = tail;
+                if let Some(guard) = inode.range.try_write(*lblock, *lblock) {
+                    guards.push(guard);
+                    batch.push((Arc::clone(inode), *lblock));
+                    units += *count as u64;
+                    if batch.len() >= self.migration_batch() || free + units >= want_free {
+                        break;
+                    }
                 }
             }
+            migrated += self.migrate_blocks_locked(batch, cause)?;
+            drop(guards);
         }
-        Ok(migrated)
     }
 }
 
@@ -725,8 +839,8 @@ impl Inner {
     /// lock.
     pub(crate) fn sync_file_locked(&self, inode: &Arc<Inode>) -> Result<()> {
         let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for lblock in held {
-            self.migrate_block_locked(inode, lblock, Counter::migrations_sync)?;
+        for batch in held.chunks(self.migration_batch()) {
+            self.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), Counter::migrations_sync)?;
         }
         let attr = inode.attr();
         if self.durable_size(inode.ino, attr.size) < attr.size {
@@ -750,16 +864,25 @@ impl Inner {
     /// Flush the blocks whose residue unit became full since the last call (WSBuffer's
     /// stage 2: no read needed). Returns how many moved.
     pub(crate) fn flush_full_units(&self) -> Result<u64> {
-        let queued = std::mem::take(&mut *self.full_units.lock());
+        let mut queued = std::mem::take(&mut *self.full_units.lock());
+        queued.sort_unstable();
+        queued.dedup();
+        let inodes: Vec<(Arc<Inode>, u64)> = queued.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
         let mut moved = 0;
-        for (ino, lblock) in queued {
-            let Some(inode) = self.meta.get(ino) else { continue };
-            let _guard = inode.range.write(lblock, lblock);
-            match self.migrate_block_locked(&inode, lblock, Counter::migrations_full) {
-                Ok(m) => moved += u64::from(m),
-                Err(Error::NotFound) => {}
-                Err(e) => return Err(e),
+        for batch in inodes.chunks(self.migration_batch()) {
+            // Busy blocks (a writer is in them) wait for the next round.
+            let mut guards = Vec::new();
+            let mut locked = Vec::new();
+            for (inode, lblock) in batch {
+                match inode.range.try_write(*lblock, *lblock) {
+                    Some(guard) => {
+                        guards.push(guard);
+                        locked.push((Arc::clone(inode), *lblock));
+                    }
+                    None => self.full_units.lock().push((inode.ino, *lblock)),
+                }
             }
+            moved += self.migrate_blocks_locked(locked, Counter::migrations_full)?;
         }
         Ok(moved)
     }

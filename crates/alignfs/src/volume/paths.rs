@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn format_and_open_real_files() {
         let (dir, _shm, fast, ssd) = scratch_devices();
-        let (superblock, volume) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
+        let (superblock, volume) = format_paths(Some(&fast), &ssd, &FormatOptions::default(), None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         volume.write(f, 1234, &data).unwrap();
@@ -163,16 +163,37 @@ mod tests {
             assert!(out == data);
         }
         // Formatting again without force names the existing volume.
-        assert!(matches!(format_paths(&fast, &ssd, &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
+        assert!(matches!(format_paths(Some(&fast), &ssd, &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
         assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
+    }
+
+    #[test]
+    fn scrap_volume_on_an_ssd_alone() {
+        let (dir, _shm, fast, _) = scratch_devices();
+        let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
+        let geometry = Geometry::for_profile(crate::Profile::Scrap);
+        let options = FormatOptions { geometry, profile: crate::Profile::Scrap, force: false };
+        assert!(matches!(format_paths(Some(&fast), &ssd, &options, None), Err(Error::InvalidArgument(_))));
+        let (superblock, volume) = format_paths(None, &ssd, &options, None).unwrap();
+        let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let data: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
+        volume.write(f, 777, &data).unwrap();
+        volume.close().unwrap();
+        assert_eq!(ssd_superblock(&ssd.path).unwrap().map(|sb| sb.uuid), Some(superblock.uuid));
+        // The fast-tier path is not used (nor created) for a scrap volume.
+        let volume = open_paths(&dir.path().join("no-fast-tier"), &ssd.path, VolumeOptions::default(), None).unwrap();
+        let mut out = vec![0u8; data.len()];
+        assert_eq!(volume.read(f, 777, &mut out).unwrap(), data.len());
+        assert!(out == data);
+        assert!(volume.recovery().clean);
     }
 
     #[test]
     fn one_writer_or_many_readers() {
         let (_dir, _shm, fast, ssd) = scratch_devices();
-        let (_, formatted) = format_paths(&fast, &ssd, &FormatOptions::default(), None).unwrap();
+        let (_, formatted) = format_paths(Some(&fast), &ssd, &FormatOptions::default(), None).unwrap();
         assert!(matches!(
-            format_paths(&fast, &ssd, &FormatOptions { force: true, ..FormatOptions::default() }, None),
+            format_paths(Some(&fast), &ssd, &FormatOptions { force: true, ..FormatOptions::default() }, None),
             Err(Error::InUse(_))
         ));
         formatted.close().unwrap();
