@@ -52,6 +52,7 @@ counters! {
     checkpoints: "checkpoints written",
     migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
+    migrations_idle: "blocks filled from the SSD and flushed while it was idle (scrap: stage 1)",
 }
 
 #[derive(Default)]

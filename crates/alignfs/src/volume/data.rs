@@ -1,10 +1,11 @@
 //! The data path: write, read, truncate, fallocate, fsync, and migration.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{Inner, ReadMode, Volume};
-use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
@@ -12,6 +13,11 @@ use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
 use crate::layout::Profile;
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
 use crate::stats::Counter;
+
+/// In-flight SSD bytes at which the SSD counts as busy (WSBuffer's threshold).
+const SSD_BUSY_BYTES: u64 = 4 << 20;
+/// How long a block keeps volatile residue before an idle SSD takes it (scrap's stage 1).
+const IDLE_FLUSH_AGE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Largest file offset: keeps every block index and byte position far from overflow.
 pub const MAX_FILE_BYTES: u64 = 1 << 52;
@@ -249,8 +255,11 @@ impl Inner {
     /// range lock).
     fn plan_write(&self, inode: &Arc<Inode>, offset: u64, len: u64, size: u64) -> Result<(Plan, Vec<PageNo>, Vec<Option<BlockEntry>>)> {
         let profile = self.superblock.profile;
-        // WSBuffer's buffer-minimized writes: below the request threshold, all of it.
-        let mut residue = if profile == Profile::Scrap && len < self.options.request_threshold { Residue::All } else { Residue::Partial };
+        // WSBuffer's buffer-minimized writes: below the request threshold, all of it. The
+        // threshold allows one page less: the kernel cuts a FUSE write whose buffer does not
+        // start on a page boundary into a piece one page short and a small tail.
+        let small = len + IO_ALIGN as u64 <= self.options.request_threshold;
+        let mut residue = if profile == Profile::Scrap && small { Residue::All } else { Residue::Partial };
         loop {
             let rules = Rules { residue, max_segments: profile.max_segments() };
             let (plan, entries) = {
@@ -290,7 +299,7 @@ impl Inner {
         }
         self.notify_maintenance();
         let target = n as u64 + self.residue.capacity_units() / 8;
-        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
+        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full, None) {
             tracing::warn!("migration for a waiting writer: {e}");
         }
         self.residue.allocate(n)
@@ -338,7 +347,7 @@ impl Inner {
             writes.push(IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf });
         }
         let written: Vec<u64> = writes.iter().map(|w| w.buf.len() as u64).collect();
-        let ticket = (!writes.is_empty()).then(|| self.ssd.submit(writes));
+        let ticket = (!writes.is_empty()).then(|| self.submit_ssd(writes));
         // Residue, while the SSD works.
         let mut fresh = pages.iter();
         let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
@@ -395,6 +404,12 @@ impl Inner {
                 Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
             })
             .collect();
+        if !self.residue.durable() {
+            let mut dirty = self.dirty_since.lock();
+            for bp in plan.blocks.iter().filter(|b| !b.needs_ssd_block()) {
+                dirty.entry((inode.ino, bp.lblock)).or_insert_with(Instant::now);
+            }
+        }
         if !full.is_empty() {
             full.dedup();
             self.full_units.lock().extend(full.into_iter().map(|lb| (inode.ino, lb)));
@@ -445,7 +460,7 @@ impl Inner {
         let mut read = 0;
         if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
             let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
-            let buf = self.ssd.submit(vec![request]).wait()?.remove(0);
+            let buf = self.submit_ssd(vec![request]).wait()?.remove(0);
             image.copy_from_slice(&buf);
             read = buf.len() as u64;
             self.buffers.give([buf]);
@@ -586,7 +601,7 @@ impl Inner {
         if !direct.is_empty() {
             let (requests, places): (Vec<IoRequest>, Vec<(usize, usize, usize)>) =
                 direct.into_iter().map(|(r, skip, dest, len)| (r, (skip, dest, len))).unzip();
-            let buffers = self.ssd.submit(requests).wait()?;
+            let buffers = self.submit_ssd(requests).wait()?;
             for (buf, (skip, dest, len)) in buffers.iter().zip(places) {
                 out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
             }
@@ -657,7 +672,7 @@ impl Inner {
     fn write_new_block(&self, image: AlignedBuf) -> Result<SsdBlock> {
         let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
         let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * self.geometry.block(), buf: image };
-        match self.ssd.submit(vec![write]).wait() {
+        match self.submit_ssd(vec![write]).wait() {
             Ok(buffers) => {
                 self.buffers.give(buffers);
                 self.ssd_written();
@@ -706,7 +721,7 @@ impl Inner {
             .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: self.buffers.take(block as usize) })
             .collect();
         let read_bytes = reads.len() as u64 * block;
-        let mut filled = if reads.is_empty() { Vec::new() } else { self.ssd.submit(reads).wait()? }.into_iter();
+        let mut filled = if reads.is_empty() { Vec::new() } else { self.submit_ssd(reads).wait()? }.into_iter();
         self.stats.add(Counter::ssd_read_bytes, read_bytes);
         self.stats.add(Counter::migration_read_bytes, read_bytes);
         let images: Vec<AlignedBuf> = work
@@ -729,7 +744,7 @@ impl Inner {
         };
         let mut targets: Vec<SsdBlock> = ids.into_iter().map(SsdBlock).collect();
         let writes = images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
-        match self.ssd.submit(writes).wait() {
+        match self.submit_ssd(writes).wait() {
             Ok(buffers) => self.buffers.give(buffers),
             Err(e) => {
                 self.release(&[], &targets);
@@ -797,9 +812,9 @@ impl Inner {
     }
 
     /// Migrate the blocks holding the most fast pages until `want_free` pages are free
-    /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
-    /// skipped.
-    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
+    /// (or no candidate is left, or `limit` blocks moved), a batch at a time. Blocks whose
+    /// range is busy are skipped.
+    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter, limit: Option<usize>) -> Result<u64> {
         let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
         for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let blocks: Vec<(usize, u64)> =
@@ -811,7 +826,7 @@ impl Inner {
         let mut rest = candidates.as_slice();
         loop {
             let free = self.residue.capacity_units() - self.residue.used_units();
-            if free >= want_free || rest.is_empty() {
+            if free >= want_free || rest.is_empty() || limit.is_some_and(|l| migrated >= l as u64) {
                 return Ok(migrated);
             }
             let (mut guards, mut batch, mut units) = (Vec::new(), Vec::new(), 0);
@@ -832,8 +847,84 @@ impl Inner {
     }
 }
 
+/// SSD IO the volume has submitted and not yet seen complete: OTflush's busyness gauge.
+pub(crate) struct InFlight<'a> {
+    gauge: &'a AtomicU64,
+    bytes: u64,
+    ticket: Option<IoTicket>,
+}
+
+impl InFlight<'_> {
+    pub(crate) fn wait(mut self) -> Result<Vec<AlignedBuf>> {
+        self.ticket.take().expect("a batch is waited for once").wait()
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// Flushing a volatile residue store (`scrap`).
 impl Inner {
+    /// Submit a batch to the SSD, counting its bytes as in flight until it is waited for.
+    pub(crate) fn submit_ssd(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
+        let bytes = batch.iter().map(|r| r.buf.len() as u64).sum();
+        self.ssd_in_flight.fetch_add(bytes, Ordering::Relaxed);
+        InFlight { gauge: &self.ssd_in_flight, bytes, ticket: Some(self.ssd.submit(batch)) }
+    }
+
+    /// Whether the SSD has at least the busy threshold of the volume's IO in flight
+    /// (WSBuffer: 4 MiB); stage-1 flushing waits for it to calm down.
+    pub(crate) fn ssd_busy(&self) -> bool {
+        self.ssd_in_flight.load(Ordering::Relaxed) >= SSD_BUSY_BYTES
+    }
+
+    /// WSBuffer's stage 1 when the SSD is idle: merge the blocks that have held residue for
+    /// at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
+    /// first, a batch at a time, until none is left, the SSD gets busy, or the volume stops.
+    pub(crate) fn flush_when_idle(&self) -> Result<u64> {
+        let mut moved = 0;
+        loop {
+            if self.ssd_busy() || self.shutdown.load(Ordering::SeqCst) {
+                return Ok(moved);
+            }
+            let due: Vec<(Ino, u64)> = {
+                let dirty = self.dirty_since.lock();
+                let mut due: Vec<(Instant, Ino, u64)> =
+                    dirty.iter().filter(|(_, since)| since.elapsed() >= IDLE_FLUSH_AGE).map(|(&(ino, lb), &t)| (t, ino, lb)).collect();
+                due.sort_unstable();
+                due.into_iter().take(self.migration_batch()).map(|(_, ino, lb)| (ino, lb)).collect()
+            };
+            if due.is_empty() {
+                return Ok(moved);
+            }
+            {
+                let mut dirty = self.dirty_since.lock();
+                for key in &due {
+                    dirty.remove(key);
+                }
+            }
+            let files: Vec<(Arc<Inode>, u64)> = due.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
+            let mut guards = Vec::new();
+            let mut locked = Vec::new();
+            for (inode, lblock) in &files {
+                match inode.range.try_write(*lblock, *lblock) {
+                    Some(guard) => {
+                        guards.push(guard);
+                        locked.push((Arc::clone(inode), *lblock));
+                    }
+                    // A writer is in it: it stays dirty and comes due again.
+                    None => {
+                        self.dirty_since.lock().insert((inode.ino, *lblock), Instant::now());
+                    }
+                }
+            }
+            moved += self.migrate_blocks_locked(locked, Counter::migrations_idle)?;
+        }
+    }
+
     /// Flush every block of `inode` that holds residue, then journal its size and mtime:
     /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
     /// lock.

@@ -132,6 +132,10 @@ pub(crate) struct Inner {
     unsynced_sizes: Mutex<HashMap<Ino, u64>>,
     /// Blocks whose volatile residue unit became full, for the flusher.
     full_units: Mutex<Vec<(Ino, u64)>>,
+    /// SSD bytes submitted and not yet complete (the flusher's busyness gauge).
+    ssd_in_flight: AtomicU64,
+    /// Blocks holding volatile residue, and since when (the idle flusher takes the oldest).
+    dirty_since: Mutex<HashMap<(Ino, u64), Instant>>,
 }
 
 /// An open alignfs volume.
@@ -411,6 +415,8 @@ impl Volume {
             recovery,
             unsynced_sizes: Mutex::new(HashMap::new()),
             full_units: Mutex::new(Vec::new()),
+            ssd_in_flight: AtomicU64::new(0),
+            dirty_since: Mutex::new(HashMap::new()),
         });
         if !inner.options.read_only {
             // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
@@ -453,7 +459,7 @@ impl Volume {
 
     /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).
     pub fn migrate_all(&self) -> Result<u64> {
-        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark)
+        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark, None)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
@@ -691,14 +697,16 @@ impl Inner {
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
             }
-            if let Err(e) = self.flush_full_units() {
-                tracing::warn!("flushing full scrap pages: {e}");
+            if !self.residue.durable() {
+                if let Err(e) = self.flush_full_units().and_then(|_| self.flush_when_idle()) {
+                    tracing::warn!("flushing scrap pages: {e}");
+                }
             }
             let capacity = self.residue.capacity_units();
             let used = self.residue.used_units();
             if used as f64 > self.options.migrate_high * capacity as f64 {
                 let target_free = capacity - (self.options.migrate_low * capacity as f64) as u64;
-                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark) {
+                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark, None) {
                     tracing::warn!("background migration: {e}");
                 }
             }
