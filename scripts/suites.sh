@@ -39,8 +39,9 @@ shm=$(mktemp -d /dev/shm/alignfs-suites.XXXXXX)
 chmod 0755 "$work" "$shm" # pjdfstest's other users must reach the mount points
 mnt=$work/mnt
 tiny=$work/tiny
+scrap=$work/scrap
 cleanup() {
-    for m in "$mnt" "$tiny"; do mountpoint -q "$m" && { "$bin" umount "$m" >/dev/null 2>&1 || umount -l "$m"; }; done
+    for m in "$mnt" "$tiny" "$scrap"; do mountpoint -q "$m" && { "$bin" umount "$m" >/dev/null 2>&1 || umount -l "$m"; }; done
     [[ ${KEEP:-0} == 1 ]] && echo "kept $work and $shm" || rm -rf "$work" "$shm"
 }
 trap cleanup EXIT
@@ -264,6 +265,39 @@ read_only() {
 }
 check "mount -o ro: everything readable, writes refused with EROFS" read_only
 check "SQLite data after remounts" bash -c "[[ \$(sqlite3 '$mnt/sqlite/test.db' 'PRAGMA integrity_check; SELECT count(*), sum(length(v)) FROM t;' | tail -1) == \$(cat '$work/sqlite.sum') ]]"
+
+# --- the scrap profile -------------------------------------------------------------------
+# An SSD alone with residue in 32 MiB of DRAM scrap pages (so flushing runs all the time):
+# pjdfstest (counted test by test), fsx, fio verify, and a remount that keeps every byte.
+"$bin" mkfs --profile scrap --ssd "$work/scrap.img:2G" >/dev/null || exit 1
+mount_scrap() { "$bin" mount --ssd "$work/scrap.img" --scrap-mem 32M --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null; }
+mount_scrap || { cat "$work/scrap.log"; exit 1; }
+echo "== pjdfstest (scrap)"
+pjdfstest_on "$scrap/pjdfstest" "$shm/pjd-secondary-scrap" "$work/pjdfstest-scrap.out"
+actual=$(awk '$NF == "FAILED" { print $1 }' "$work/pjdfstest-scrap.out" | sort -u)
+unexpected=$(comm -13 <(echo "$expected") <(echo "$actual") | grep -c . || true)
+pjd_passed=$(sed -n 's/^Summary: .* \([0-9]*\) passed.*/\1/p' "$work/pjdfstest-scrap.out")
+passed=$((passed + ${pjd_passed:-0}))
+failed=$((failed + unexpected))
+if [[ -z $pjd_passed ]]; then failed=$((failed + 1)); fi
+((unexpected)) && grep -A4 FAILED "$work/pjdfstest-scrap.out" | head -60
+check "fsx seed 4 ($fsx_ops ops, scrap)" run_fsx "$scrap/fsx-4" 4
+check "fio verify (scrap)" run_fio "$scrap/fio" 256m
+scrap_cycle() {
+    local before after
+    before=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    "$bin" umount "$scrap" >/dev/null && mount_scrap || return 1
+    after=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
+    "$bin" stat "$scrap" --json | grep -q '"records_replayed": 0' || return 1
+    "$bin" stat "$scrap" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+peak, total = r["fast_pages_peak"], r["fast_pages_total"]
+assert peak <= total, "scrap pages above --scrap-mem"
+print(peak, "of", total, "scrap pages at most in use")'
+}
+check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
 
 echo "counters of the main volume after the suites:"
 "$bin" stat "$mnt" | sed -n 1,9p

@@ -6,6 +6,8 @@
 //! crash loses no persisted fast-tier store. So every acknowledged operation must survive,
 //! fsync or not. The one operation in flight at the kill may land or not; a write in
 //! flight may land in part, byte by byte (the kernel splits it into 1 MiB requests).
+//!
+//! With `--profile scrap` only fsynced data must survive: see `model.rs`.
 
 mod model;
 
@@ -39,9 +41,12 @@ struct Args {
     /// under /var/tmp, removed on success).
     #[arg(long)]
     work: Option<PathBuf>,
-    /// Fast-tier size (small keeps migration running).
+    /// Fast-tier size, or for `scrap` the scrap memory (small keeps migration running).
     #[arg(long, default_value = "8M")]
     fast_size: String,
+    /// The profile to format: `orch` or `scrap`.
+    #[arg(long, default_value = "orch")]
+    profile: String,
     /// Longest workload stretch before the kill, in milliseconds.
     #[arg(long, default_value_t = 400)]
     max_run_ms: u64,
@@ -49,7 +54,10 @@ struct Args {
 
 struct Harness {
     alignfs: PathBuf,
-    fast: PathBuf,
+    /// `None` for a profile without a fast tier.
+    fast: Option<PathBuf>,
+    /// `scrap`: `--scrap-mem` for the mount.
+    scrap_mem: String,
     ssd: PathBuf,
     mnt: PathBuf,
     log: PathBuf,
@@ -62,8 +70,12 @@ impl Harness {
         c
     }
 
-    fn devices(&self) -> [String; 4] {
-        ["--fast".into(), self.fast.display().to_string(), "--ssd".into(), self.ssd.display().to_string()]
+    fn devices(&self) -> Vec<String> {
+        let mut args = vec!["--ssd".to_string(), self.ssd.display().to_string()];
+        if let Some(fast) = &self.fast {
+            args.extend(["--fast".to_string(), fast.display().to_string()]);
+        }
+        args
     }
 
     fn run(&self, mut command: Command, what: &str) -> Result<String> {
@@ -78,6 +90,9 @@ impl Harness {
     fn mount(&self) -> Result<()> {
         let mut c = self.alignfs();
         c.arg("mount").args(self.devices()).arg("--log").arg(&self.log).arg(&self.mnt);
+        if self.fast.is_none() {
+            c.args(["--scrap-mem", &self.scrap_mem]);
+        }
         self.run(c, "alignfs mount").map(drop)
     }
 
@@ -112,24 +127,31 @@ fn main() -> Result<()> {
     };
     let shm = PathBuf::from("/dev/shm").join(format!("alignfs-crash-{}", std::process::id()));
     std::fs::create_dir_all(&shm)?;
+    let volatile = match args.profile.as_str() {
+        "orch" => false,
+        "scrap" => true,
+        other => bail!("unknown profile {other:?} (orch or scrap)"),
+    };
     let harness = Harness {
         alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
-        fast: shm.join("fast"),
+        fast: (!volatile).then(|| shm.join("fast")),
+        scrap_mem: args.fast_size.clone(),
         ssd: work.join("ssd.img"),
         mnt: work.join("mnt"),
         log: work.join("mount.log"),
     };
     let mut mkfs = harness.alignfs();
-    mkfs.arg("mkfs")
-        .arg("--force")
-        .args(["--fast", &format!("{}:{}", harness.fast.display(), args.fast_size)])
-        .args(["--ssd", &format!("{}:1G", harness.ssd.display())]);
+    mkfs.arg("mkfs").arg("--force").args(["--profile", &args.profile]).args(["--ssd", &format!("{}:1G", harness.ssd.display())]);
+    if let Some(fast) = &harness.fast {
+        mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)]);
+    }
     harness.run(mkfs, "alignfs mkfs")?;
 
-    let mut model = Model::default();
+    let mut model = if volatile { Model::volatile() } else { Model::default() };
     let mut recovery_us = Vec::new();
     let mut acknowledged = 0u64;
     let mut in_flight_landed = 0u64;
+    let mut unsynced_losses = 0u64;
     let started = Instant::now();
     for round in 0..args.rounds {
         harness.mount()?;
@@ -137,7 +159,10 @@ fn main() -> Result<()> {
         recovery_us.push(stat["recovery_us"].as_u64().unwrap_or(0));
         let root = harness.mnt.join("crash");
         match model.verify(&root) {
-            Ok(Outcome { pending_landed }) => in_flight_landed += u64::from(pending_landed),
+            Ok(Outcome { pending_landed, files_with_unsynced_loss }) => {
+                in_flight_landed += u64::from(pending_landed);
+                unsynced_losses += files_with_unsynced_loss;
+            }
             Err(e) => {
                 bail!("round {round}: acknowledged state lost after a crash (seed {seed}; devices kept in {}): {e:#}", work.display())
             }
@@ -178,7 +203,8 @@ fn main() -> Result<()> {
     recovery_us.sort_unstable();
     println!(
         "alignfs-crash: {} kill -9 rounds in {:.0} s: {acknowledged} acknowledged operations, 0 lost, 0 fsck errors; \
-         {in_flight_landed} in-flight operations landed; recovery p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+         {in_flight_landed} in-flight operations landed; {unsynced_losses} files came back without unsynced bytes \
+         (allowed for scrap only, so always 0 for orch); recovery p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         args.rounds,
         started.elapsed().as_secs_f64(),
         percentile(&recovery_us, 0.5) as f64 / 1000.0,

@@ -1,5 +1,10 @@
 //! What the mount must hold: the acknowledged files and directories of one directory,
 //! plus the one operation that was in flight when the daemon died.
+//!
+//! With a volatile residue store (`scrap`) file data is durable only once fsynced: after
+//! a crash each file must hold its synced bytes, and every byte changed since its last
+//! sync may read as its synced value, as any value written there since, or as zero.
+//! Names and directories are journaled before the call returns, as with `orch`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
@@ -32,10 +37,60 @@ pub struct Model {
     files: BTreeMap<String, Vec<u8>>,
     dirs: BTreeSet<String>,
     pending: Option<Pending>,
+    /// `scrap`: what each file may hold after a crash (`None`: every acknowledged byte).
+    unsynced: Option<BTreeMap<String, Unsynced>>,
+}
+
+/// A file's data since its last sync: what a crash may leave of it.
+#[derive(Clone, Debug, Default)]
+struct Unsynced {
+    synced: Vec<u8>,
+    /// Bytes changed since the sync.
+    touched: Vec<bool>,
+    writes: Vec<(usize, Vec<u8>)>,
+    min_size: usize,
+    max_size: usize,
+}
+
+impl Unsynced {
+    fn synced(content: &[u8]) -> Unsynced {
+        let n = content.len();
+        Unsynced { synced: content.to_vec(), touched: vec![false; n], writes: Vec::new(), min_size: n, max_size: n }
+    }
+
+    fn touch(&mut self, start: usize, end: usize, new_size: usize) {
+        let len = end.max(new_size).max(self.touched.len());
+        self.touched.resize(len, true);
+        self.touched[start.min(end)..end].fill(true);
+        self.min_size = self.min_size.min(new_size);
+        self.max_size = self.max_size.max(new_size);
+    }
+
+    /// `None` if `got` is something a crash may leave, else what is wrong.
+    fn problem(&self, got: &[u8]) -> Option<String> {
+        if got.len() < self.min_size.min(self.synced.len()) || got.len() > self.max_size {
+            return Some(format!("{} bytes after the crash, expected {}..={}", got.len(), self.min_size.min(self.synced.len()), self.max_size));
+        }
+        for (i, &b) in got.iter().enumerate() {
+            let synced = self.synced.get(i).copied();
+            if !self.touched.get(i).copied().unwrap_or(true) && i < self.min_size {
+                if Some(b) != synced {
+                    return Some(format!("synced byte {i} changed"));
+                }
+                continue;
+            }
+            if b != 0 && Some(b) != synced && !self.writes.iter().any(|(at, data)| i >= *at && i < at + data.len() && data[i - at] == b) {
+                return Some(format!("byte {i} = {b:#04x} was never written there"));
+            }
+        }
+        None
+    }
 }
 
 pub struct Outcome {
     pub pending_landed: bool,
+    /// `scrap`: files that came back without some unsynced bytes (allowed).
+    pub files_with_unsynced_loss: u64,
 }
 
 /// Files and directories actually in `root`.
@@ -83,7 +138,60 @@ fn describe_difference(expected: &BTreeMap<String, Vec<u8>>, actual: &BTreeMap<S
     }
 }
 
+fn describe_op(op: &Pending) -> String {
+    match op {
+        Pending::Write { name, offset, data } => format!("write {name} {offset}+{}", data.len()),
+        other => format!("{other:?}"),
+    }
+}
+
 impl Model {
+    /// A model for a volume whose unsynced data may be lost in a crash (`scrap`).
+    pub fn volatile() -> Model {
+        Model { unsynced: Some(BTreeMap::new()), ..Model::default() }
+    }
+
+    /// Before running `op`: what it may change in a crash-volatile file.
+    fn record(&mut self, op: &Pending) {
+        let Some(unsynced) = &mut self.unsynced else { return };
+        match op {
+            Pending::Write { name, offset, data } => {
+                let size = self.files.get(name).map_or(0, Vec::len).max(*offset as usize + data.len());
+                let history = unsynced.entry(name.clone()).or_default();
+                history.touch(*offset as usize, *offset as usize + data.len(), size);
+                history.writes.push((*offset as usize, data.clone()));
+            }
+            Pending::Truncate { name, size } => {
+                let old = self.files.get(name).map_or(0, Vec::len);
+                let size = *size as usize;
+                unsynced.entry(name.clone()).or_default().touch(old.min(size), old.max(size), size);
+            }
+            _ => {}
+        }
+    }
+
+    /// After `op` was acknowledged (or found landed after a crash): names move.
+    fn settle(&mut self, op: &Pending, synced: bool) {
+        let Some(unsynced) = &mut self.unsynced else { return };
+        match op {
+            Pending::Create { name } => {
+                unsynced.insert(name.clone(), Unsynced::default());
+            }
+            Pending::Unlink { name } => {
+                unsynced.remove(name);
+            }
+            Pending::Rename { from, to } => {
+                if let Some(history) = unsynced.remove(from) {
+                    unsynced.insert(to.clone(), history);
+                }
+            }
+            Pending::Write { name, .. } if synced => {
+                unsynced.insert(name.clone(), Unsynced::synced(&self.files[name]));
+            }
+            _ => {}
+        }
+    }
+
     fn state(&self) -> Snapshot {
         Snapshot { files: self.files.clone(), dirs: self.dirs.clone() }
     }
@@ -148,6 +256,9 @@ impl Model {
 
     /// Check the mount against the model and adopt what is there.
     pub fn verify(&mut self, root: &Path) -> Result<Outcome> {
+        if self.unsynced.is_some() {
+            return self.verify_volatile(root);
+        }
         let actual = snapshot(root)?;
         let before = self.state();
         let after = self.with_pending();
@@ -159,16 +270,45 @@ impl Model {
             bail!(
                 "{} (in flight at the crash: {:?})",
                 if actual.dirs != before.dirs { "directories differ".into() } else { describe_difference(&before.files, &actual.files) },
-                self.pending.as_ref().map(|p| match p {
-                    Pending::Write { name, offset, data } => format!("write {name} {offset}+{}", data.len()),
-                    other => format!("{other:?}"),
-                })
+                self.pending.as_ref().map(describe_op)
             );
         };
         self.files = actual.files;
         self.dirs = actual.dirs;
         self.pending = None;
-        Ok(Outcome { pending_landed: landed })
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss: 0 })
+    }
+
+    /// [`Model::verify`] for a volatile residue store: names exactly as acknowledged (the
+    /// one in flight may have landed), file data within what a crash may leave.
+    fn verify_volatile(&mut self, root: &Path) -> Result<Outcome> {
+        let actual = snapshot(root)?;
+        let names = |s: &Snapshot| (s.dirs.clone(), s.files.keys().cloned().collect::<BTreeSet<_>>());
+        let landed = if names(&self.state()) == names(&actual) {
+            false
+        } else if self.with_pending().is_some_and(|after| names(&after) == names(&actual)) {
+            true
+        } else {
+            bail!("names differ after the crash (in flight: {:?})", self.pending.as_ref().map(describe_op));
+        };
+        if let (true, Some(op)) = (landed, self.pending.clone()) {
+            self.settle(&op, false);
+        }
+        let acknowledged = if landed { self.with_pending().map(|s| s.files).unwrap_or_default() } else { self.files.clone() };
+        let unsynced = self.unsynced.as_mut().expect("volatile model");
+        let mut files_with_unsynced_loss = 0;
+        for (name, got) in &actual.files {
+            files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
+            let history = unsynced.entry(name.clone()).or_default();
+            if let Some(problem) = history.problem(got) {
+                bail!("file {name}: {problem} (in flight: {:?})", self.pending.as_ref().map(describe_op));
+            }
+            *history = Unsynced::synced(got);
+        }
+        self.files = actual.files;
+        self.dirs = actual.dirs;
+        self.pending = None;
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss })
     }
 
     /// Run random operations until one fails (the daemon died) or `stop`. Returns how
@@ -182,12 +322,14 @@ impl Model {
         while !stop.load(Ordering::SeqCst) {
             let Some(op) = self.next_op(&mut rng) else { continue };
             self.pending = Some(op.clone());
+            self.record(&op);
             match self.execute(root, &op, &mut rng) {
-                Ok(()) => {
+                Ok(synced) => {
                     if let Some(after) = self.with_pending() {
                         self.files = after.files;
                         self.dirs = after.dirs;
                     }
+                    self.settle(&op, synced);
                     self.pending = None;
                     acked += 1;
                 }
@@ -242,26 +384,31 @@ impl Model {
         })
     }
 
-    fn execute(&self, root: &Path, op: &Pending, rng: &mut StdRng) -> io::Result<()> {
+    /// Run `op`; `true` if it ended with an fsync of the file it wrote.
+    fn execute(&self, root: &Path, op: &Pending, rng: &mut StdRng) -> io::Result<bool> {
         match op {
             Pending::Write { name, offset, data } => {
                 let file = OpenOptions::new().write(true).open(root.join(name))?;
                 file.write_all_at(data, *offset)?;
-                // Every few writes, an fsync (a no-op for the promise, but a real code path).
-                if rng.random_range(0..4) == 0 {
+                // Every few writes, an fsync: `orch` has nothing left to do, `scrap` makes
+                // the file durable.
+                let sync = rng.random_range(0..4) == 0;
+                if sync {
                     file.sync_data()?;
                 }
-                Ok(())
+                Ok(sync)
             }
-            Pending::Truncate { name, size } => OpenOptions::new().write(true).open(root.join(name))?.set_len(*size),
-            Pending::Create { name } => OpenOptions::new().write(true).create_new(true).mode(0o644).open(root.join(name))?.sync_all(),
-            Pending::Unlink { name } => fs::remove_file(root.join(name)),
+            Pending::Truncate { name, size } => OpenOptions::new().write(true).open(root.join(name))?.set_len(*size).map(|()| false),
+            Pending::Create { name } => {
+                OpenOptions::new().write(true).create_new(true).mode(0o644).open(root.join(name))?.sync_all().map(|()| false)
+            }
+            Pending::Unlink { name } => fs::remove_file(root.join(name)).map(|()| false),
             Pending::Rename { from, to } => {
                 fs::rename(root.join(from), root.join(to))?;
-                File::open(root)?.sync_all()
+                File::open(root)?.sync_all().map(|()| false)
             }
-            Pending::Mkdir { name } => fs::create_dir(root.join(name)),
-            Pending::Rmdir { name } => fs::remove_dir(root.join(name)),
+            Pending::Mkdir { name } => fs::create_dir(root.join(name)).map(|()| false),
+            Pending::Rmdir { name } => fs::remove_dir(root.join(name)).map(|()| false),
         }
     }
 }
@@ -299,6 +446,19 @@ mod tests {
         // Bytes 5..8 landed and the size grew to 12 (a first request of a split write).
         let partial = [vec![1; 5], vec![2; 3], vec![1; 2], vec![0; 2]].concat();
         assert!(check(&[("a", partial), b.clone()]).is_ok());
+    }
+
+    #[test]
+    fn unsynced_bytes_may_vanish_but_never_change_into_others() {
+        let mut history = Unsynced::synced(&[1; 10]);
+        history.touch(5, 15, 15);
+        history.writes.push((5, vec![2; 10]));
+        assert_eq!(history.problem(&[1; 10]), None, "the unsynced write lost");
+        assert_eq!(history.problem(&[vec![1; 5], vec![2; 10]].concat()), None, "kept");
+        assert_eq!(history.problem(&[vec![1; 5], vec![0; 3], vec![2; 7]].concat()), None, "partly lost (zeros)");
+        assert!(history.problem(&[vec![1; 4], vec![0; 11]].concat()).is_some(), "a synced byte lost");
+        assert!(history.problem(&[vec![1; 5], vec![3; 10]].concat()).is_some(), "a byte nobody wrote");
+        assert!(history.problem(&[1; 16]).is_some(), "longer than ever written");
     }
 
     #[test]
