@@ -251,6 +251,15 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         }
     })?;
     tracing::info!("mounted at {}", mountpoint.display());
+    if let Some(pages) = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").ok().and_then(|t| t.trim().parse::<u64>().ok()) {
+        if pages * 4096 < u64::from(alignfs_fuse::MAX_WRITE) {
+            tracing::info!(
+                "the kernel cuts writes into pieces of {} KiB (fs.fuse.max_pages_limit = {pages}); \
+                 `sysctl fs.fuse.max_pages_limit=2048` before mounting lets writes of up to 8 MiB arrive whole",
+                pages * 4
+            );
+        }
+    }
     if daemon {
         println!("{READY}");
         std::io::stdout().flush()?;

@@ -5,7 +5,8 @@
 //! The `orch` promise makes every completed write durable when it returns, and a process
 //! crash loses no persisted fast-tier store. So every acknowledged operation must survive,
 //! fsync or not. The one operation in flight at the kill may land or not; a write in
-//! flight may land in part, byte by byte (the kernel splits it into 1 MiB requests).
+//! flight may land in part, byte by byte (the kernel splits it into requests of at most
+//! `fs.fuse.max_pages_limit` pages).
 //!
 //! With `--profile scrap` only fsynced data must survive: see `model.rs`.
 

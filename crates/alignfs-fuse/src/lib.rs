@@ -35,8 +35,12 @@ pub const STATS_XATTR: &str = "user.alignfs.stats";
 /// `--inject-faults` (write: a plan such as `write=1`; read: what is armed).
 pub const INJECT_XATTR: &str = "user.alignfs.inject";
 
-/// Largest write the kernel sends in one request.
-pub const MAX_WRITE: u32 = 1 << 20;
+/// Largest write the kernel may send in one request. The kernel caps a request at
+/// `/proc/sys/fs/fuse/max_pages_limit` pages (256 = 1 MiB by default); raising that limit
+/// to 2048 lets writes of up to 8 MiB arrive whole instead of cut into 1 MiB pieces.
+pub const MAX_WRITE: u32 = 8 << 20;
+/// Kernel readahead per request.
+const MAX_READAHEAD: u32 = 4 << 20;
 
 /// How the mount behaves; `Default` is what `alignfs mount` uses.
 #[derive(Clone, Debug)]
@@ -189,7 +193,7 @@ pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
         let _ = config.set_max_write(nearest);
     }
     // Readahead as large as one write: sequential readers get whole SSD runs.
-    if let Err(nearest) = config.set_max_readahead(MAX_WRITE) {
+    if let Err(nearest) = config.set_max_readahead(MAX_READAHEAD) {
         let _ = config.set_max_readahead(nearest);
     }
     if direct_io {
