@@ -283,19 +283,21 @@ if [[ -z $pjd_passed ]]; then failed=$((failed + 1)); fi
 ((unexpected)) && grep -A4 FAILED "$work/pjdfstest-scrap.out" | head -60
 check "fsx seed 4 ($fsx_ops ops, scrap)" run_fsx "$scrap/fsx-4" 4
 check "fio verify (scrap)" run_fio "$scrap/fio" 256m
+rm -rf "$scrap/fio"
 scrap_cycle() {
     local before after
-    before=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
-    "$bin" umount "$scrap" >/dev/null && mount_scrap || return 1
-    after=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
-    [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
-    "$bin" stat "$scrap" --json | grep -q '"records_replayed": 0' || return 1
+    # The peak is per daemon: read it before unmounting.
     "$bin" stat "$scrap" --json | python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 peak, total = r["fast_pages_peak"], r["fast_pages_total"]
 assert peak <= total, "scrap pages above --scrap-mem"
-print(peak, "of", total, "scrap pages at most in use")'
+print(peak, "of", total, "scrap pages at most in use")' || return 1
+    before=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    "$bin" umount "$scrap" >/dev/null && mount_scrap || return 1
+    after=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
+    "$bin" stat "$scrap" --json | grep -q '"records_replayed": 0'
 }
 check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
 
