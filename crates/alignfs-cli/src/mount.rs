@@ -66,6 +66,9 @@ pub struct MountArgs {
     /// SSD; smaller writes go whole to the scrap buffer.
     #[arg(long, value_name = "SIZE", default_value = "1M")]
     request_threshold: String,
+    /// `scrap` volumes: threads writing scrap pages back to the SSD.
+    #[arg(long, default_value_t = 2)]
+    flush_workers: usize,
 }
 
 #[derive(Args)]
@@ -135,6 +138,9 @@ pub fn mount(args: &MountArgs) -> Result<()> {
     let parsed = parse_options(&args.options)?;
     if args.threads == 0 || args.threads > 64 {
         bail!("--threads must be between 1 and 64");
+    }
+    if args.flush_workers == 0 || args.flush_workers > 64 {
+        bail!("--flush-workers must be between 1 and 64");
     }
     if !(args.attr_ttl >= 0.0 && args.attr_ttl <= 3600.0) {
         bail!("--attr-ttl must be between 0 and 3600 seconds");
@@ -210,6 +216,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         read_only: parsed.read_only,
         scrap_mem_bytes: alignfs::geometry::parse_size(&args.scrap_mem).context("--scrap-mem")?,
         request_threshold: alignfs::geometry::parse_size(&args.request_threshold).context("--request-threshold")?,
+        flush_workers: args.flush_workers,
         ..VolumeOptions::default()
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;

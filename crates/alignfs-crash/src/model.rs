@@ -69,7 +69,12 @@ impl Unsynced {
     /// `None` if `got` is something a crash may leave, else what is wrong.
     fn problem(&self, got: &[u8]) -> Option<String> {
         if got.len() < self.min_size.min(self.synced.len()) || got.len() > self.max_size {
-            return Some(format!("{} bytes after the crash, expected {}..={}", got.len(), self.min_size.min(self.synced.len()), self.max_size));
+            return Some(format!(
+                "{} bytes after the crash, expected {}..={}",
+                got.len(),
+                self.min_size.min(self.synced.len()),
+                self.max_size
+            ));
         }
         for (i, &b) in got.iter().enumerate() {
             let synced = self.synced.get(i).copied();

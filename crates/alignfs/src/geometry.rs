@@ -148,7 +148,15 @@ impl MetaLayout {
                 geometry.block()
             )));
         }
-        Ok(MetaLayout { checkpoint_bytes, checkpoint_a_offset, checkpoint_b_offset, journal_offset, journal_bytes, pages_offset, page_count: 0 })
+        Ok(MetaLayout {
+            checkpoint_bytes,
+            checkpoint_a_offset,
+            checkpoint_b_offset,
+            journal_offset,
+            journal_bytes,
+            pages_offset,
+            page_count: 0,
+        })
     }
 
     /// SSD blocks the metadata area occupies (never allocated to data).

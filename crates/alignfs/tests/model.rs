@@ -278,7 +278,8 @@ fn cases() -> Vec<Case> {
     let scrap = Geometry::for_profile(Profile::Scrap);
     let scrap_small = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 128 << 10, io_workers: 2 };
     let orch = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Orch, geometry, fast_bytes, read_mode, roomy };
-    let scrap_case = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Scrap, geometry, fast_bytes, read_mode, roomy };
+    let scrap_case =
+        |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Scrap, geometry, fast_bytes, read_mode, roomy };
     vec![
         orch("default geometry, buffered reads", default, 64 << 20, ReadMode::Buffered, true),
         orch("default geometry, direct reads", default, 64 << 20, ReadMode::Direct, true),

@@ -3,7 +3,7 @@
 
 use crate::codec::{crc32c, Decoder, Encoder, Short};
 use crate::error::{Error, Result};
-use crate::geometry::{MetaLayout, Geometry, SUPERBLOCK_BYTES};
+use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
 pub const VERSION: u32 = 3;

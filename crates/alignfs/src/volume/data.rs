@@ -8,9 +8,9 @@ use super::{Inner, ReadMode, Volume};
 use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
+use crate::layout::Profile;
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
-use crate::layout::Profile;
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
 use crate::stats::Counter;
 
@@ -370,7 +370,8 @@ impl Inner {
                     // read to flush: a volatile store queues it at once (WSBuffer's
                     // stage 2).
                     let whole = matches!(p.target, PageTarget::UpageToPage(_) | PageTarget::NewPage { zero_fill: false });
-                    let to_end = p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
+                    let to_end =
+                        p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
                     if (whole || to_end) && !self.residue.durable() {
                         full.push(bp.lblock);
                     }
@@ -413,7 +414,7 @@ impl Inner {
         if !full.is_empty() {
             full.dedup();
             self.full_units.lock().extend(full.into_iter().map(|lb| (inode.ino, lb)));
-            self.notify_maintenance();
+            self.notify_flushers();
         }
         Ok(ops)
     }
@@ -743,7 +744,8 @@ impl Inner {
             return Err(Error::NoSpace);
         };
         let mut targets: Vec<SsdBlock> = ids.into_iter().map(SsdBlock).collect();
-        let writes = images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
+        let writes =
+            images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
         match self.submit_ssd(writes).wait() {
             Ok(buffers) => self.buffers.give(buffers),
             Err(e) => {
@@ -765,7 +767,11 @@ impl Inner {
             let mut ops: Vec<Op> = work
                 .iter()
                 .zip(&targets)
-                .map(|((inode, lblock, _), t)| Op::Map { ino: inode.ino, lblock: *lblock, entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }) })
+                .map(|((inode, lblock, _), t)| Op::Map {
+                    ino: inode.ino,
+                    lblock: *lblock,
+                    entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }),
+                })
                 .collect();
             if !self.residue.durable() {
                 // Each file's size becomes durable as far as its data now is.
@@ -952,29 +958,41 @@ impl Inner {
         Ok(())
     }
 
-    /// Flush the blocks whose residue unit became full since the last call (WSBuffer's
-    /// stage 2: no read needed). Returns how many moved.
+    /// Flush the blocks whose residue unit became full (WSBuffer's stage 2: no read
+    /// needed), a batch at a time, until the queue is empty. Returns how many moved.
     pub(crate) fn flush_full_units(&self) -> Result<u64> {
-        let mut queued = std::mem::take(&mut *self.full_units.lock());
-        queued.sort_unstable();
-        queued.dedup();
-        let inodes: Vec<(Arc<Inode>, u64)> = queued.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
         let mut moved = 0;
-        for batch in inodes.chunks(self.migration_batch()) {
-            // Busy blocks (a writer is in them) wait for the next round.
+        // Blocks a writer holds wait for the next round.
+        let mut busy = Vec::new();
+        let result = loop {
+            let batch: Vec<(Ino, u64)> = {
+                let mut queue = self.full_units.lock();
+                queue.sort_unstable();
+                queue.dedup();
+                let n = queue.len().min(self.migration_batch());
+                queue.drain(..n).collect()
+            };
+            if batch.is_empty() {
+                break Ok(moved);
+            }
+            let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
             let mut guards = Vec::new();
             let mut locked = Vec::new();
-            for (inode, lblock) in batch {
+            for (inode, lblock) in &files {
                 match inode.range.try_write(*lblock, *lblock) {
                     Some(guard) => {
                         guards.push(guard);
                         locked.push((Arc::clone(inode), *lblock));
                     }
-                    None => self.full_units.lock().push((inode.ino, *lblock)),
+                    None => busy.push((inode.ino, *lblock)),
                 }
             }
-            moved += self.migrate_blocks_locked(locked, Counter::migrations_full)?;
-        }
-        Ok(moved)
+            match self.migrate_blocks_locked(locked, Counter::migrations_full) {
+                Ok(n) => moved += n,
+                Err(e) => break Err(e),
+            }
+        };
+        self.full_units.lock().extend(busy);
+        result
     }
 }

@@ -59,6 +59,8 @@ pub struct VolumeOptions {
     /// `scrap`: writes this large or larger send their whole blocks straight to the SSD;
     /// smaller ones go whole to the scrap buffer (WSBuffer's request-size threshold).
     pub request_threshold: u64,
+    /// `scrap`: threads writing scrap pages back (WSBuffer runs two).
+    pub flush_workers: usize,
 }
 
 impl Default for VolumeOptions {
@@ -71,6 +73,7 @@ impl Default for VolumeOptions {
             background: true,
             scrap_mem_bytes: 1 << 30,
             request_threshold: 1 << 20,
+            flush_workers: 2,
         }
     }
 }
@@ -125,6 +128,8 @@ pub(crate) struct Inner {
     buffers: BufferPool,
     wake: Condvar,
     wake_flag: Mutex<bool>,
+    flush_wake: Condvar,
+    flush_flag: Mutex<bool>,
     shutdown: AtomicBool,
     recovery: RecoveryReport,
     /// Files whose size a crash would not keep (volatile residue only): ino → the size
@@ -159,6 +164,8 @@ pub(crate) struct Inner {
 pub struct Volume {
     inner: Arc<Inner>,
     maintenance: Option<JoinHandle<()>>,
+    /// `scrap`'s flusher threads.
+    flushers: Vec<JoinHandle<()>>,
     closed: bool,
 }
 
@@ -249,7 +256,10 @@ impl Volume {
     /// volume unless `options.force`.
     pub fn format(fast: &Arc<PmemRegion>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
         if !options.profile.has_fast_tier() {
-            return Err(Error::InvalidArgument(format!("profile {} has no fast tier: format it with Volume::format_ssd", options.profile.name())));
+            return Err(Error::InvalidArgument(format!(
+                "profile {} has no fast tier: format it with Volume::format_ssd",
+                options.profile.name()
+            )));
         }
         let geometry = options.geometry;
         geometry.validate(options.profile)?;
@@ -411,6 +421,8 @@ impl Volume {
             buffers: BufferPool::new(64 << 20),
             wake: Condvar::new(),
             wake_flag: Mutex::new(false),
+            flush_wake: Condvar::new(),
+            flush_flag: Mutex::new(false),
             shutdown: AtomicBool::new(false),
             recovery,
             unsynced_sizes: Mutex::new(HashMap::new()),
@@ -425,14 +437,25 @@ impl Volume {
                 inner.zero_beyond_eof(inode, inode.size());
             }
         }
-        let maintenance = (inner.options.background && !inner.options.read_only).then(|| {
+        let background = inner.options.background && !inner.options.read_only;
+        let maintenance = background.then(|| {
             let worker = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("alignfs-maint".into())
                 .spawn(move || worker.maintenance_loop())
                 .expect("spawn maintenance thread")
         });
-        Ok(Volume { inner, maintenance, closed: false })
+        let flush_workers = if background && !inner.residue.durable() { inner.options.flush_workers.max(1) } else { 0 };
+        let flushers = (0..flush_workers)
+            .map(|id| {
+                let worker = Arc::clone(&inner);
+                std::thread::Builder::new()
+                    .name(format!("alignfs-flush{id}"))
+                    .spawn(move || worker.flusher_loop())
+                    .expect("spawn flusher thread")
+            })
+            .collect();
+        Ok(Volume { inner, maintenance, flushers, closed: false })
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -529,7 +552,11 @@ impl Volume {
         self.closed = true;
         self.inner.shutdown.store(true, Ordering::SeqCst);
         self.inner.notify_maintenance();
+        self.inner.notify_flushers();
         if let Some(handle) = self.maintenance.take() {
+            let _ = handle.join();
+        }
+        for handle in self.flushers.drain(..) {
             let _ = handle.join();
         }
         if clean && !self.inner.options.read_only {
@@ -685,6 +712,31 @@ impl Inner {
         self.wake.notify_all();
     }
 
+    fn notify_flushers(&self) {
+        *self.flush_flag.lock() = true;
+        self.flush_wake.notify_all();
+    }
+
+    /// A `scrap` flusher: full scrap pages as they come (stage 2), then blocks that have
+    /// waited while the SSD is idle (stage 1). Workers take disjoint batches.
+    fn flusher_loop(&self) {
+        while !self.shutdown.load(Ordering::SeqCst) {
+            {
+                let mut flag = self.flush_flag.lock();
+                if !*flag {
+                    self.flush_wake.wait_for(&mut flag, Duration::from_millis(100));
+                }
+                *flag = false;
+            }
+            if self.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            if let Err(e) = self.flush_full_units().and_then(|_| self.flush_when_idle()) {
+                tracing::warn!("flushing scrap pages: {e}");
+            }
+        }
+    }
+
     fn maintenance_loop(&self) {
         while !self.shutdown.load(Ordering::SeqCst) {
             {
@@ -696,11 +748,6 @@ impl Inner {
             }
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
-            }
-            if !self.residue.durable() {
-                if let Err(e) = self.flush_full_units().and_then(|_| self.flush_when_idle()) {
-                    tracing::warn!("flushing scrap pages: {e}");
-                }
             }
             let capacity = self.residue.capacity_units();
             let used = self.residue.used_units();

@@ -17,7 +17,11 @@ pub struct Devices {
 
 impl Devices {
     pub fn new(fast_bytes: u64, ssd_bytes: u64) -> Devices {
-        Devices { fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()), ssd: Arc::new(SimSsd::new(ssd_bytes)), profile: Profile::Orch }
+        Devices {
+            fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()),
+            ssd: Arc::new(SimSsd::new(ssd_bytes)),
+            profile: Profile::Orch,
+        }
     }
 
     /// An SSD for a profile without a fast tier.
