@@ -15,16 +15,17 @@ pub fn data_dir(explicit: Option<&Path>) -> PathBuf {
 }
 
 /// The devices named on the command line, or the defaults (sized for creation only when
-/// they do not exist yet).
-pub fn device_specs(fast: Option<&str>, ssd: Option<&str>, data: Option<&Path>) -> Result<(DeviceSpec, DeviceSpec)> {
+/// they do not exist yet). Several SSDs only for a `scrap` volume.
+pub fn device_specs(fast: Option<&str>, ssds: &[String], data: Option<&Path>) -> Result<(DeviceSpec, Vec<DeviceSpec>)> {
     let default = |path: PathBuf, size: u64| DeviceSpec { size: (!path.exists()).then_some(size), path };
     let fast = match fast {
         Some(text) => DeviceSpec::parse(text)?,
         None => default(PathBuf::from(DEFAULT_FAST), DEFAULT_FAST_BYTES),
     };
-    let ssd = match ssd {
-        Some(text) => DeviceSpec::parse(text)?,
-        None => default(data_dir(data).join("ssd.img"), DEFAULT_SSD_BYTES),
+    let ssds = if ssds.is_empty() {
+        vec![default(data_dir(data).join("ssd.img"), DEFAULT_SSD_BYTES)]
+    } else {
+        ssds.iter().map(|text| DeviceSpec::parse(text)).collect::<alignfs::Result<Vec<_>>>()?
     };
-    Ok((fast, ssd))
+    Ok((fast, ssds))
 }

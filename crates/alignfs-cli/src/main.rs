@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use alignfs::device::IoBackend;
 use alignfs::stats::{Counter, VolumeReport};
-use alignfs::volume::{format_paths, open_paths, DeviceSpec};
+use alignfs::volume::{format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -51,9 +51,10 @@ struct DeviceArgs {
     #[arg(long, value_name = "PATH[:SIZE]")]
     fast: Option<String>,
     /// SSD: a block device or an image file, `PATH[:SIZE]` (image files are preallocated).
-    /// Default: DATA_DIR/ssd.img (8G when created).
+    /// Repeat it for a `scrap` volume on several SSDs. Default: DATA_DIR/ssd.img (8G when
+    /// created).
     #[arg(long, value_name = "PATH[:SIZE]")]
-    ssd: Option<String>,
+    ssd: Vec<String>,
     /// Directory for the default SSD image (env ALIGNFS_DATA_DIR; default /var/tmp/alignfs).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
@@ -69,8 +70,13 @@ enum BackendArg {
 }
 
 impl DeviceArgs {
-    fn specs(&self) -> Result<(DeviceSpec, DeviceSpec)> {
-        defaults::device_specs(self.fast.as_deref(), self.ssd.as_deref(), self.data_dir.as_deref())
+    fn specs(&self) -> Result<(DeviceSpec, Vec<DeviceSpec>)> {
+        defaults::device_specs(self.fast.as_deref(), &self.ssd, self.data_dir.as_deref())
+    }
+
+    /// The SSD paths, for opening.
+    fn ssd_paths(ssds: &[DeviceSpec]) -> Vec<PathBuf> {
+        ssds.iter().map(|s| s.path.clone()).collect()
     }
 
     fn backend(&self) -> Option<IoBackend> {
@@ -142,7 +148,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     };
     let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
     let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
-    let (fast, ssd) = args.devices.specs()?;
+    let (fast, ssds) = args.devices.specs()?;
     let fast = if profile.has_fast_tier() {
         Some(fast)
     } else if args.devices.fast.is_some() {
@@ -151,7 +157,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         None
     };
     let options = FormatOptions { geometry, profile, force: args.force };
-    let (sb, volume) = format_paths(fast.as_ref(), &ssd, &options, args.devices.backend())?;
+    let (sb, volume) = format_paths(fast.as_ref(), &ssds, &options, args.devices.backend())?;
     let (fast_desc, ssd_desc, residue) = volume.describe_devices();
     println!("formatted alignfs volume {} (profile {})", sb.uuid_string(), sb.profile.name());
     println!("  fast tier: {fast_desc}");
@@ -177,9 +183,9 @@ fn stat(args: &StatArgs) -> Result<()> {
     let report = match &args.mountpoint {
         Some(mountpoint) => mount::live_report(mountpoint)?,
         None => {
-            let (fast, ssd) = args.devices.specs()?;
+            let (fast, ssds) = args.devices.specs()?;
             let options = VolumeOptions { read_only: true, background: false, read_mode: ReadMode::Buffered, ..VolumeOptions::default() };
-            open_paths(&fast.path, &ssd.path, options, args.devices.backend())?.report()
+            open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options, args.devices.backend(), None)?.report()
         }
     };
     if args.json {
@@ -192,12 +198,13 @@ fn stat(args: &StatArgs) -> Result<()> {
 
 /// Exit status: 0 clean, 1 problems found, 2 the volume cannot be opened at all.
 fn fsck(args: &FsckArgs) -> Result<ExitCode> {
-    let (fast, ssd) = args.devices.specs()?;
+    let (fast, ssds) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
-    let scrap = alignfs::volume::ssd_superblock(&ssd.path).ok().flatten().is_some_and(|sb| !sb.profile.has_fast_tier());
-    let devices = if scrap { ssd.path.display().to_string() } else { format!("{} + {}", fast.path.display(), ssd.path.display()) };
+    let scrap = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().is_some_and(|sb| !sb.profile.has_fast_tier());
+    let ssd_list: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
+    let devices = if scrap { ssd_list.join(" + ") } else { format!("{} + {}", fast.path.display(), ssd_list.join(" + ")) };
     println!("checking superblocks, checkpoint, journal and unit references of {devices}");
-    let volume = match open_paths(&fast.path, &ssd.path, options, args.devices.backend()) {
+    let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options, args.devices.backend(), None) {
         Ok(volume) => volume,
         Err(e) => {
             println!("FAILED: {e}");

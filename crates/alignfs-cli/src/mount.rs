@@ -282,11 +282,12 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
 }
 
 fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<FaultPlan>>) -> Result<alignfs::Volume> {
-    let (fast, ssd) = devices.specs()?;
-    let defaults = devices.fast.is_none() && devices.ssd.is_none();
+    let (fast, ssds) = devices.specs()?;
+    let ssd = &ssds[0];
+    let defaults = devices.fast.is_none() && devices.ssd.is_empty();
     let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.profile.has_fast_tier()));
     if defaults && !fast.path.exists() && !ssd.path.exists() {
-        format_defaults(&fast, &ssd)?;
+        format_defaults(&fast, ssd)?;
     } else if defaults && !fast.path.exists() && needs_fast() {
         bail!(
             "the default fast tier {} is gone (tmpfs does not survive a reboot), and the SSD image {} cannot be read without it; \
@@ -299,7 +300,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     // for it to let go of the devices rather than fail.
     let started = Instant::now();
     loop {
-        match open_paths_with_faults(&fast.path, &ssd.path, options.clone(), devices.backend(), faults.clone()) {
+        match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
             Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.has_fast_tier() => {
@@ -311,7 +312,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
 }
 
 fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {
-    let (sb, volume) = format_paths(Some(fast), ssd, &FormatOptions::default(), None)?;
+    let (sb, volume) = format_paths(Some(fast), std::slice::from_ref(ssd), &FormatOptions::default(), None)?;
     volume.close()?;
     println!(
         "formatted a new default volume {}: fast tier {} ({}), SSD image {} ({})",

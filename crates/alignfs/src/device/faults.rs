@@ -211,6 +211,14 @@ impl BlockDevice for FaultyDevice {
         self.inner.needs_flush()
     }
 
+    fn member_count(&self) -> usize {
+        self.inner.member_count()
+    }
+
+    fn member_bytes(&self) -> u64 {
+        self.inner.member_bytes()
+    }
+
     fn describe(&self) -> String {
         format!("{} (fault injection on)", self.inner.describe())
     }

@@ -12,14 +12,18 @@ mod file_ssd;
 mod pmem;
 mod pool;
 pub mod power_loss;
+mod set;
 mod sim;
+mod throttle;
 
 pub use aligned::AlignedBuf;
 pub use faults::{Fault, FaultPlan, FaultyDevice};
 pub use file_ssd::{FileSsd, IoBackend, SsdOptions};
 pub use pmem::{PersistMode, PmemRegion};
 pub use pool::BufferPool;
+pub use set::DeviceSet;
 pub use sim::SimSsd;
+pub use throttle::Throttled;
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -58,28 +62,57 @@ pub(crate) type IoOutcome = (usize, Result<AlignedBuf>);
 pub struct IoTicket {
     pending: usize,
     results: Receiver<IoOutcome>,
+    /// A batch split over several devices: each part's ticket, with the batch index of
+    /// each of its requests.
+    parts: Vec<(Vec<usize>, IoTicket)>,
 }
 
 impl IoTicket {
     pub(crate) fn channel(pending: usize) -> (Sender<IoOutcome>, IoTicket) {
         let (tx, rx) = crossbeam_channel::bounded(pending.max(1));
-        (tx, IoTicket { pending, results: rx })
+        (tx, IoTicket { pending, results: rx, parts: Vec::new() })
+    }
+
+    /// One ticket for a batch whose requests went to several devices.
+    pub(crate) fn join(parts: Vec<(Vec<usize>, IoTicket)>) -> IoTicket {
+        let (_, mut ticket) = IoTicket::channel(0);
+        ticket.parts = parts;
+        ticket
     }
 
     /// Wait for every IO of the batch. The first error wins, after all have finished,
     /// so no buffer is still in use by the device when this returns.
     pub fn wait(self) -> Result<Vec<AlignedBuf>> {
-        let mut slots: Vec<Option<AlignedBuf>> = (0..self.pending).map(|_| None).collect();
-        let mut first_error = None;
-        for _ in 0..self.pending {
-            match self.results.recv() {
-                Ok((index, Ok(buf))) => slots[index] = Some(buf),
-                Ok((_, Err(e))) => {
-                    first_error.get_or_insert(e);
+        let mut outcomes: Vec<IoOutcome> = Vec::new();
+        let total = if self.parts.is_empty() {
+            for _ in 0..self.pending {
+                match self.results.recv() {
+                    Ok(outcome) => outcomes.push(outcome),
+                    Err(_) => {
+                        let gone = std::io::Error::other("IO worker exited with requests pending");
+                        outcomes.push((usize::MAX, Err(Error::io("SSD IO worker", gone))));
+                        break;
+                    }
                 }
-                Err(_) => {
-                    first_error.get_or_insert(Error::io("SSD IO worker", std::io::Error::other("IO worker exited with requests pending")));
-                    break;
+            }
+            self.pending
+        } else {
+            let total = self.parts.iter().map(|(indices, _)| indices.len()).sum();
+            for (indices, part) in self.parts {
+                match part.wait() {
+                    Ok(buffers) => outcomes.extend(indices.into_iter().zip(buffers.into_iter().map(Ok))),
+                    Err(e) => outcomes.push((usize::MAX, Err(e))),
+                }
+            }
+            total
+        };
+        let mut slots: Vec<Option<AlignedBuf>> = (0..total).map(|_| None).collect();
+        let mut first_error = None;
+        for (index, outcome) in outcomes {
+            match outcome {
+                Ok(buf) => slots[index] = Some(buf),
+                Err(e) => {
+                    first_error.get_or_insert(e);
                 }
             }
         }
@@ -107,6 +140,14 @@ pub trait BlockDevice: Send + Sync {
     }
     /// One line for logs and `alignfs stat`: path, IO backend, cache mode.
     fn describe(&self) -> String;
+    /// How many SSDs make up this device (a [`DeviceSet`] has several).
+    fn member_count(&self) -> usize {
+        1
+    }
+    /// Bytes of each member: member `i` holds `i * member_bytes ..`.
+    fn member_bytes(&self) -> u64 {
+        self.len_bytes()
+    }
 }
 
 /// Submit a batch and wait for it.

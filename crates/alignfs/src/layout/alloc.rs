@@ -86,6 +86,27 @@ impl BitmapAllocator {
         Some(out)
     }
 
+    /// One free unit in `range` (the first from its start), or `None`.
+    pub fn allocate_in(&self, range: std::ops::Range<u64>) -> Option<u64> {
+        let mut bits = self.bits.lock();
+        let end = range.end.min(bits.capacity);
+        let mut id = range.start;
+        while id < end {
+            if id % 64 == 0 && bits.words[(id / 64) as usize] == u64::MAX {
+                id += 64;
+                continue;
+            }
+            if !bits.used(id) {
+                bits.set(id, true);
+                bits.free -= 1;
+                bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
+                return Some(id);
+            }
+            id += 1;
+        }
+        None
+    }
+
     pub fn free(&self, ids: impl IntoIterator<Item = u64>) {
         let mut bits = self.bits.lock();
         for id in ids {
@@ -136,5 +157,10 @@ mod tests {
         a.free([5]);
         assert!(a.claim(5));
         assert_eq!(a.peak_used_count(), 130);
+        let b = BitmapAllocator::new(200, &[0, 100]);
+        assert_eq!(b.allocate_in(100..200), Some(101));
+        assert_eq!(b.allocate_in(0..100), Some(1));
+        assert_eq!(b.allocate_in(150..151), Some(150));
+        assert_eq!(b.allocate_in(150..151), None);
     }
 }

@@ -4,4 +4,4 @@ mod alloc;
 mod superblock;
 
 pub use alloc::BitmapAllocator;
-pub use superblock::{DeviceRole, Profile, Superblock};
+pub use superblock::{DeviceRole, Profile, Superblock, MAX_SSDS};

@@ -7,6 +7,8 @@ use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
 pub const VERSION: u32 = 3;
+/// Most SSDs one volume spans.
+pub const MAX_SSDS: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceRole {
@@ -68,6 +70,10 @@ pub struct Superblock {
     /// On the fast tier, or at the start of the SSD when the profile has no fast tier.
     pub layout: MetaLayout,
     pub created_unix_ns: i64,
+    /// SSDs in the volume (`scrap` may have several), and which of them holds this copy.
+    /// Each holds `ssd_bytes / ssd_count`; the metadata area is on SSD 0.
+    pub ssd_count: u32,
+    pub ssd_index: u32,
 }
 
 impl Superblock {
@@ -75,14 +81,17 @@ impl Superblock {
         self.ssd_bytes / self.geometry.block()
     }
 
-    /// SSD blocks that never hold file data: block 0 (the superblock), and the metadata
-    /// area when it lives on the SSD.
-    pub fn reserved_ssd_blocks(&self) -> u64 {
-        if self.profile.has_fast_tier() {
-            1
-        } else {
-            self.layout.reserved_ssd_blocks(&self.geometry)
-        }
+    /// SSD blocks that never hold file data: each SSD's first block (its superblock), and
+    /// the metadata area when it lives on the SSD.
+    pub fn reserved_ssd_blocks(&self) -> Vec<u64> {
+        let first = if self.profile.has_fast_tier() { 1 } else { self.layout.reserved_ssd_blocks(&self.geometry) };
+        let per_ssd = self.ssd_blocks() / u64::from(self.ssd_count);
+        (0..first).chain((1..u64::from(self.ssd_count)).map(|i| i * per_ssd)).collect()
+    }
+
+    /// Bytes of each SSD.
+    pub fn member_bytes(&self) -> u64 {
+        self.ssd_bytes / u64::from(self.ssd_count)
     }
 
     pub fn uuid_string(&self) -> String {
@@ -100,6 +109,7 @@ impl Superblock {
         e.u64(f.checkpoint_bytes).u64(f.checkpoint_a_offset).u64(f.checkpoint_b_offset);
         e.u64(f.journal_offset).u64(f.journal_bytes).u64(f.pages_offset).u64(f.page_count);
         e.i64(self.created_unix_ns);
+        e.u32(self.ssd_count).u32(self.ssd_index);
         let crc = crc32c(&e.bytes);
         e.u32(crc);
         let mut bytes = e.bytes;
@@ -155,6 +165,8 @@ impl Superblock {
             page_count: d.u64().map_err(short)?,
         };
         let created_unix_ns = d.i64().map_err(short)?;
+        let ssd_count = d.u32().map_err(short)?;
+        let ssd_index = d.u32().map_err(short)?;
         let covered = d.position();
         let stored = d.u32().map_err(short)?;
         let actual = crc32c(&bytes[..covered]);
@@ -167,7 +179,7 @@ impl Superblock {
         } else if fast_bytes != 0 || role != DeviceRole::Ssd {
             return Err(corrupt(format!("profile {} has no fast tier", profile.name())));
         } else {
-            MetaLayout::on_ssd(ssd_bytes, &geometry)
+            MetaLayout::on_ssd(ssd_bytes / u64::from(ssd_count.max(1)), &geometry)
         };
         if expected.map_err(|e| corrupt(e.to_string()))? != layout {
             return Err(corrupt("metadata layout does not match the device size and geometry".into()));
@@ -175,7 +187,14 @@ impl Superblock {
         if ssd_bytes / geometry.block() < 2 {
             return Err(corrupt(format!("SSD size {ssd_bytes} holds fewer than two blocks")));
         }
-        Ok(Superblock { role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns })
+        let several_ok = !profile.has_fast_tier() && ssd_count <= MAX_SSDS;
+        if ssd_count == 0 || (ssd_count > 1 && !several_ok) || ssd_index >= ssd_count {
+            return Err(corrupt(format!("SSD {ssd_index} of {ssd_count} is not a valid place in a {} volume", profile.name())));
+        }
+        if ssd_count > 1 && ssd_bytes % (u64::from(ssd_count) * u64::from(geometry.split_bytes)) != 0 {
+            return Err(corrupt(format!("{ssd_bytes} bytes do not split into {ssd_count} SSDs of whole split units")));
+        }
+        Ok(Superblock { role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns, ssd_count, ssd_index })
     }
 }
 
@@ -195,6 +214,8 @@ mod tests {
             ssd_bytes: 8 * GIB,
             layout: MetaLayout::compute(GIB, &geometry).unwrap(),
             created_unix_ns: 42,
+            ssd_count: 1,
+            ssd_index: 0,
         }
     }
 
@@ -216,7 +237,13 @@ mod tests {
             ..sample()
         };
         assert_eq!(Superblock::decode(&sb.encode(), "dev").unwrap(), sb);
-        assert!(sb.reserved_ssd_blocks() > 1);
+        assert!(sb.reserved_ssd_blocks().len() > 1);
+        let layout = MetaLayout::on_ssd(2 * GIB, &geometry).unwrap();
+        let second = Superblock { ssd_count: 4, ssd_index: 3, layout, ..sb.clone() };
+        assert_eq!(Superblock::decode(&second.encode(), "dev").unwrap(), second);
+        assert!(second.reserved_ssd_blocks().contains(&(3 * second.ssd_blocks() / 4)));
+        let orch_pair = Superblock { ssd_count: 2, ..sample() };
+        assert!(matches!(Superblock::decode(&orch_pair.encode(), "dev"), Err(Error::Corrupt { .. })), "orch has one SSD");
         let with_fast = Superblock { fast_bytes: GIB, ..sb.clone() };
         assert!(matches!(Superblock::decode(&with_fast.encode(), "dev"), Err(Error::Corrupt { .. })));
     }
@@ -231,7 +258,7 @@ mod tests {
             match Superblock::decode(&bad, "dev") {
                 Err(Error::Corrupt { structure: "superblock", .. }) | Err(Error::NotFormatted(_)) => {}
                 // Past the checksummed fields: padding, ignored.
-                Ok(decoded) if decoded == original && at >= 136 => {}
+                Ok(decoded) if decoded == original && at >= 144 => {}
                 other => panic!("flip at {at} gave {other:?}"),
             }
         }

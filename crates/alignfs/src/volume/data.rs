@@ -309,9 +309,11 @@ impl Inner {
     /// residue is copied into the fast tier on this thread.
     fn execute(&self, inode: &Arc<Inode>, plan: &Plan, pages: Vec<PageNo>, entries: &[Option<BlockEntry>], data: &[u8]) -> Result<Vec<Op>> {
         let block = self.geometry.block();
-        let ssd_needed = plan.blocks.iter().filter(|b| b.needs_ssd_block()).count();
-        let new_blocks: Vec<SsdBlock> = match self.blocks.allocate(ssd_needed) {
-            Some(ids) => ids.into_iter().map(SsdBlock).collect(),
+        // Direct writes spread over the SSDs by logical block.
+        let members: Vec<usize> =
+            plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_in_flight.len() as u64) as usize).collect();
+        let new_blocks: Vec<SsdBlock> = match self.allocate_blocks(&members) {
+            Some(blocks) => blocks,
             None => {
                 self.release(&pages, &[]);
                 return Err(Error::NoSpace);
@@ -739,11 +741,11 @@ impl Inner {
                 image
             })
             .collect();
-        let Some(ids) = self.blocks.allocate(work.len()) else {
+        // Delayed allocation: each block goes to the SSD least busy at this moment.
+        let Some(mut targets) = self.allocate_blocks(&self.least_busy_members(work.len())) else {
             self.buffers.give(images);
             return Err(Error::NoSpace);
         };
-        let mut targets: Vec<SsdBlock> = ids.into_iter().map(SsdBlock).collect();
         let writes =
             images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
         match self.submit_ssd(writes).wait() {
@@ -853,10 +855,11 @@ impl Inner {
     }
 }
 
-/// SSD IO the volume has submitted and not yet seen complete: OTflush's busyness gauge.
+/// SSD IO the volume has submitted and not yet seen complete, per SSD: OTflush's busyness
+/// gauge.
 pub(crate) struct InFlight<'a> {
-    gauge: &'a AtomicU64,
-    bytes: u64,
+    gauges: &'a [AtomicU64],
+    bytes: Vec<u64>,
     ticket: Option<IoTicket>,
 }
 
@@ -868,67 +871,111 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.gauge.fetch_sub(self.bytes, Ordering::Relaxed);
+        for (gauge, bytes) in self.gauges.iter().zip(&self.bytes) {
+            gauge.fetch_sub(*bytes, Ordering::Relaxed);
+        }
     }
 }
 
-/// Flushing a volatile residue store (`scrap`).
+/// SSDs, and flushing a volatile residue store (`scrap`).
 impl Inner {
-    /// Submit a batch to the SSD, counting its bytes as in flight until it is waited for.
+    /// Which SSD of the volume holds byte `offset` of the SSD address space.
+    fn member_of(&self, offset: u64) -> usize {
+        ((offset / self.superblock.member_bytes()) as usize).min(self.ssd_in_flight.len() - 1)
+    }
+
+    /// Submit a batch to the SSDs, counting its bytes as in flight until it is waited for.
     pub(crate) fn submit_ssd(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
-        let bytes = batch.iter().map(|r| r.buf.len() as u64).sum();
-        self.ssd_in_flight.fetch_add(bytes, Ordering::Relaxed);
-        InFlight { gauge: &self.ssd_in_flight, bytes, ticket: Some(self.ssd.submit(batch)) }
+        let mut bytes = vec![0u64; self.ssd_in_flight.len()];
+        for request in &batch {
+            bytes[self.member_of(request.offset_bytes)] += request.buf.len() as u64;
+        }
+        for (gauge, n) in self.ssd_in_flight.iter().zip(&bytes) {
+            gauge.fetch_add(*n, Ordering::Relaxed);
+        }
+        InFlight { gauges: &self.ssd_in_flight, bytes, ticket: Some(self.ssd.submit(batch)) }
     }
 
-    /// Whether the SSD has at least the busy threshold of the volume's IO in flight
+    /// Whether SSD `member` has at least the busy threshold of the volume's IO in flight
     /// (WSBuffer: 4 MiB); stage-1 flushing waits for it to calm down.
-    pub(crate) fn ssd_busy(&self) -> bool {
-        self.ssd_in_flight.load(Ordering::Relaxed) >= SSD_BUSY_BYTES
+    pub(crate) fn ssd_busy(&self, member: usize) -> bool {
+        self.ssd_in_flight[member].load(Ordering::Relaxed) >= SSD_BUSY_BYTES
     }
 
-    /// WSBuffer's stage 1 when the SSD is idle: merge the blocks that have held residue for
-    /// at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
-    /// first, a batch at a time, until none is left, the SSD gets busy, or the volume stops.
-    pub(crate) fn flush_when_idle(&self) -> Result<u64> {
-        let mut moved = 0;
-        loop {
-            if self.ssd_busy() || self.shutdown.load(Ordering::SeqCst) {
-                return Ok(moved);
-            }
-            let due: Vec<(Ino, u64)> = {
-                let dirty = self.dirty_since.lock();
-                let mut due: Vec<(Instant, Ino, u64)> =
-                    dirty.iter().filter(|(_, since)| since.elapsed() >= IDLE_FLUSH_AGE).map(|(&(ino, lb), &t)| (t, ino, lb)).collect();
-                due.sort_unstable();
-                due.into_iter().take(self.migration_batch()).map(|(_, ino, lb)| (ino, lb)).collect()
-            };
-            if due.is_empty() {
-                return Ok(moved);
-            }
-            {
-                let mut dirty = self.dirty_since.lock();
-                for key in &due {
-                    dirty.remove(key);
+    /// For `n` new blocks, the SSD each should go to: the least loaded, counting the
+    /// blocks already assigned (WSBuffer's delayed allocation).
+    fn least_busy_members(&self, n: usize) -> Vec<usize> {
+        let block = self.geometry.block();
+        let mut load: Vec<u64> = self.ssd_in_flight.iter().map(|g| g.load(Ordering::Relaxed)).collect();
+        (0..n)
+            .map(|_| {
+                let member = (0..load.len()).min_by_key(|&m| load[m]).unwrap_or(0);
+                load[member] += block;
+                member
+            })
+            .collect()
+    }
+
+    /// One new SSD block on each SSD named (another SSD when that one is full); all or
+    /// none.
+    fn allocate_blocks(&self, members: &[usize]) -> Option<Vec<SsdBlock>> {
+        if self.ssd_in_flight.len() == 1 {
+            return self.blocks.allocate(members.len()).map(|ids| ids.into_iter().map(SsdBlock).collect());
+        }
+        let per_member = self.superblock.member_bytes() / self.geometry.block();
+        let count = self.ssd_in_flight.len() as u64;
+        let mut taken = Vec::with_capacity(members.len());
+        for &member in members {
+            let found = (0..count).map(|k| (member as u64 + k) % count).find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member));
+            match found {
+                Some(id) => taken.push(SsdBlock(id)),
+                None => {
+                    self.release(&[], &taken);
+                    return None;
                 }
             }
-            let files: Vec<(Arc<Inode>, u64)> = due.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
+        }
+        Some(taken)
+    }
+
+    /// WSBuffer's stage 1 when the SSDs are idle: merge the blocks that have held residue
+    /// for at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
+    /// first, a batch at a time. A block whose SSD is busy waits for a later round.
+    pub(crate) fn flush_when_idle(&self) -> Result<u64> {
+        let due: Vec<(Instant, Ino, u64)> = {
+            let dirty = self.dirty_since.lock();
+            let mut due: Vec<(Instant, Ino, u64)> =
+                dirty.iter().filter(|(_, since)| since.elapsed() >= IDLE_FLUSH_AGE).map(|(&(ino, lb), &t)| (t, ino, lb)).collect();
+            due.sort_unstable();
+            due
+        };
+        let mut moved = 0;
+        for batch in due.chunks(self.migration_batch()) {
+            if self.shutdown.load(Ordering::SeqCst) || (0..self.ssd_in_flight.len()).all(|m| self.ssd_busy(m)) {
+                break;
+            }
+            let files: Vec<(Instant, Arc<Inode>, u64)> =
+                batch.iter().filter_map(|&(since, ino, lb)| Some((since, self.meta.get(ino)?, lb))).collect();
             let mut guards = Vec::new();
             let mut locked = Vec::new();
-            for (inode, lblock) in &files {
-                match inode.range.try_write(*lblock, *lblock) {
+            for (since, inode, lblock) in &files {
+                let home = inode.map.lock().get(lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
+                let guard = if home.is_some_and(|m| self.ssd_busy(m)) { None } else { inode.range.try_write(*lblock, *lblock) };
+                match guard {
                     Some(guard) => {
+                        self.dirty_since.lock().remove(&(inode.ino, *lblock));
                         guards.push(guard);
                         locked.push((Arc::clone(inode), *lblock));
                     }
-                    // A writer is in it: it stays dirty and comes due again.
+                    // Its SSD is busy or a writer is in it: it stays due.
                     None => {
-                        self.dirty_since.lock().insert((inode.ino, *lblock), Instant::now());
+                        self.dirty_since.lock().insert((inode.ino, *lblock), *since);
                     }
                 }
             }
             moved += self.migrate_blocks_locked(locked, Counter::migrations_idle)?;
         }
+        Ok(moved)
     }
 
     /// Flush every block of `inode` that holds residue, then journal its size and mtime:

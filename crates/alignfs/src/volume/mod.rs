@@ -137,8 +137,8 @@ pub(crate) struct Inner {
     unsynced_sizes: Mutex<HashMap<Ino, u64>>,
     /// Blocks whose volatile residue unit became full, for the flusher.
     full_units: Mutex<Vec<(Ino, u64)>>,
-    /// SSD bytes submitted and not yet complete (the flusher's busyness gauge).
-    ssd_in_flight: AtomicU64,
+    /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
+    ssd_in_flight: Vec<AtomicU64>,
     /// Blocks holding volatile residue, and since when (the idle flusher takes the oldest).
     dirty_since: Mutex<HashMap<(Ino, u64), Instant>>,
 }
@@ -169,11 +169,13 @@ pub struct Volume {
     closed: bool,
 }
 
-fn read_ssd_superblock(ssd: &dyn BlockDevice) -> Result<Vec<u8>> {
+/// The superblock sector of SSD `member` of `ssd` (a device set has one per member).
+fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
     if ssd.len_bytes() < SUPERBLOCK_BYTES {
         return Ok(Vec::new());
     }
-    let request = IoRequest { op: IoOp::Read, offset_bytes: 0, buf: AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize) };
+    let at = member * ssd.member_bytes();
+    let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize) };
     Ok(run_batch(ssd, vec![request])?.remove(0).to_vec())
 }
 
@@ -217,10 +219,27 @@ fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
     Ok(())
 }
 
-/// The superblock of a new volume (role fast; callers adjust it per device).
+/// The usable bytes of an SSD (or of every member of a device set): whole blocks, and
+/// whole split units when there are several SSDs, so no IO straddles two.
+fn usable_ssd_bytes(ssd: &dyn BlockDevice, geometry: &Geometry) -> u64 {
+    match ssd.member_count() as u64 {
+        1 => ssd.len_bytes() / geometry.block() * geometry.block(),
+        n => ssd.member_bytes() / u64::from(geometry.split_bytes) * u64::from(geometry.split_bytes) * n,
+    }
+}
+
+/// The superblock of a new volume (role fast, SSD 0; callers adjust it per device).
 fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevice, layout: MetaLayout) -> Result<Superblock> {
     let geometry = options.geometry;
-    let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
+    let ssd_bytes = usable_ssd_bytes(ssd, &geometry);
+    let ssd_count = u32::try_from(ssd.member_count()).unwrap_or(u32::MAX);
+    if ssd_count > 1 && (options.profile.has_fast_tier() || ssd_count > crate::layout::MAX_SSDS) {
+        return Err(Error::InvalidArgument(format!(
+            "profile {} takes {} SSDs at most, not {ssd_count}",
+            options.profile.name(),
+            if options.profile.has_fast_tier() { 1 } else { crate::layout::MAX_SSDS }
+        )));
+    }
     if ssd_bytes / geometry.block() < 2 {
         return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
     }
@@ -233,6 +252,8 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
         ssd_bytes,
         layout,
         created_unix_ns: now_ns(),
+        ssd_count,
+        ssd_index: 0,
     })
 }
 
@@ -243,11 +264,11 @@ fn write_fresh_checkpoint(slots: &mut CheckpointSlots) -> Result<()> {
     slots.write(&checkpoint_payload(&fresh, &[], &AsIs), 1)
 }
 
-/// Write (and flush) the SSD's superblock sector.
-fn write_ssd_superblock(ssd: &dyn BlockDevice, image: &[u8]) -> Result<()> {
+/// Write (and flush) the superblock sector of SSD `member`.
+fn write_ssd_superblock(ssd: &dyn BlockDevice, member: u64, image: &[u8]) -> Result<()> {
     let mut buf = AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize);
     buf.copy_from_slice(image);
-    run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 0, buf }])?;
+    run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: member * ssd.member_bytes(), buf }])?;
     ssd.flush()
 }
 
@@ -264,7 +285,7 @@ impl Volume {
         let geometry = options.geometry;
         geometry.validate(options.profile)?;
         if !options.force {
-            refuse_existing(&[(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd)?, ssd.describe())])?;
+            refuse_existing(&[(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
         }
         let layout = MetaLayout::compute(fast.len_bytes(), &geometry)?;
         let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
@@ -275,7 +296,7 @@ impl Volume {
         fast.persist(layout.journal_offset, layout.journal_bytes as usize);
         let (_, mut slots) = windows(MetaDevice::Fast(fast), &layout, "fast tier")?;
         write_fresh_checkpoint(&mut slots)?;
-        write_ssd_superblock(ssd, &Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode())?;
+        write_ssd_superblock(ssd, 0, &Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode())?;
         fast.write_persist(0, &superblock.encode());
         Ok(superblock)
     }
@@ -288,18 +309,25 @@ impl Volume {
         }
         let geometry = options.geometry;
         geometry.validate(options.profile)?;
+        let members = ssd.member_count() as u64;
         if !options.force {
-            refuse_existing(&[(read_ssd_superblock(ssd.as_ref())?, ssd.describe())])?;
+            let existing: Vec<(Vec<u8>, String)> =
+                (0..members).map(|m| Ok((read_ssd_superblock(ssd.as_ref(), m)?, ssd.describe()))).collect::<Result<_>>()?;
+            refuse_existing(&existing)?;
         }
-        let ssd_bytes = ssd.len_bytes() / geometry.block() * geometry.block();
-        let layout = MetaLayout::on_ssd(ssd_bytes, &geometry)?;
+        let layout = MetaLayout::on_ssd(usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
         let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
-        // As for `orch`: the old superblock goes first, the new one last.
-        write_ssd_superblock(ssd.as_ref(), &[0u8; SUPERBLOCK_BYTES as usize])?;
+        // As for `orch`: the old superblocks go first, the new ones last.
+        for member in 0..members {
+            write_ssd_superblock(ssd.as_ref(), member, &[0u8; SUPERBLOCK_BYTES as usize])?;
+        }
         let (journal, mut slots) = windows(MetaDevice::Ssd(ssd), &layout, &ssd.describe())?;
         journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
         write_fresh_checkpoint(&mut slots)?;
-        write_ssd_superblock(ssd.as_ref(), &superblock.encode())?;
+        for member in (0..members).rev() {
+            let copy = Superblock { ssd_index: member as u32, ..superblock.clone() };
+            write_ssd_superblock(ssd.as_ref(), member, &copy.encode())?;
+        }
         Ok(superblock)
     }
 
@@ -311,7 +339,7 @@ impl Volume {
         let fast_name = format!("fast tier {}", fast.describe());
         let ssd_name = format!("SSD {}", ssd.describe());
         let superblock = Superblock::decode(&read_fast_superblock(&fast), &fast_name)?;
-        let ssd_superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref())?, &ssd_name)?;
+        let ssd_superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref(), 0)?, &ssd_name)?;
         if superblock.role != DeviceRole::Fast {
             return Err(Error::corrupt("superblock", &fast_name, 0, "this is an SSD superblock; the devices are swapped"));
         }
@@ -339,12 +367,30 @@ impl Volume {
     pub fn open_ssd(ssd: Arc<dyn BlockDevice>, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
         let ssd_name = format!("SSD {}", ssd.describe());
-        let superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref())?, &ssd_name)?;
+        let superblock = Superblock::decode(&read_ssd_superblock(ssd.as_ref(), 0)?, &ssd_name)?;
         if superblock.profile.has_fast_tier() {
             return Err(Error::InvalidArgument(format!(
                 "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
                 superblock.profile.name()
             )));
+        }
+        if ssd.member_count() != superblock.ssd_count as usize || superblock.ssd_index != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the volume spans {} SSDs; name them all, in any order ({} given, the first holding SSD {})",
+                superblock.ssd_count,
+                ssd.member_count(),
+                superblock.ssd_index
+            )));
+        }
+        for member in 1..u64::from(superblock.ssd_count) {
+            let name = format!("SSD {member} of {}", superblock.ssd_count);
+            let copy = Superblock::decode(&read_ssd_superblock(ssd.as_ref(), member)?, &name)?;
+            if copy.uuid != superblock.uuid {
+                return Err(Error::VolumeMismatch { fast: superblock.uuid_string(), ssd: copy.uuid_string() });
+            }
+            if (Superblock { ssd_index: 0, ..copy.clone() }) != superblock || copy.ssd_index != member as u32 {
+                return Err(Error::corrupt("superblock", &name, 0, "its copy disagrees with SSD 0's"));
+            }
         }
         Self::assemble(None, ssd, superblock, ssd_name, options, started)
     }
@@ -392,8 +438,7 @@ impl Volume {
             Some(fast) => Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, page_bytes)),
             None => Arc::new(ScrapPages::new(options.scrap_mem_bytes, page_bytes)?),
         };
-        let reserved: Vec<u64> = (0..superblock.reserved_ssd_blocks()).collect();
-        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &reserved);
+        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
         claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
         let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
         let recovery = RecoveryReport {
@@ -404,6 +449,7 @@ impl Volume {
             orphans_dropped: orphans.len() as u64,
             clean: replay.payloads.is_empty(),
         };
+        let superblock_ssds = superblock.ssd_count as usize;
         let inner = Arc::new(Inner {
             superblock,
             geometry,
@@ -427,7 +473,7 @@ impl Volume {
             recovery,
             unsynced_sizes: Mutex::new(HashMap::new()),
             full_units: Mutex::new(Vec::new()),
-            ssd_in_flight: AtomicU64::new(0),
+            ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
             dirty_since: Mutex::new(HashMap::new()),
         });
         if !inner.options.read_only {

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{FormatOptions, Volume, VolumeOptions};
-use crate::device::{BlockDevice, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
+use crate::device::{BlockDevice, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
@@ -46,23 +46,31 @@ fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoB
     SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend, shared }
 }
 
-/// Create (when sized) and format the devices: a fast tier and an SSD, or the SSD alone
-/// for a profile without a fast tier (`fast` must then be `None`).
+/// Create (when sized) and format the devices: a fast tier and one SSD (`orch`), or one
+/// or more SSDs alone for a profile without a fast tier (`fast` must then be `None`).
 pub fn format_paths(
     fast: Option<&DeviceSpec>,
-    ssd: &DeviceSpec,
+    ssds: &[DeviceSpec],
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
     options.geometry.validate(options.profile)?;
     let profile = options.profile.name();
-    let device: Arc<dyn BlockDevice> = match (fast, options.profile.has_fast_tier()) {
-        (None, true) => return Err(Error::InvalidArgument(format!("profile {profile} needs a fast tier"))),
-        (Some(_), false) => return Err(Error::InvalidArgument(format!("profile {profile} has no fast tier; name only the SSD"))),
-        _ => Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?),
-    };
+    match (fast, options.profile.has_fast_tier(), ssds.len()) {
+        (_, _, 0) => return Err(Error::InvalidArgument("no SSD named".into())),
+        (None, true, _) => return Err(Error::InvalidArgument(format!("profile {profile} needs a fast tier"))),
+        (Some(_), false, _) => return Err(Error::InvalidArgument(format!("profile {profile} has no fast tier; name only the SSDs"))),
+        (Some(_), true, n) if n > 1 => return Err(Error::InvalidArgument(format!("profile {profile} takes one SSD, not {n}"))),
+        _ => {}
+    }
+    let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ssds.len());
+    for ssd in ssds {
+        members.push(Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?));
+    }
     let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
     let Some(fast) = fast else {
+        let split = u64::from(options.geometry.split_bytes);
+        let device = join_members(members, |m| DeviceSet::common_bytes(m, split))?;
         let superblock = Volume::format_ssd(&device, options)?;
         return Ok((superblock, Volume::open_ssd(device, quiet)?));
     };
@@ -70,8 +78,18 @@ pub fn format_paths(
         std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
     }
     let region = Arc::new(PmemRegion::open(&fast.path, fast.size)?);
+    let device = members.remove(0);
     let superblock = Volume::format(&region, device.as_ref(), options)?;
     Ok((superblock, Volume::open(region, device, quiet)?))
+}
+
+/// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
+fn join_members(mut members: Vec<Arc<dyn BlockDevice>>, member_bytes: impl Fn(&[Arc<dyn BlockDevice>]) -> u64) -> Result<Arc<dyn BlockDevice>> {
+    if members.len() == 1 {
+        return Ok(members.remove(0));
+    }
+    let bytes = member_bytes(&members);
+    Ok(Arc::new(DeviceSet::new(members, bytes)?))
 }
 
 /// The superblock of the volume on an SSD; `None` if it holds no volume (or a damaged
@@ -86,29 +104,40 @@ pub fn ssd_superblock(ssd: &Path) -> Result<Option<Superblock>> {
 /// Open a formatted volume by path, with the IO shape its superblock records. `fast` is
 /// not used when the SSD holds a volume of a profile without a fast tier.
 pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Option<IoBackend>) -> Result<Volume> {
-    open_paths_with_faults(fast, ssd, options, backend, None)
+    open_paths_with_faults(fast, &[ssd.to_path_buf()], options, backend, None)
 }
 
-/// [`open_paths`], with the SSD behind a [`FaultyDevice`] when a plan is given (the
-/// suites' `alignfs mount --inject-faults`).
+/// [`open_paths`] for any number of SSDs (in any order), with them behind a
+/// [`FaultyDevice`] when a plan is given (the suites' `alignfs mount --inject-faults`).
 pub fn open_paths_with_faults(
     fast: &Path,
-    ssd: &Path,
+    ssds: &[PathBuf],
     options: VolumeOptions,
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Volume> {
     let missing = |path: &Path| Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into());
-    if !ssd.exists() {
-        return Err(missing(ssd));
+    if let Some(absent) = ssds.iter().find(|p| !p.exists()) {
+        return Err(missing(absent));
     }
-    if let Some(superblock) = ssd_superblock(ssd)?.filter(|sb| !sb.profile.has_fast_tier()) {
-        let geometry = superblock.geometry;
-        let mut device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
-        if let Some(plan) = faults {
-            device = Arc::new(FaultyDevice::new(device, plan));
+    let Some(first) = ssds.first() else { return Err(Error::InvalidArgument("no SSD named".into())) };
+    let with_faults = |device: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
+        match &faults {
+            Some(plan) => Arc::new(FaultyDevice::new(device, Arc::clone(plan))),
+            None => device,
         }
-        return Volume::open_ssd(device, options);
+    };
+    if let Some(superblock) = ssd_superblock(first)?.filter(|sb| !sb.profile.has_fast_tier()) {
+        let ordered = order_members(ssds, &superblock)?;
+        let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ordered.len());
+        for path in &ordered {
+            members.push(Arc::new(FileSsd::open(path, &ssd_options(&superblock.geometry, None, backend, options.read_only))?));
+        }
+        let device = join_members(members, |_| superblock.member_bytes())?;
+        return Volume::open_ssd(with_faults(device), options);
+    }
+    if ssds.len() > 1 {
+        return Err(Error::InvalidArgument(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
     }
     if !fast.exists() {
         return Err(missing(fast));
@@ -117,11 +146,30 @@ pub fn open_paths_with_faults(
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
-    let mut device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(ssd, &ssd_options(&geometry, None, backend, options.read_only))?);
-    if let Some(plan) = faults {
-        device = Arc::new(FaultyDevice::new(device, plan));
+    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(first, &ssd_options(&geometry, None, backend, options.read_only))?);
+    Volume::open(region, with_faults(device), options)
+}
+
+/// The SSD paths in the volume's order (by each one's `ssd_index`), checking that they
+/// are all of this volume and all there.
+fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
+    let count = first.ssd_count as usize;
+    if ssds.len() != count {
+        return Err(Error::InvalidArgument(format!("the volume spans {count} SSDs; {} were named", ssds.len())));
     }
-    Volume::open(region, device, options)
+    let mut ordered: Vec<Option<PathBuf>> = vec![None; count];
+    for path in ssds {
+        let name = path.display();
+        match ssd_superblock(path)? {
+            Some(sb) if sb.uuid != first.uuid => {
+                return Err(Error::VolumeMismatch { fast: first.uuid_string(), ssd: format!("{} on {name}", sb.uuid_string()) })
+            }
+            Some(sb) if ordered.get(sb.ssd_index as usize).is_some_and(Option::is_none) => ordered[sb.ssd_index as usize] = Some(path.clone()),
+            Some(sb) => return Err(Error::InvalidArgument(format!("{name} is SSD {} of the volume, which was named twice", sb.ssd_index))),
+            None => return Err(Error::BadPath(path.clone(), format!("holds no readable superblock of volume {}", first.uuid_string()))),
+        }
+    }
+    Ok(ordered.into_iter().map(|p| p.expect("as many distinct places as paths")).collect())
 }
 
 #[cfg(test)]
@@ -149,7 +197,7 @@ mod tests {
     #[test]
     fn format_and_open_real_files() {
         let (dir, _shm, fast, ssd) = scratch_devices();
-        let (superblock, volume) = format_paths(Some(&fast), &ssd, &FormatOptions::default(), None).unwrap();
+        let (superblock, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         volume.write(f, 1234, &data).unwrap();
@@ -163,7 +211,7 @@ mod tests {
             assert!(out == data);
         }
         // Formatting again without force names the existing volume.
-        assert!(matches!(format_paths(Some(&fast), &ssd, &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
+        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
         assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
     }
 
@@ -173,8 +221,8 @@ mod tests {
         let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
         let geometry = Geometry::for_profile(crate::Profile::Scrap);
         let options = FormatOptions { geometry, profile: crate::Profile::Scrap, force: false };
-        assert!(matches!(format_paths(Some(&fast), &ssd, &options, None), Err(Error::InvalidArgument(_))));
-        let (superblock, volume) = format_paths(None, &ssd, &options, None).unwrap();
+        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &options, None), Err(Error::InvalidArgument(_))));
+        let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
         volume.write(f, 777, &data).unwrap();
@@ -191,9 +239,9 @@ mod tests {
     #[test]
     fn one_writer_or_many_readers() {
         let (_dir, _shm, fast, ssd) = scratch_devices();
-        let (_, formatted) = format_paths(Some(&fast), &ssd, &FormatOptions::default(), None).unwrap();
+        let (_, formatted) = format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None).unwrap();
         assert!(matches!(
-            format_paths(Some(&fast), &ssd, &FormatOptions { force: true, ..FormatOptions::default() }, None),
+            format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions { force: true, ..FormatOptions::default() }, None),
             Err(Error::InUse(_))
         ));
         formatted.close().unwrap();

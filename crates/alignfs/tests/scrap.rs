@@ -1,0 +1,67 @@
+#![allow(clippy::unwrap_used)]
+//! `scrap` on several SSDs: blocks spread over every member, a volume reopens from its
+//! members, and a missing or foreign member is refused by name.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use alignfs::device::{BlockDevice, DeviceSet, SimSsd};
+use alignfs::test_support::seed;
+use alignfs::{Error, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const MEMBER: u64 = 32 << 20;
+
+fn set_of(members: &[Arc<SimSsd>]) -> Arc<dyn BlockDevice> {
+    Arc::new(DeviceSet::new(members.iter().map(|m| Arc::clone(m) as Arc<dyn BlockDevice>).collect(), MEMBER).unwrap())
+}
+
+fn options() -> VolumeOptions {
+    VolumeOptions { scrap_mem_bytes: 2 << 20, ..VolumeOptions::default() }
+}
+
+#[test]
+fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
+    let mut rng = StdRng::seed_from_u64(seed("scrap::a_volume_on_three_ssds_uses_them_all_and_reopens"));
+    let members: Vec<Arc<SimSsd>> = (0..3).map(|_| Arc::new(SimSsd::new(MEMBER))).collect();
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+    let format = FormatOptions { geometry, profile: Profile::Scrap, force: false };
+    Volume::format_ssd(&set_of(&members), &format).unwrap();
+    let before: Vec<u64> = members.iter().map(|m| m.writes.load(Ordering::Relaxed)).collect();
+    let volume = Volume::open_ssd(set_of(&members), options()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let mut model = vec![0u8; 24 << 20];
+    let mut size = 0;
+    for _ in 0..300 {
+        // Large writes go straight to the SSDs; small ones through scrap pages.
+        let len = if rng.random_bool(0.3) { rng.random_range(1 << 20..=3 << 20) } else { rng.random_range(1..=200_000) };
+        let offset = rng.random_range(0..model.len() - len);
+        let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+        volume.write(ino, offset as u64, &data).unwrap();
+        model[offset..offset + len].copy_from_slice(&data);
+        size = size.max(offset + len);
+    }
+    model.truncate(size);
+    volume.fsync(ino).unwrap();
+    for (i, m) in members.iter().enumerate() {
+        assert!(m.writes.load(Ordering::Relaxed) > before[i] + 20, "SSD {i} took part in the writes");
+    }
+    volume.close().unwrap();
+    let volume = Volume::open_ssd(set_of(&members), options()).unwrap();
+    let mut out = vec![0u8; model.len()];
+    assert_eq!(volume.read(ino, 0, &mut out).unwrap(), model.len());
+    assert!(out == model, "data read back after reopening on three SSDs");
+    assert!(volume.check().is_empty());
+    volume.close().unwrap();
+
+    // Two of the three members: refused, naming the count.
+    let two = Arc::new(DeviceSet::new(members[..2].iter().map(|m| Arc::clone(m) as Arc<dyn BlockDevice>).collect(), MEMBER).unwrap());
+    assert!(matches!(Volume::open_ssd(two, options()), Err(Error::InvalidArgument(m)) if m.contains("spans 3 SSDs")));
+    // A blank third member: refused, naming which SSD.
+    let blank = [Arc::clone(&members[0]), Arc::clone(&members[1]), Arc::new(SimSsd::new(MEMBER))];
+    match Volume::open_ssd(set_of(&blank), options()) {
+        Err(e) => assert!(e.to_string().contains("SSD 2 of 3"), "{e}"),
+        Ok(_) => panic!("a blank member must be refused"),
+    }
+}
