@@ -267,10 +267,12 @@ check "mount -o ro: everything readable, writes refused with EROFS" read_only
 check "SQLite data after remounts" bash -c "[[ \$(sqlite3 '$mnt/sqlite/test.db' 'PRAGMA integrity_check; SELECT count(*), sum(length(v)) FROM t;' | tail -1) == \$(cat '$work/sqlite.sum') ]]"
 
 # --- the scrap profile -------------------------------------------------------------------
-# An SSD alone with residue in 32 MiB of DRAM scrap pages (so flushing runs all the time):
+# Two SSDs with residue in 32 MiB of DRAM scrap pages (so flushing runs all the time):
 # pjdfstest (counted test by test), fsx, fio verify, and a remount that keeps every byte.
-"$bin" mkfs --profile scrap --ssd "$work/scrap.img:2G" >/dev/null || exit 1
-mount_scrap() { "$bin" mount --ssd "$work/scrap.img" --scrap-mem 32M --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null; }
+"$bin" mkfs --profile scrap --ssd "$work/scrap-a.img:1G" --ssd "$work/scrap-b.img:1G" >/dev/null || exit 1
+mount_scrap() {
+    "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
+}
 mount_scrap || { cat "$work/scrap.log"; exit 1; }
 echo "== pjdfstest (scrap)"
 pjdfstest_on "$scrap/pjdfstest" "$shm/pjd-secondary-scrap" "$work/pjdfstest-scrap.out"

@@ -5,7 +5,7 @@
 # (scripts/crash.sh; both need root and /dev/fuse), device faults through a mount, programs
 # under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
 # fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
-# the mount and GlusterFS benchmarks.
+# the mount, GlusterFS and scrap benchmarks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,4 +82,9 @@ scripts/fuzz.sh
 bench/gluster.py --quick --out "$work/bench-gluster" | sed -n '/^| workload/,/^$/p' || suites=1
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
 bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
+# The scrap profile's benchmarks, smoke runs: against ext4 through the mount, and its
+# throughput on 1, 2 and 4 simulated SSDs.
+bench/scrap.py --quick --out "$work/bench-scrap" | sed -n '/^| target/,/^$/p' || suites=1
+cargo build --release --locked -q -p alignfs-bench
+target/release/alignfs-ssd-scaling --quick || suites=1
 exit "$suites"
