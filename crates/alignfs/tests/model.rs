@@ -12,7 +12,7 @@ use alignfs::stats::Counter;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::{FallocateMode, SeekTarget};
 use alignfs::{Error, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
-use common::Devices;
+use common::{Devices, Unsynced};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -82,58 +82,6 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
         assert!(hole >= offset && hole <= size, "SEEK_HOLE {offset} -> {hole} (size {size})");
     }
     assert!(matches!(volume.seek(ino, size, SeekTarget::Data), Err(Error::BeyondEnd)));
-}
-
-/// What a crash may leave of a file whose residue is volatile: its bytes as of the last
-/// sync, and everything changed since.
-#[derive(Clone, Default)]
-struct Unsynced {
-    synced: Vec<u8>,
-    /// Bytes touched since the sync (writes, holes, truncates, fallocate).
-    touched: Vec<bool>,
-    writes: Vec<(usize, Vec<u8>)>,
-    min_size: usize,
-    max_size: usize,
-}
-
-impl Unsynced {
-    fn synced(content: &[u8]) -> Unsynced {
-        Unsynced {
-            synced: content.to_vec(),
-            touched: vec![false; content.len()],
-            writes: Vec::new(),
-            min_size: content.len(),
-            max_size: content.len(),
-        }
-    }
-
-    fn touch(&mut self, start: usize, end: usize, new_size: usize) {
-        if self.touched.len() < end.max(new_size) {
-            self.touched.resize(end.max(new_size), true);
-        }
-        self.touched[start..end].fill(true);
-        self.min_size = self.min_size.min(new_size);
-        self.max_size = self.max_size.max(new_size);
-    }
-
-    /// Check what a crash left (`after`) against what it may leave.
-    fn check_after_crash(&self, ino: Ino, after: &[u8]) {
-        let n = after.len();
-        assert!(n >= self.min_size.min(self.synced.len()) && n <= self.max_size, "inode {}: size {n} after a crash", ino.0);
-        for (i, &b) in after.iter().enumerate() {
-            let synced = self.synced.get(i).copied();
-            let touched = self.touched.get(i).copied().unwrap_or(true);
-            if !touched && i < self.min_size {
-                assert_eq!(Some(b), synced, "inode {}: synced byte {i} changed in a crash", ino.0);
-                continue;
-            }
-            if b == 0 || Some(b) == synced {
-                continue;
-            }
-            let written = self.writes.iter().any(|(at, data)| i >= *at && i < at + data.len() && data[i - at] == b);
-            assert!(written, "inode {}: byte {i} = {b:#04x} after a crash was never written there", ino.0);
-        }
-    }
 }
 
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
@@ -223,7 +171,9 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
                         let size = volume.getattr(*ino).unwrap().size as usize;
                         let mut after = vec![0u8; size];
                         assert_eq!(volume.read(*ino, 0, &mut after).unwrap(), size);
-                        pending.check_after_crash(*ino, &after);
+                        if let Err(e) = pending.check(&after) {
+                            panic!("inode {} after a crash: {e}", ino.0);
+                        }
                         *reference = after;
                         *pending = Unsynced::synced(reference);
                     }

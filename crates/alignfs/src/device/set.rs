@@ -21,7 +21,10 @@ impl DeviceSet {
             return Err(Error::InvalidArgument("a device set needs at least one SSD".into()));
         }
         if let Some(short) = members.iter().find(|m| m.len_bytes() < member_bytes) {
-            return Err(Error::InvalidArgument(format!("{} is smaller than the {member_bytes} bytes each SSD of the set holds", short.describe())));
+            return Err(Error::InvalidArgument(format!(
+                "{} is smaller than the {member_bytes} bytes each SSD of the set holds",
+                short.describe()
+            )));
         }
         Ok(DeviceSet { members, member_bytes })
     }

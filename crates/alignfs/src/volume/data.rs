@@ -926,7 +926,8 @@ impl Inner {
         let count = self.ssd_in_flight.len() as u64;
         let mut taken = Vec::with_capacity(members.len());
         for &member in members {
-            let found = (0..count).map(|k| (member as u64 + k) % count).find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member));
+            let found =
+                (0..count).map(|k| (member as u64 + k) % count).find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member));
             match found {
                 Some(id) => taken.push(SsdBlock(id)),
                 None => {
@@ -959,7 +960,8 @@ impl Inner {
             let mut guards = Vec::new();
             let mut locked = Vec::new();
             for (since, inode, lblock) in &files {
-                let home = inode.map.lock().get(lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
+                let home =
+                    inode.map.lock().get(lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
                 let guard = if home.is_some_and(|m| self.ssd_busy(m)) { None } else { inode.range.try_write(*lblock, *lblock) };
                 match guard {
                     Some(guard) => {

@@ -84,7 +84,10 @@ pub fn format_paths(
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
-fn join_members(mut members: Vec<Arc<dyn BlockDevice>>, member_bytes: impl Fn(&[Arc<dyn BlockDevice>]) -> u64) -> Result<Arc<dyn BlockDevice>> {
+fn join_members(
+    mut members: Vec<Arc<dyn BlockDevice>>,
+    member_bytes: impl Fn(&[Arc<dyn BlockDevice>]) -> u64,
+) -> Result<Arc<dyn BlockDevice>> {
     if members.len() == 1 {
         return Ok(members.remove(0));
     }
@@ -164,7 +167,9 @@ fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
             Some(sb) if sb.uuid != first.uuid => {
                 return Err(Error::VolumeMismatch { fast: first.uuid_string(), ssd: format!("{} on {name}", sb.uuid_string()) })
             }
-            Some(sb) if ordered.get(sb.ssd_index as usize).is_some_and(Option::is_none) => ordered[sb.ssd_index as usize] = Some(path.clone()),
+            Some(sb) if ordered.get(sb.ssd_index as usize).is_some_and(Option::is_none) => {
+                ordered[sb.ssd_index as usize] = Some(path.clone())
+            }
             Some(sb) => return Err(Error::InvalidArgument(format!("{name} is SSD {} of the volume, which was named twice", sb.ssd_index))),
             None => return Err(Error::BadPath(path.clone(), format!("holds no readable superblock of volume {}", first.uuid_string()))),
         }
@@ -211,7 +216,10 @@ mod tests {
             assert!(out == data);
         }
         // Formatting again without force names the existing volume.
-        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None), Err(Error::AlreadyFormatted { .. })));
+        assert!(matches!(
+            format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None),
+            Err(Error::AlreadyFormatted { .. })
+        ));
         assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
     }
 
