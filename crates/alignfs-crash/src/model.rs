@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use alignfs::test_support::Unsynced;
 use anyhow::{bail, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
@@ -39,57 +40,6 @@ pub struct Model {
     pending: Option<Pending>,
     /// `scrap`: what each file may hold after a crash (`None`: every acknowledged byte).
     unsynced: Option<BTreeMap<String, Unsynced>>,
-}
-
-/// A file's data since its last sync: what a crash may leave of it.
-#[derive(Clone, Debug, Default)]
-struct Unsynced {
-    synced: Vec<u8>,
-    /// Bytes changed since the sync.
-    touched: Vec<bool>,
-    writes: Vec<(usize, Vec<u8>)>,
-    min_size: usize,
-    max_size: usize,
-}
-
-impl Unsynced {
-    fn synced(content: &[u8]) -> Unsynced {
-        let n = content.len();
-        Unsynced { synced: content.to_vec(), touched: vec![false; n], writes: Vec::new(), min_size: n, max_size: n }
-    }
-
-    fn touch(&mut self, start: usize, end: usize, new_size: usize) {
-        let len = end.max(new_size).max(self.touched.len());
-        self.touched.resize(len, true);
-        self.touched[start.min(end)..end].fill(true);
-        self.min_size = self.min_size.min(new_size);
-        self.max_size = self.max_size.max(new_size);
-    }
-
-    /// `None` if `got` is something a crash may leave, else what is wrong.
-    fn problem(&self, got: &[u8]) -> Option<String> {
-        if got.len() < self.min_size.min(self.synced.len()) || got.len() > self.max_size {
-            return Some(format!(
-                "{} bytes after the crash, expected {}..={}",
-                got.len(),
-                self.min_size.min(self.synced.len()),
-                self.max_size
-            ));
-        }
-        for (i, &b) in got.iter().enumerate() {
-            let synced = self.synced.get(i).copied();
-            if !self.touched.get(i).copied().unwrap_or(true) && i < self.min_size {
-                if Some(b) != synced {
-                    return Some(format!("synced byte {i} changed"));
-                }
-                continue;
-            }
-            if b != 0 && Some(b) != synced && !self.writes.iter().any(|(at, data)| i >= *at && i < at + data.len() && data[i - at] == b) {
-                return Some(format!("byte {i} = {b:#04x} was never written there"));
-            }
-        }
-        None
-    }
 }
 
 pub struct Outcome {
@@ -305,7 +255,7 @@ impl Model {
         for (name, got) in &actual.files {
             files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
             let history = unsynced.entry(name.clone()).or_default();
-            if let Some(problem) = history.problem(got) {
+            if let Err(problem) = history.check(got) {
                 bail!("file {name}: {problem} (in flight: {:?})", self.pending.as_ref().map(describe_op));
             }
             *history = Unsynced::synced(got);
@@ -458,12 +408,12 @@ mod tests {
         let mut history = Unsynced::synced(&[1; 10]);
         history.touch(5, 15, 15);
         history.writes.push((5, vec![2; 10]));
-        assert_eq!(history.problem(&[1; 10]), None, "the unsynced write lost");
-        assert_eq!(history.problem(&[vec![1; 5], vec![2; 10]].concat()), None, "kept");
-        assert_eq!(history.problem(&[vec![1; 5], vec![0; 3], vec![2; 7]].concat()), None, "partly lost (zeros)");
-        assert!(history.problem(&[vec![1; 4], vec![0; 11]].concat()).is_some(), "a synced byte lost");
-        assert!(history.problem(&[vec![1; 5], vec![3; 10]].concat()).is_some(), "a byte nobody wrote");
-        assert!(history.problem(&[1; 16]).is_some(), "longer than ever written");
+        assert_eq!(history.check(&[1; 10]), Ok(()), "the unsynced write lost");
+        assert_eq!(history.check(&[vec![1; 5], vec![2; 10]].concat()), Ok(()), "kept");
+        assert_eq!(history.check(&[vec![1; 5], vec![0; 3], vec![2; 7]].concat()), Ok(()), "partly lost (zeros)");
+        assert!(history.check(&[vec![1; 4], vec![0; 11]].concat()).is_err(), "a synced byte lost");
+        assert!(history.check(&[vec![1; 5], vec![3; 10]].concat()).is_err(), "a byte nobody wrote");
+        assert!(history.check(&[1; 16]).is_err(), "longer than ever written");
     }
 
     #[test]

@@ -109,25 +109,31 @@ impl MetaLayout {
         let round = |x: u64| x.div_ceil(page) * page;
         let checkpoint_bytes = round((fast_bytes / 16).clamp(64 * KIB, 256 * MIB));
         let journal_bytes = round((fast_bytes / 32).clamp(64 * KIB, 64 * MIB));
-        let checkpoint_a_offset = round(SUPERBLOCK_BYTES);
-        let checkpoint_b_offset = checkpoint_a_offset + checkpoint_bytes;
-        let journal_offset = checkpoint_b_offset + checkpoint_bytes;
-        let pages_offset = journal_offset + journal_bytes;
-        let page_count = fast_bytes.saturating_sub(pages_offset) / geometry.page();
+        let layout = MetaLayout::carve(round(SUPERBLOCK_BYTES), checkpoint_bytes, journal_bytes);
+        let page_count = fast_bytes.saturating_sub(layout.pages_offset) / geometry.page();
         if page_count < 2 * geometry.pages_per_block() as u64 {
             return Err(Error::Geometry(format!(
-                "fast tier of {fast_bytes} bytes leaves {page_count} data pages after metadata ({pages_offset} bytes); need at least two blocks' worth"
+                "fast tier of {fast_bytes} bytes leaves {page_count} data pages after metadata ({} bytes); need at least two blocks' worth",
+                layout.pages_offset
             )));
         }
-        Ok(MetaLayout {
+        Ok(MetaLayout { page_count, ..layout })
+    }
+
+    /// Two checkpoint slots and a journal one after the other from `start`; the page zone
+    /// (empty) right after them.
+    fn carve(start: u64, checkpoint_bytes: u64, journal_bytes: u64) -> MetaLayout {
+        let checkpoint_b_offset = start + checkpoint_bytes;
+        let journal_offset = checkpoint_b_offset + checkpoint_bytes;
+        MetaLayout {
             checkpoint_bytes,
-            checkpoint_a_offset,
+            checkpoint_a_offset: start,
             checkpoint_b_offset,
             journal_offset,
             journal_bytes,
-            pages_offset,
-            page_count,
-        })
+            pages_offset: journal_offset + journal_bytes,
+            page_count: 0,
+        }
     }
 
     /// The metadata area at the start of an SSD of `ssd_bytes`: superblock, two checkpoint
@@ -138,25 +144,15 @@ impl MetaLayout {
         let round = |x: u64| x.div_ceil(SUPERBLOCK_BYTES) * SUPERBLOCK_BYTES;
         let checkpoint_bytes = round((ssd_bytes / 512).clamp(MIB, 256 * MIB));
         let journal_bytes = round((ssd_bytes / 1024).clamp(MIB, 64 * MIB));
-        let checkpoint_a_offset = SUPERBLOCK_BYTES;
-        let checkpoint_b_offset = checkpoint_a_offset + checkpoint_bytes;
-        let journal_offset = checkpoint_b_offset + checkpoint_bytes;
-        let pages_offset = (journal_offset + journal_bytes).div_ceil(geometry.block()) * geometry.block();
+        let layout = MetaLayout::carve(SUPERBLOCK_BYTES, checkpoint_bytes, journal_bytes);
+        let pages_offset = layout.pages_offset.div_ceil(geometry.block()) * geometry.block();
         if ssd_bytes < pages_offset + 2 * geometry.block() {
             return Err(Error::Geometry(format!(
                 "SSD of {ssd_bytes} bytes leaves fewer than two {}-byte blocks after {pages_offset} bytes of metadata",
                 geometry.block()
             )));
         }
-        Ok(MetaLayout {
-            checkpoint_bytes,
-            checkpoint_a_offset,
-            checkpoint_b_offset,
-            journal_offset,
-            journal_bytes,
-            pages_offset,
-            page_count: 0,
-        })
+        Ok(MetaLayout { pages_offset, ..layout })
     }
 
     /// SSD blocks the metadata area occupies (never allocated to data).

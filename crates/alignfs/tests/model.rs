@@ -9,10 +9,11 @@
 mod common;
 
 use alignfs::stats::Counter;
+use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::{FallocateMode, SeekTarget};
 use alignfs::{Error, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
-use common::{Devices, Unsynced};
+use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

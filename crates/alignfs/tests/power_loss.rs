@@ -13,17 +13,15 @@
 //! `orch` volume and on a `scrap` volume (journal on the SSD, residue in DRAM), where the
 //! rule is `scrap`'s: every synced byte, and no byte that was never written.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use alignfs::device::power_loss::{Event, PowerLog, RecordedSsd, Replay, Survival};
 use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::RenameFlags;
 use alignfs::{FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
-use common::Unsynced;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

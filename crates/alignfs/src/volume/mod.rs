@@ -103,6 +103,29 @@ pub struct RecoveryReport {
     pub clean: bool,
 }
 
+/// A wake-up for a background thread: `notify` makes the next (or current) `wait` return.
+#[derive(Default)]
+struct Wakeup {
+    due: Mutex<bool>,
+    cond: Condvar,
+}
+
+impl Wakeup {
+    fn notify(&self) {
+        *self.due.lock() = true;
+        self.cond.notify_all();
+    }
+
+    /// Until notified or `timeout` passed; clears the notification.
+    fn wait(&self, timeout: Duration) {
+        let mut due = self.due.lock();
+        if !*due {
+            self.cond.wait_for(&mut due, timeout);
+        }
+        *due = false;
+    }
+}
+
 struct Committer {
     journal: Journal,
     checkpoints: CheckpointSlots,
@@ -126,10 +149,10 @@ pub(crate) struct Inner {
     ssd_writes_done: AtomicU64,
     ssd_writes_flushed: Mutex<u64>,
     buffers: BufferPool,
-    wake: Condvar,
-    wake_flag: Mutex<bool>,
-    flush_wake: Condvar,
-    flush_flag: Mutex<bool>,
+    /// Wakes the maintenance thread (migration, checkpoints).
+    maintenance_due: Wakeup,
+    /// Wakes `scrap`'s flushers.
+    flush_due: Wakeup,
     shutdown: AtomicBool,
     recovery: RecoveryReport,
     /// Files whose size a crash would not keep (volatile residue only): ino → the size
@@ -465,10 +488,8 @@ impl Volume {
             ssd_writes_done: AtomicU64::new(0),
             ssd_writes_flushed: Mutex::new(0),
             buffers: BufferPool::new(64 << 20),
-            wake: Condvar::new(),
-            wake_flag: Mutex::new(false),
-            flush_wake: Condvar::new(),
-            flush_flag: Mutex::new(false),
+            maintenance_due: Wakeup::default(),
+            flush_due: Wakeup::default(),
             shutdown: AtomicBool::new(false),
             recovery,
             unsynced_sizes: Mutex::new(HashMap::new()),
@@ -754,26 +775,18 @@ impl Inner {
     }
 
     fn notify_maintenance(&self) {
-        *self.wake_flag.lock() = true;
-        self.wake.notify_all();
+        self.maintenance_due.notify();
     }
 
     fn notify_flushers(&self) {
-        *self.flush_flag.lock() = true;
-        self.flush_wake.notify_all();
+        self.flush_due.notify();
     }
 
     /// A `scrap` flusher: full scrap pages as they come (stage 2), then blocks that have
     /// waited while the SSD is idle (stage 1). Workers take disjoint batches.
     fn flusher_loop(&self) {
         while !self.shutdown.load(Ordering::SeqCst) {
-            {
-                let mut flag = self.flush_flag.lock();
-                if !*flag {
-                    self.flush_wake.wait_for(&mut flag, Duration::from_millis(100));
-                }
-                *flag = false;
-            }
+            self.flush_due.wait(Duration::from_millis(100));
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
             }
@@ -785,13 +798,7 @@ impl Inner {
 
     fn maintenance_loop(&self) {
         while !self.shutdown.load(Ordering::SeqCst) {
-            {
-                let mut flag = self.wake_flag.lock();
-                if !*flag {
-                    self.wake.wait_for(&mut flag, Duration::from_millis(200));
-                }
-                *flag = false;
-            }
+            self.maintenance_due.wait(Duration::from_millis(200));
             if self.shutdown.load(Ordering::SeqCst) {
                 break;
             }
