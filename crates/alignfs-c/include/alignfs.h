@@ -10,8 +10,10 @@
  * range the kernel's descriptors never reach. Functions are safe to call from several
  * threads at once; a volume handle must not be used after alignfs_volume_close.
  *
- * Durability: when a write returns it is durable (see README, "Durability promise");
- * alignfs_fsync only retries an SSD flush that failed.
+ * Durability (README, "Durability promise"): on an `orch` volume a write is durable when
+ * it returns, and alignfs_fsync only retries an SSD flush that failed. On a `scrap`
+ * volume (its SSD named, the fast-tier path ignored) data is durable after alignfs_fsync
+ * or alignfs_fdatasync, which write the file's scrap pages to the SSD.
  */
 #ifndef ALIGNFS_H
 #define ALIGNFS_H

@@ -338,7 +338,7 @@ pub unsafe extern "C" fn alignfs_fsync(volume: *const AlignfsVolume, fd: c_int) 
     on_session!(volume, |s| s.fsync(fd).map(|()| 0)) as c_int
 }
 
-/// Same as `alignfs_fsync`: every write's metadata is already durable.
+/// Same as `alignfs_fsync`: the engine journals a file's size with its data either way.
 ///
 /// # Safety
 /// `volume` is a live handle.
