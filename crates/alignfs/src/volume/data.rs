@@ -9,7 +9,7 @@ use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::layout::Profile;
-use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
+use crate::map::{BlockEntry, Overlay, PageNo, RangeGuard, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
 use crate::stats::Counter;
@@ -299,7 +299,7 @@ impl Inner {
         }
         self.notify_maintenance();
         let target = n as u64 + self.residue.capacity_units() / 8;
-        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full, None) {
+        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
             tracing::warn!("migration for a waiting writer: {e}");
         }
         self.residue.allocate(n)
@@ -777,9 +777,8 @@ impl Inner {
                 .collect();
             if !self.residue.durable() {
                 // Each file's size becomes durable as far as its data now is.
-                let mut files: Vec<&Arc<Inode>> = work.iter().map(|(inode, _, _)| inode).collect();
-                files.dedup_by_key(|inode| inode.ino);
-                for inode in files {
+                let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|(inode, _, _)| (inode.ino, inode)).collect();
+                for inode in files.into_values() {
                     let attr = inode.attr();
                     ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
                 }
@@ -820,9 +819,9 @@ impl Inner {
     }
 
     /// Migrate the blocks holding the most fast pages until `want_free` pages are free
-    /// (or no candidate is left, or `limit` blocks moved), a batch at a time. Blocks whose
-    /// range is busy are skipped.
-    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter, limit: Option<usize>) -> Result<u64> {
+    /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
+    /// skipped.
+    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
         let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
         for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let blocks: Vec<(usize, u64)> =
@@ -834,7 +833,7 @@ impl Inner {
         let mut rest = candidates.as_slice();
         loop {
             let free = self.residue.capacity_units() - self.residue.used_units();
-            if free >= want_free || rest.is_empty() || limit.is_some_and(|l| migrated >= l as u64) {
+            if free >= want_free || rest.is_empty() {
                 return Ok(migrated);
             }
             let (mut guards, mut batch, mut units) = (Vec::new(), Vec::new(), 0);
@@ -853,6 +852,29 @@ impl Inner {
             drop(guards);
         }
     }
+}
+
+/// Blocks whose range locks were tried: the ones now held (with their guards) and the
+/// ones a writer is in.
+struct TriedLocks<'a> {
+    _guards: Vec<RangeGuard<'a>>,
+    locked: Vec<(Arc<Inode>, u64)>,
+    busy: Vec<(Ino, u64)>,
+}
+
+/// Take the range lock of every block of `blocks` that no one holds.
+fn try_lock_blocks(blocks: &[(Arc<Inode>, u64)]) -> TriedLocks<'_> {
+    let mut tried = TriedLocks { _guards: Vec::new(), locked: Vec::new(), busy: Vec::new() };
+    for (inode, lblock) in blocks {
+        match inode.range.try_write(*lblock, *lblock) {
+            Some(guard) => {
+                tried._guards.push(guard);
+                tried.locked.push((Arc::clone(inode), *lblock));
+            }
+            None => tried.busy.push((inode.ino, *lblock)),
+        }
+    }
+    tried
 }
 
 /// SSD IO the volume has submitted and not yet seen complete, per SSD: OTflush's busyness
@@ -955,27 +977,25 @@ impl Inner {
             if self.shutdown.load(Ordering::SeqCst) || (0..self.ssd_in_flight.len()).all(|m| self.ssd_busy(m)) {
                 break;
             }
-            let files: Vec<(Instant, Arc<Inode>, u64)> =
-                batch.iter().filter_map(|&(since, ino, lb)| Some((since, self.meta.get(ino)?, lb))).collect();
-            let mut guards = Vec::new();
-            let mut locked = Vec::new();
-            for (since, inode, lblock) in &files {
+            let mut files = Vec::new();
+            for &(_, ino, lblock) in batch {
+                let Some(inode) = self.meta.get(ino) else { continue };
                 let home =
-                    inode.map.lock().get(lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
-                let guard = if home.is_some_and(|m| self.ssd_busy(m)) { None } else { inode.range.try_write(*lblock, *lblock) };
-                match guard {
-                    Some(guard) => {
-                        self.dirty_since.lock().remove(&(inode.ino, *lblock));
-                        guards.push(guard);
-                        locked.push((Arc::clone(inode), *lblock));
-                    }
-                    // Its SSD is busy or a writer is in it: it stays due.
-                    None => {
-                        self.dirty_since.lock().insert((inode.ino, *lblock), *since);
-                    }
+                    inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
+                // A block whose SSD is busy stays due.
+                if !home.is_some_and(|m| self.ssd_busy(m)) {
+                    files.push((inode, lblock));
                 }
             }
-            moved += self.migrate_blocks_locked(locked, Counter::migrations_idle)?;
+            // Blocks a writer is in stay due too.
+            let mut tried = try_lock_blocks(&files);
+            {
+                let mut dirty = self.dirty_since.lock();
+                for (inode, lblock) in &tried.locked {
+                    dirty.remove(&(inode.ino, *lblock));
+                }
+            }
+            moved += self.migrate_blocks_locked(std::mem::take(&mut tried.locked), Counter::migrations_idle)?;
         }
         Ok(moved)
     }
@@ -1025,18 +1045,9 @@ impl Inner {
                 break Ok(moved);
             }
             let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
-            let mut guards = Vec::new();
-            let mut locked = Vec::new();
-            for (inode, lblock) in &files {
-                match inode.range.try_write(*lblock, *lblock) {
-                    Some(guard) => {
-                        guards.push(guard);
-                        locked.push((Arc::clone(inode), *lblock));
-                    }
-                    None => busy.push((inode.ino, *lblock)),
-                }
-            }
-            match self.migrate_blocks_locked(locked, Counter::migrations_full) {
+            let mut tried = try_lock_blocks(&files);
+            busy.append(&mut tried.busy);
+            match self.migrate_blocks_locked(std::mem::take(&mut tried.locked), Counter::migrations_full) {
                 Ok(n) => moved += n,
                 Err(e) => break Err(e),
             }

@@ -549,7 +549,7 @@ impl Volume {
 
     /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).
     pub fn migrate_all(&self) -> Result<u64> {
-        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark, None)
+        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
@@ -806,7 +806,7 @@ impl Inner {
             let used = self.residue.used_units();
             if used as f64 > self.options.migrate_high * capacity as f64 {
                 let target_free = capacity - (self.options.migrate_low * capacity as f64) as u64;
-                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark, None) {
+                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark) {
                     tracing::warn!("background migration: {e}");
                 }
             }
