@@ -53,6 +53,22 @@ if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount beh
 # stat of a directory that is not an alignfs mount says so.
 if "$bin" stat "$work" 2>"$work/err"; then echo "smoke: stat of a plain directory must fail" >&2; exit 1; fi
 grep -q "is not the root of an alignfs mount" "$work/err"
+# A scrap volume on two SSDs: a fast tier, too little scrap memory or a missing SSD is
+# refused with a clear message and leaves nothing mounted.
+if "$bin" mkfs --profile scrap --fast "$shm/scrap-fast:16M" --ssd "$work/scrap-a.img:64M" 2>"$work/err"; then
+    echo "smoke: mkfs --profile scrap must refuse a fast tier" >&2; exit 1
+fi
+grep -q "drop --fast" "$work/err"
+"$bin" mkfs --profile scrap --ssd "$work/scrap-a.img:64M" --ssd "$work/scrap-b.img:64M" >/dev/null
+"$bin" fsck --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" | grep -q ': clean$'
+for bad in "--scrap-mem 100K --ssd $work/scrap-b.img" "--scrap-mem 64M"; do
+    # shellcheck disable=SC2086 # word splitting wanted: each case is several arguments
+    if "$bin" mount --ssd "$work/scrap-a.img" $bad --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
+        echo "smoke: mount $bad must fail" >&2; exit 1
+    fi
+    grep -qE "fewer than two|spans 2 SSDs" "$work/err"
+    if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
+done
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"

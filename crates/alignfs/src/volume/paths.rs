@@ -158,7 +158,7 @@ pub fn open_paths_with_faults(
 fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
     let count = first.ssd_count as usize;
     if ssds.len() != count {
-        return Err(Error::InvalidArgument(format!("the volume spans {count} SSDs; {} were named", ssds.len())));
+        return Err(Error::InvalidArgument(format!("the volume spans {count} SSDs, not {}; name each once", ssds.len())));
     }
     let mut ordered: Vec<Option<PathBuf>> = vec![None; count];
     for path in ssds {
