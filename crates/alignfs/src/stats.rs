@@ -53,6 +53,7 @@ counters! {
     migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
     migrations_idle: "blocks filled from the SSD and flushed while it was idle (scrap: stage 1)",
+    migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
 }
 
 #[derive(Default)]

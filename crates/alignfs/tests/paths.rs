@@ -140,6 +140,59 @@ fn concurrent_writers_and_readers_of_one_file() {
     }
 }
 
+/// Small writes racing migrations that run beside them (the background thread on a tiny
+/// fast tier, and a thread migrating everything in a loop): every byte must end up as the
+/// last write to it left it. Merges that a writer overtook must be dropped, not committed.
+#[test]
+fn small_writes_race_background_migration() {
+    use rand::{Rng, SeedableRng};
+    let devices = Devices::new(1 << 20, 64 << 20);
+    devices.format(Geometry::default());
+    let volume = Arc::new(devices.open(VolumeOptions::default()).unwrap());
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let region = 256 * 1024usize;
+    volume.write(ino, 0, &vec![0u8; 2 * region]).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let migrator = {
+        let (volume, done) = (Arc::clone(&volume), Arc::clone(&done));
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                volume.migrate_all().unwrap();
+            }
+        })
+    };
+    let writers: Vec<_> = (0..2usize)
+        .map(|t| {
+            let volume = Arc::clone(&volume);
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut model = vec![0u8; region];
+                for i in 0..3000u32 {
+                    let len = rng.random_range(1..9000usize);
+                    let at = rng.random_range(0..region - len);
+                    let byte = (i % 250) as u8 + 1;
+                    volume.write(ino, (t * region + at) as u64, &vec![byte; len]).unwrap();
+                    model[at..at + len].fill(byte);
+                }
+                model
+            })
+        })
+        .collect();
+    let models: Vec<Vec<u8>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    done.store(true, Ordering::SeqCst);
+    migrator.join().unwrap();
+    let stats = volume.stats();
+    assert!(stats.get(Counter::migrations_watermark) > 100, "migration ran throughout");
+    let content = read_all(&volume, ino);
+    for (t, model) in models.iter().enumerate() {
+        assert!(content[t * region..(t + 1) * region] == model[..], "region {t} differs from its writer's model");
+    }
+    assert_eq!(volume.check(), []);
+    Arc::into_inner(volume).unwrap().close().unwrap();
+    let volume = devices.open(quiet()).unwrap();
+    assert_eq!(read_all(&volume, ino), models.concat());
+}
+
 #[test]
 fn fallocate_allocates_and_punches() {
     let devices = Devices::new(8 << 20, 32 << 20);

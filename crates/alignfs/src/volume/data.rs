@@ -1,5 +1,7 @@
 //! The data path: write, read, truncate, fallocate, fsync, and migration.
 
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +11,7 @@ use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::layout::Profile;
-use crate::map::{BlockEntry, Overlay, PageNo, RangeGuard, SsdBlock};
+use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
 use crate::stats::Counter;
@@ -486,23 +488,28 @@ impl Inner {
 
     /// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
     fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) {
+        self.residue_pieces(entry, |range, unit, offset| self.residue.read(unit, offset, &mut image[range]));
+    }
+
+    /// Each piece of a block's residue: the bytes of the block it covers, and the unit and
+    /// offset in the unit that hold them.
+    fn residue_pieces(&self, entry: &BlockEntry, mut piece: impl FnMut(Range<usize>, PageNo, u32)) {
         let page = self.geometry.page_bytes as usize;
         match entry {
             BlockEntry::Fast { pages } => {
                 for &(index, unit) in pages {
                     let at = index as usize * page;
-                    self.residue.read(unit, 0, &mut image[at..at + page]);
+                    piece(at..at + page, unit, 0);
                 }
             }
             BlockEntry::Ssd { overlays, .. } => {
                 for (index, overlay) in overlays {
                     let at = *index as usize * page;
                     match overlay {
-                        Overlay::Page(unit) => self.residue.read(*unit, 0, &mut image[at..at + page]),
+                        Overlay::Page(unit) => piece(at..at + page, *unit, 0),
                         Overlay::Upage { page: unit, chunks } => {
-                            for &(s, e) in chunks.ranges() {
-                                let (s, e) = (s as usize, e as usize);
-                                self.residue.read(*unit, s as u32, &mut image[at + s..at + e]);
+                            for &(start, end) in chunks.ranges() {
+                                piece(at + start as usize..at + end as usize, *unit, start);
                             }
                         }
                     }
@@ -700,49 +707,133 @@ impl Inner {
         Ok(self.migrate_blocks_locked(vec![(Arc::clone(inode), lblock)], cause)? > 0)
     }
 
-    /// Merge the residue of several blocks into new SSD blocks (out of place): the SSD
-    /// reads they need in flight together (WSBuffer's stage 1, only for blocks whose
-    /// residue does not cover them whole), then the writes in flight together (stage 2),
-    /// one flush, and one journal record for all. The caller holds every block's range
-    /// lock. Returns how many blocks moved.
+    /// Merge the residue of several blocks into new SSD blocks (out of place), with one
+    /// flush and one journal record for all. The caller holds every block's range lock.
+    /// Returns how many blocks moved.
     pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
-        let block = self.geometry.block();
-        let mut work: Vec<(Arc<Inode>, u64, BlockEntry)> = blocks
-            .into_iter()
-            .filter_map(|(inode, lblock)| {
-                let entry = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0)?;
-                Some((inode, lblock, entry))
-            })
-            .collect();
+        let (work, images): (Vec<Staged>, Vec<AlignedBuf>) =
+            blocks.into_iter().filter_map(|(inode, lblock)| self.stage(inode, lblock)).unzip();
         if work.is_empty() {
             return Ok(0);
         }
-        let reads: Vec<IoRequest> = work
+        let targets = self.write_staged(&work, images)?;
+        self.commit_merged(work, targets, cause)
+    }
+
+    /// [`Inner::migrate_blocks_locked`] for blocks the caller does not hold. Each block is
+    /// locked only while its residue is copied out and while its merge is committed, so
+    /// writers are not held up by the IO and the flush in between. A block a writer holds
+    /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
+    /// unused): those blocks are returned with the count of blocks that moved.
+    pub(crate) fn migrate_blocks_watched(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+        let merging = self.start_watched_merge(blocks)?;
+        self.finish_watched_merge(merging, cause)
+    }
+
+    /// The first half of [`Inner::migrate_blocks_watched`]: copy out, write, flush.
+    fn start_watched_merge(&self, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
+        let mut merging = WatchedMerge::default();
+        let mut images = Vec::new();
+        for (inode, lblock) in blocks {
+            // A block a writer is in, or another migration has, is left alone.
+            let Some(guard) = inode.range.try_write_and_watch(lblock) else {
+                merging.left.push((inode.ino, lblock));
+                continue;
+            };
+            match self.stage(Arc::clone(&inode), lblock) {
+                Some((staged, image)) => {
+                    merging.work.push(staged);
+                    images.push(image);
+                }
+                None => inode.range.unwatch(lblock),
+            }
+            drop(guard);
+        }
+        if merging.work.is_empty() {
+            return Ok(merging);
+        }
+        match self.write_staged(&merging.work, images) {
+            Ok(targets) => merging.targets = targets,
+            Err(e) => {
+                for staged in &merging.work {
+                    staged.inode.range.unwatch(staged.lblock);
+                }
+                return Err(e);
+            }
+        }
+        Ok(merging)
+    }
+
+    /// The second half: commit the blocks nobody wrote meanwhile.
+    fn finish_watched_merge(&self, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+        let WatchedMerge { work, targets, mut left } = merging;
+        let inodes: Vec<Arc<Inode>> = work.iter().map(|s| Arc::clone(&s.inode)).collect();
+        let mut guards = Vec::with_capacity(work.len());
+        let (mut kept, mut kept_targets) = (Vec::new(), Vec::new());
+        for ((staged, target), inode) in work.into_iter().zip(targets).zip(&inodes) {
+            match inode.range.try_write_watched(staged.lblock) {
+                Some((guard, false)) => {
+                    guards.push(guard);
+                    kept.push(staged);
+                    kept_targets.push(target);
+                }
+                _ => {
+                    // Never journaled, so free at once.
+                    self.release(&[], &[target]);
+                    self.stats.add(Counter::migrations_dropped, 1);
+                    left.push((staged.inode.ino, staged.lblock));
+                }
+            }
+        }
+        let moved = if kept.is_empty() { 0 } else { self.commit_merged(kept, kept_targets, cause)? };
+        drop(guards);
+        Ok((moved, left))
+    }
+
+    /// Copy out a block's entry and its residue (laid over zeros). The caller holds the
+    /// block's range lock. `None` if the block holds no residue.
+    fn stage(&self, inode: Arc<Inode>, lblock: u64) -> Option<(Staged, AlignedBuf)> {
+        let entry = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0)?;
+        let mut image = self.buffers.take(self.geometry.block() as usize);
+        image.fill(0);
+        self.lay_residue(&entry, &mut image);
+        Some((Staged { inode, lblock, entry }, image))
+    }
+
+    /// Write each staged block to a new SSD block, its residue over its SSD copy where the
+    /// residue does not cover it whole: the reads in flight together (WSBuffer's stage 1),
+    /// then the writes (stage 2), then one flush, since the journal record that will point
+    /// at the new blocks must not point at blocks a power cut could lose. Returns the new
+    /// blocks, in order.
+    fn write_staged(&self, work: &[Staged], mut images: Vec<AlignedBuf>) -> Result<Vec<SsdBlock>> {
+        let block = self.geometry.block();
+        let fills: Vec<usize> = (0..work.len()).filter(|&i| self.needs_fill(&work[i].entry)).collect();
+        let reads: Vec<IoRequest> = fills
             .iter()
-            .filter(|(_, _, e)| self.needs_fill(e))
-            .filter_map(|(_, _, e)| e.ssd_block())
+            .filter_map(|&i| work[i].entry.ssd_block())
             .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: self.buffers.take(block as usize) })
             .collect();
         let read_bytes = reads.len() as u64 * block;
-        let mut filled = if reads.is_empty() { Vec::new() } else { self.submit_ssd(reads).wait()? }.into_iter();
+        let filled = if reads.is_empty() {
+            Vec::new()
+        } else {
+            match self.submit_ssd(reads).wait() {
+                Ok(filled) => filled,
+                Err(e) => {
+                    self.buffers.give(images);
+                    return Err(e);
+                }
+            }
+        };
         self.stats.add(Counter::ssd_read_bytes, read_bytes);
         self.stats.add(Counter::migration_read_bytes, read_bytes);
-        let images: Vec<AlignedBuf> = work
-            .iter()
-            .map(|(_, _, entry)| {
-                let mut image = if self.needs_fill(entry) {
-                    filled.next().expect("one read per block that needs filling")
-                } else {
-                    let mut zeros = self.buffers.take(block as usize);
-                    zeros.fill(0);
-                    zeros
-                };
-                self.lay_residue(entry, &mut image);
-                image
-            })
-            .collect();
+        for (&i, mut disk) in fills.iter().zip(filled) {
+            self.residue_pieces(&work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
+            std::mem::swap(&mut images[i], &mut disk);
+            self.buffers.give([disk]);
+        }
         // Delayed allocation: each block goes to the SSD least busy at this moment.
-        let Some(mut targets) = self.allocate_blocks(&self.least_busy_members(work.len())) else {
+        let Some(targets) = self.allocate_blocks(&self.least_busy_members(work.len())) else {
             self.buffers.give(images);
             return Err(Error::NoSpace);
         };
@@ -760,24 +851,30 @@ impl Inner {
             self.stats.ssd_write(block);
         }
         self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
-        // The journal record must not point at blocks a power cut could lose.
         if let Err(e) = self.flush_ssd() {
             self.release(&[], &targets);
             return Err(e);
         }
+        Ok(targets)
+    }
+
+    /// Journal the staged blocks as moved to `targets` (one record) and free their
+    /// residue. The caller holds every block's range lock, and nothing wrote them since
+    /// they were staged.
+    fn commit_merged(&self, mut work: Vec<Staged>, mut targets: Vec<SsdBlock>, cause: Counter) -> Result<u64> {
         loop {
             let mut ops: Vec<Op> = work
                 .iter()
                 .zip(&targets)
-                .map(|((inode, lblock, _), t)| Op::Map {
-                    ino: inode.ino,
-                    lblock: *lblock,
+                .map(|(staged, t)| Op::Map {
+                    ino: staged.inode.ino,
+                    lblock: staged.lblock,
                     entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }),
                 })
                 .collect();
             if !self.residue.durable() {
                 // Each file's size becomes durable as far as its data now is.
-                let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|(inode, _, _)| (inode.ino, inode)).collect();
+                let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
                 for inode in files.into_values() {
                     let attr = inode.attr();
                     ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
@@ -790,7 +887,7 @@ impl Inner {
                 }
                 // A file was removed while its blocks were being merged: drop them.
                 Err(Error::NotFound) => {
-                    let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].0.ino).is_none()).collect();
+                    let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].inode.ino).is_none()).collect();
                     if gone.is_empty() {
                         self.release(&[], &targets);
                         return Err(Error::NotFound);
@@ -836,45 +933,35 @@ impl Inner {
             if free >= want_free || rest.is_empty() {
                 return Ok(migrated);
             }
-            let (mut guards, mut batch, mut units) = (Vec::new(), Vec::new(), 0);
+            let (mut batch, mut units) = (Vec::new(), 0);
             while let Some(((count, inode, lblock), tail)) = rest.split_first() {
                 rest = tail;
-                if let Some(guard) = inode.range.try_write(*lblock, *lblock) {
-                    guards.push(guard);
-                    batch.push((Arc::clone(inode), *lblock));
-                    units += *count as u64;
-                    if batch.len() >= self.migration_batch() || free + units >= want_free {
-                        break;
-                    }
+                batch.push((Arc::clone(inode), *lblock));
+                units += *count as u64;
+                if batch.len() >= self.migration_batch() || free + units >= want_free {
+                    break;
                 }
             }
-            migrated += self.migrate_blocks_locked(batch, cause)?;
-            drop(guards);
+            // Blocks a writer is in are skipped: the next round sees them again.
+            migrated += self.migrate_blocks_watched(batch, cause)?.0;
         }
     }
 }
 
-/// Blocks whose range locks were tried: the ones now held (with their guards) and the
-/// ones a writer is in.
-struct TriedLocks<'a> {
-    _guards: Vec<RangeGuard<'a>>,
-    locked: Vec<(Arc<Inode>, u64)>,
-    busy: Vec<(Ino, u64)>,
+/// A block being merged: its entry when its residue was copied out.
+struct Staged {
+    inode: Arc<Inode>,
+    lblock: u64,
+    entry: BlockEntry,
 }
 
-/// Take the range lock of every block of `blocks` that no one holds.
-fn try_lock_blocks(blocks: &[(Arc<Inode>, u64)]) -> TriedLocks<'_> {
-    let mut tried = TriedLocks { _guards: Vec::new(), locked: Vec::new(), busy: Vec::new() };
-    for (inode, lblock) in blocks {
-        match inode.range.try_write(*lblock, *lblock) {
-            Some(guard) => {
-                tried._guards.push(guard);
-                tried.locked.push((Arc::clone(inode), *lblock));
-            }
-            None => tried.busy.push((inode.ino, *lblock)),
-        }
-    }
-    tried
+/// Blocks written to new SSD blocks and watched until their merge is committed, and the
+/// blocks left out.
+#[derive(Default)]
+struct WatchedMerge {
+    work: Vec<Staged>,
+    targets: Vec<SsdBlock>,
+    left: Vec<(Ino, u64)>,
 }
 
 /// SSD IO the volume has submitted and not yet seen complete, per SSD: OTflush's busyness
@@ -978,24 +1065,31 @@ impl Inner {
                 break;
             }
             let mut files = Vec::new();
-            for &(_, ino, lblock) in batch {
+            let mut since = HashMap::new();
+            for &(t, ino, lblock) in batch {
                 let Some(inode) = self.meta.get(ino) else { continue };
                 let home =
                     inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
                 // A block whose SSD is busy stays due.
                 if !home.is_some_and(|m| self.ssd_busy(m)) {
                     files.push((inode, lblock));
+                    since.insert((ino, lblock), t);
                 }
             }
-            // Blocks a writer is in stay due too.
-            let mut tried = try_lock_blocks(&files);
             {
                 let mut dirty = self.dirty_since.lock();
-                for (inode, lblock) in &tried.locked {
-                    dirty.remove(&(inode.ino, *lblock));
+                for key in since.keys() {
+                    dirty.remove(key);
                 }
             }
-            moved += self.migrate_blocks_locked(std::mem::take(&mut tried.locked), Counter::migrations_idle)?;
+            let (n, left) = self.migrate_blocks_watched(files, Counter::migrations_idle)?;
+            moved += n;
+            // Blocks a writer was in stay due, as old as they were.
+            let mut dirty = self.dirty_since.lock();
+            for key in left {
+                let t = since[&key];
+                dirty.entry(key).and_modify(|e| *e = (*e).min(t)).or_insert(t);
+            }
         }
         Ok(moved)
     }
@@ -1045,14 +1139,72 @@ impl Inner {
                 break Ok(moved);
             }
             let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
-            let mut tried = try_lock_blocks(&files);
-            busy.append(&mut tried.busy);
-            match self.migrate_blocks_locked(std::mem::take(&mut tried.locked), Counter::migrations_full) {
-                Ok(n) => moved += n,
+            match self.migrate_blocks_watched(files, Counter::migrations_full) {
+                Ok((n, mut left)) => {
+                    moved += n;
+                    busy.append(&mut left);
+                }
                 Err(e) => break Err(e),
             }
         };
         self.full_units.lock().extend(busy);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::device::{BlockDevice, PmemRegion, SimSsd};
+    use crate::stats::Counter;
+    use crate::{FormatOptions, Ino, Volume, VolumeOptions};
+
+    fn volume() -> Volume {
+        let fast = Arc::new(PmemRegion::anonymous(8 << 20).unwrap());
+        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
+        Volume::format(&fast, ssd.as_ref(), &FormatOptions::default()).unwrap();
+        Volume::open(fast, ssd, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()
+    }
+
+    fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
+        out
+    }
+
+    /// A write that lands between a merge's copy and its commit must win; a block nobody
+    /// touched must move.
+    #[test]
+    fn a_write_during_a_watched_merge_is_kept() {
+        let v = volume();
+        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let block = v.inner.geometry.block() as usize;
+        let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
+        v.write(f, 0, &expect).unwrap();
+        v.migrate_all().unwrap();
+        // Residue in blocks 1 and 2: upage chunks over SSD blocks.
+        for at in [block + 100, 2 * block + 100] {
+            v.write(f, at as u64, b"before").unwrap();
+            expect[at..at + 6].copy_from_slice(b"before");
+        }
+        let inode = v.inner.file(f).unwrap();
+        let merging = v.inner.start_watched_merge(vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+        assert_eq!(merging.work.len(), 2);
+        // Block 1 is written meanwhile, in place in the same upage.
+        v.write(f, (block + 102) as u64, b"AFTER").unwrap();
+        expect[block + 102..block + 107].copy_from_slice(b"AFTER");
+        let used_before = v.inner.blocks.used_count();
+        let (moved, left) = v.inner.finish_watched_merge(merging, Counter::migrations_watermark).unwrap();
+        assert_eq!((moved, left), (1, vec![(f, 1)]));
+        assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
+        // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
+        assert_eq!(v.inner.blocks.used_count(), used_before - 2);
+        assert!(inode.map.lock()[&1].fast_page_count() > 0);
+        assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        v.migrate_all().unwrap();
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        assert_eq!(v.check(), []);
     }
 }
