@@ -18,6 +18,10 @@ impl Encoder {
     pub fn new() -> Self {
         Encoder::default()
     }
+    /// An encoder whose first `bytes` bytes need no reallocation.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Encoder { bytes: Vec::with_capacity(bytes) }
+    }
     pub fn u8(&mut self, v: u8) -> &mut Self {
         self.bytes.push(v);
         self

@@ -132,7 +132,8 @@ fn read_opt<T>(d: &mut Decoder<'_>, get: impl Fn(&mut Decoder<'_>) -> Result<T, 
 }
 
 pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
-    let mut e = Encoder::new();
+    // Enough for a write's ops (a map edit or two and a size) without growing.
+    let mut e = Encoder::with_capacity(256);
     e.u32(ops.len() as u32);
     for op in ops {
         match op {

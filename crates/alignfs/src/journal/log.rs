@@ -76,7 +76,7 @@ impl Journal {
         if self.head + size + reserve > self.capacity_bytes() {
             return Ok(false);
         }
-        let mut e = Encoder::new();
+        let mut e = Encoder::with_capacity(size as usize);
         e.u32(MAGIC).u64(self.next_seq).u32(payload.len() as u32).u32(crc32c(payload));
         let header_crc = crc32c(&e.bytes);
         e.u32(header_crc).raw(payload);

@@ -1,5 +1,7 @@
 //! Map entries and their storage units.
 
+use smallvec::{smallvec, SmallVec};
+
 /// A fast-tier page number (index into the residue store's pages).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PageNo(pub u64);
@@ -10,12 +12,15 @@ pub struct SsdBlock(pub u64);
 
 /// The valid byte ranges of an upage, as sorted, disjoint, non-adjacent `(start, end)`
 /// offsets within the page. At most [`crate::geometry::UPAGE_MAX_CHUNKS`] ranges.
+///
+/// Most upages hold one or two ranges, kept inline: a block entry is cloned several times
+/// per write, and a heap allocation per upage was a fifth of a small write's CPU.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Chunks(Vec<(u32, u32)>);
+pub struct Chunks(SmallVec<[(u32, u32); 2]>);
 
 impl Chunks {
     pub fn single(start: u32, end: u32) -> Chunks {
-        Chunks(vec![(start, end)])
+        Chunks(smallvec![(start, end)])
     }
 
     /// Ranges as stored: `(start, end)` pairs.
@@ -27,14 +32,14 @@ impl Chunks {
     /// non-empty and within `page_bytes`.
     pub fn from_ranges(ranges: Vec<(u32, u32)>, page_bytes: u32) -> Option<Chunks> {
         let ordered = ranges.iter().all(|&(s, e)| s < e && e <= page_bytes) && ranges.windows(2).all(|w| w[0].1 < w[1].0);
-        ordered.then_some(Chunks(ranges))
+        ordered.then_some(Chunks(ranges.into()))
     }
 
     /// The ranges after inserting `start..end`, merged with every range it overlaps or
     /// touches (the header's merge-on-insert).
     pub fn with(&self, start: u32, end: u32) -> Chunks {
         let (mut s, mut e) = (start, end);
-        let mut out = Vec::with_capacity(self.0.len() + 1);
+        let mut out = SmallVec::with_capacity(self.0.len() + 1);
         let mut placed = false;
         for &(cs, ce) in &self.0 {
             if ce < s {
@@ -70,7 +75,7 @@ impl Chunks {
     }
 
     pub fn covers_whole(&self, page_bytes: u32) -> bool {
-        self.0 == [(0, page_bytes)]
+        self.0.as_slice() == [(0, page_bytes)]
     }
 }
 
