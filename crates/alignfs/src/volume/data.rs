@@ -116,13 +116,21 @@ impl Volume {
     /// already is (its SSD blocks were flushed before its map edit was journaled), so this
     /// only retries a flush that failed. With a volatile one (`scrap`) it first flushes
     /// the file's scrap pages to the SSD and journals its size.
+    ///
+    /// It does not flush SSD writes nobody acknowledged yet: fsync would then wait for
+    /// background migration's writes and flush.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         let inode = self.inner.get(ino)?;
         if !self.inner.residue.durable() && inode.kind == FileKind::File && !self.inner.options.read_only {
             let _guard = inode.range.write(0, u64::MAX);
             self.inner.sync_file_locked(&inode)?;
         }
-        self.inner.flush_ssd()
+        if self.inner.ssd_flush_failed.load(Ordering::SeqCst) {
+            self.inner.flush_ssd()
+        } else {
+            self.inner.stats.add(Counter::ssd_flushes_skipped, 1);
+            Ok(())
+        }
     }
 
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
@@ -225,7 +233,11 @@ impl Inner {
             return Ok(());
         }
         let covered = self.ssd_writes_done.load(Ordering::SeqCst);
-        self.ssd.flush()?;
+        if let Err(e) = self.ssd.flush() {
+            self.ssd_flush_failed.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        self.ssd_flush_failed.store(false, Ordering::SeqCst);
         *flushed = covered;
         self.stats.add(Counter::ssd_flushes, 1);
         Ok(())

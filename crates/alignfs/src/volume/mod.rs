@@ -148,6 +148,9 @@ pub(crate) struct Inner {
     /// a commit that makes a map point at new SSD blocks waits until they are flushed.
     ssd_writes_done: AtomicU64,
     ssd_writes_flushed: Mutex<u64>,
+    /// The last SSD flush failed: writes that needed it failed too, and the next fsync
+    /// retries it.
+    ssd_flush_failed: AtomicBool,
     buffers: BufferPool,
     /// Wakes the maintenance thread (migration, checkpoints).
     maintenance_due: Wakeup,
@@ -487,6 +490,7 @@ impl Volume {
             options,
             ssd_writes_done: AtomicU64::new(0),
             ssd_writes_flushed: Mutex::new(0),
+            ssd_flush_failed: AtomicBool::new(false),
             buffers: BufferPool::new(64 << 20),
             maintenance_due: Wakeup::default(),
             flush_due: Wakeup::default(),
