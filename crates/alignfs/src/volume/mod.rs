@@ -513,7 +513,10 @@ impl Volume {
             let worker = Arc::clone(&inner);
             std::thread::Builder::new()
                 .name("alignfs-maint".into())
-                .spawn(move || worker.maintenance_loop())
+                .spawn(move || {
+                    lower_priority();
+                    worker.maintenance_loop()
+                })
                 .expect("spawn maintenance thread")
         });
         let flush_workers = if background && !inner.residue.durable() { inner.options.flush_workers.max(1) } else { 0 };
@@ -824,5 +827,16 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+/// Background merging gives way to the application's threads when CPUs are short (nice
+/// 10, this thread only): if it falls behind, writers that find the fast tier full merge
+/// for themselves, so it cannot starve.
+fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread; failure only leaves the priority as is.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
     }
 }
