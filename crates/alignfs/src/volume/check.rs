@@ -105,19 +105,10 @@ fn reachable_from_root(by_ino: &HashMap<Ino, &Arc<Inode>>) -> HashSet<Ino> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use crate::device::{BlockDevice, PmemRegion, SimSsd};
     use crate::map::{BlockEntry, PageNo};
+    use crate::volume::test_volume as volume;
     use crate::volume::RenameFlags;
-    use crate::{FormatOptions, Ino, Volume, VolumeOptions};
-
-    fn volume() -> Volume {
-        let fast = Arc::new(PmemRegion::anonymous(8 << 20).unwrap());
-        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
-        Volume::format(&fast, ssd.as_ref(), &FormatOptions::default()).unwrap();
-        Volume::open(fast, ssd, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()
-    }
+    use crate::Ino;
 
     #[test]
     fn a_busy_namespace_checks_clean() {

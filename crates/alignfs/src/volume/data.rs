@@ -1191,16 +1191,9 @@ impl Inner {
 mod tests {
     use std::sync::Arc;
 
-    use crate::device::{BlockDevice, PmemRegion, SimSsd};
     use crate::stats::Counter;
-    use crate::{FormatOptions, Ino, Volume, VolumeOptions};
-
-    fn volume() -> Volume {
-        let fast = Arc::new(PmemRegion::anonymous(8 << 20).unwrap());
-        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
-        Volume::format(&fast, ssd.as_ref(), &FormatOptions::default()).unwrap();
-        Volume::open(fast, ssd, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()
-    }
+    use crate::volume::test_volume as volume;
+    use crate::{Ino, Volume};
 
     fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
         let mut out = vec![0; len];

@@ -840,3 +840,13 @@ fn lower_priority() {
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
     }
 }
+
+/// A small `orch` volume on anonymous memory and a simulated SSD, without background
+/// threads, for the volume's own tests.
+#[cfg(test)]
+pub(crate) fn test_volume() -> Volume {
+    let fast = Arc::new(PmemRegion::anonymous(8 << 20).unwrap());
+    let ssd: Arc<dyn BlockDevice> = Arc::new(crate::device::SimSsd::new(32 << 20));
+    Volume::format(&fast, ssd.as_ref(), &FormatOptions::default()).unwrap();
+    Volume::open(fast, ssd, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()
+}
