@@ -14,7 +14,8 @@ pub struct SsdBlock(pub u64);
 /// offsets within the page. At most [`crate::geometry::UPAGE_MAX_CHUNKS`] ranges.
 ///
 /// Most upages hold one or two ranges, kept inline: a block entry is cloned several times
-/// per write, and a heap allocation per upage was a fifth of a small write's CPU.
+/// per write, and these lists were the main source of the malloc and free calls that took
+/// about a quarter of a durable 4 KiB write's CPU.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Chunks(SmallVec<[(u32, u32); 2]>);
 
