@@ -53,10 +53,10 @@ pub struct BenchArgs {
     /// Skip the read-mode comparison.
     #[arg(long)]
     no_reads: bool,
-    /// alignfs split size (IO interleaving and largest coalesced SSD write).
+    /// alignfs split size (largest SSD write; larger runs go out in pieces of this size).
     #[arg(long, default_value = "256K")]
     split_size: String,
-    /// alignfs SSD IO workers.
+    /// alignfs SSD IO threads when io_uring is unavailable.
     #[arg(long, default_value_t = 2)]
     io_workers: u32,
     /// Seed for offsets and sizes.

@@ -102,11 +102,12 @@ struct MkfsArgs {
     /// Fast-tier page size (default 4K; for `scrap` it equals the block size).
     #[arg(long)]
     page_size: Option<String>,
-    /// Interleaving unit of the SSD IO workers and largest SSD write, a multiple of the
-    /// block size (default 256K, or the block size when that is larger).
+    /// Largest SSD write (large runs are cut into pieces of this size, in flight together),
+    /// a multiple of the block size (default 256K, or the block size when that is larger).
     #[arg(long)]
     split_size: Option<String>,
-    /// SSD IO worker threads (each with its own io_uring).
+    /// SSD IO threads when io_uring is unavailable (with io_uring, each thread that does IO
+    /// submits to its own ring).
     #[arg(long, default_value_t = 2)]
     io_workers: u32,
     /// Overwrite devices that already hold an alignfs volume.

@@ -29,6 +29,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
+use crate::io_engine::RingBatch;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoOp {
@@ -65,12 +66,29 @@ pub struct IoTicket {
     /// A batch split over several devices: each part's ticket, with the batch index of
     /// each of its requests.
     parts: Vec<(Vec<usize>, IoTicket)>,
+    /// A batch on the calling thread's io_uring.
+    ring: Option<RingBatch>,
 }
 
 impl IoTicket {
     pub(crate) fn channel(pending: usize) -> (Sender<IoOutcome>, IoTicket) {
         let (tx, rx) = crossbeam_channel::bounded(pending.max(1));
-        (tx, IoTicket { pending, results: rx, parts: Vec::new() })
+        (tx, IoTicket { pending, results: rx, parts: Vec::new(), ring: None })
+    }
+
+    pub(crate) fn ring(batch: RingBatch) -> IoTicket {
+        let (_, mut ticket) = IoTicket::channel(0);
+        ticket.ring = Some(batch);
+        ticket
+    }
+
+    /// A batch that already finished.
+    pub(crate) fn done(outcomes: Vec<IoOutcome>) -> IoTicket {
+        let (tx, ticket) = IoTicket::channel(outcomes.len());
+        for outcome in outcomes {
+            tx.send(outcome).expect("the channel holds the whole batch");
+        }
+        ticket
     }
 
     /// One ticket for a batch whose requests went to several devices.
@@ -84,7 +102,10 @@ impl IoTicket {
     /// so no buffer is still in use by the device when this returns.
     pub fn wait(self) -> Result<Vec<AlignedBuf>> {
         let mut outcomes: Vec<IoOutcome> = Vec::new();
-        let total = if self.parts.is_empty() {
+        let total = if let Some(batch) = self.ring {
+            outcomes = batch.wait();
+            outcomes.len()
+        } else if self.parts.is_empty() {
             for _ in 0..self.pending {
                 match self.results.recv() {
                     Ok(outcome) => outcomes.push(outcome),

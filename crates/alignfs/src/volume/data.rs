@@ -348,22 +348,31 @@ impl Inner {
                 .map(|(i, _)| (*next_block.next().expect("bound block"), i))
                 .collect()
         };
-        let mut writes = Vec::new();
+        // Each run goes out as soon as its buffer is filled, so the device works on it
+        // while the next is copied.
+        let mut in_flight = Vec::new();
+        let mut written: Vec<u64> = Vec::new();
         for run in self.runs(&targets) {
             let mut buf = self.buffers.take(run.len() * block as usize);
             for (k, &&(_, i)) in run.iter().enumerate() {
                 let (bp, image) = (&plan.blocks[i], &mut buf[k * block as usize..(k + 1) * block as usize]);
                 if bp.action == BlockAction::Rewrite {
-                    let read = self.materialize(entries[i].as_ref(), image).map_err(&undo)?;
+                    let read = match self.materialize(entries[i].as_ref(), image) {
+                        Ok(read) => read,
+                        Err(e) => {
+                            // Nothing may still be writing to the blocks `undo` frees.
+                            let _ = wait_all(in_flight);
+                            return Err(undo(e));
+                        }
+                    };
                     self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
                     self.stats.add(Counter::fg_rmw_read_bytes, read);
                 }
                 image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
             }
-            writes.push(IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf });
+            written.push(buf.len() as u64);
+            in_flight.push(self.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf }]));
         }
-        let written: Vec<u64> = writes.iter().map(|w| w.buf.len() as u64).collect();
-        let ticket = (!writes.is_empty()).then(|| self.submit_ssd(writes));
         // Residue, while the SSD works.
         let mut fresh = pages.iter();
         let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
@@ -401,8 +410,8 @@ impl Inner {
             }
             bound_pages.push(bound);
         }
-        if let Some(ticket) = ticket {
-            self.buffers.give(ticket.wait().map_err(&undo)?);
+        if !in_flight.is_empty() {
+            self.buffers.give(wait_all(in_flight).map_err(&undo)?);
             self.ssd_written();
             written.iter().for_each(|&bytes| self.stats.ssd_write(bytes));
             // Data before metadata: the map edit must not outlive a power cut that the
@@ -1011,6 +1020,22 @@ impl InFlight<'_> {
     pub(crate) fn wait(mut self) -> Result<Vec<AlignedBuf>> {
         self.ticket.take().expect("a batch is waited for once").wait()
     }
+}
+
+/// Wait for every batch, even after one failed: a caller that frees blocks on error must
+/// know no IO to them is still running.
+fn wait_all(batches: Vec<InFlight<'_>>) -> Result<Vec<AlignedBuf>> {
+    let mut buffers = Vec::new();
+    let mut first_error = None;
+    for batch in batches {
+        match batch.wait() {
+            Ok(done) => buffers.extend(done),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(buffers), Err)
 }
 
 impl Drop for InFlight<'_> {
