@@ -31,6 +31,8 @@ const INDEX_BITS: u32 = 24;
 
 thread_local! {
     static RING: RefCell<Option<LocalRing>> = const { RefCell::new(None) };
+    /// The kernel refused this thread a ring once: do not ask on every IO.
+    static REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 struct LocalRing {
@@ -106,6 +108,9 @@ pub(crate) enum Submitted {
 pub(crate) fn submit(file: &Arc<File>, batch: Vec<IoRequest>) -> Submitted {
     let mut unsubmitted = Some(batch);
     let submitted = RING.try_with(|cell| {
+        if REFUSED.get() {
+            return None;
+        }
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|r| r.pid != std::process::id()) {
             // The parent's ring (after fork) is forgotten, not torn down: its memory is
@@ -116,6 +121,7 @@ pub(crate) fn submit(file: &Arc<File>, batch: Vec<IoRequest>) -> Submitted {
             match LocalRing::new() {
                 Ok(ring) => *slot = Some(ring),
                 Err(e) => {
+                    REFUSED.set(true);
                     if !WARNED.swap(true, Ordering::Relaxed) {
                         tracing::warn!("io_uring unavailable on a thread ({e}); it uses pread/pwrite");
                     }
@@ -159,6 +165,7 @@ pub(crate) fn submit(file: &Arc<File>, batch: Vec<IoRequest>) -> Submitted {
 
 impl RingBatch {
     fn push_all(&mut self, ring: &mut LocalRing) -> std::io::Result<()> {
+        assert!(self.requests.len() < 1 << INDEX_BITS, "a batch of {} IOs", self.requests.len());
         let fd = types::Fd(self.file.as_raw_fd());
         for index in 0..self.requests.len() {
             while ring.in_flight >= RING_ENTRIES as usize {

@@ -1014,6 +1014,45 @@ pub(crate) struct InFlight<'a> {
     gauges: &'a [AtomicU64],
     bytes: Vec<u64>,
     ticket: Option<IoTicket>,
+    #[cfg(debug_assertions)]
+    ranges: (&'a InFlightRanges, u64),
+}
+
+/// The SSD ranges of the batches in flight, by batch. Blocks are written out of place and
+/// freed only after their last reader is gone, so no write may overlap another IO in
+/// flight; the IO engine relies on that (it keeps no order between IOs).
+#[cfg(debug_assertions)]
+#[derive(Default)]
+pub(crate) struct InFlightRanges(parking_lot::Mutex<RangesInFlight>);
+
+/// The last batch number given out, and each IO in flight: (batch, SSD range, op).
+#[cfg(debug_assertions)]
+type RangesInFlight = (u64, Vec<(u64, Range<u64>, IoOp)>);
+
+#[cfg(debug_assertions)]
+impl InFlightRanges {
+    fn enter(&self, batch: &[IoRequest]) -> u64 {
+        let mut guard = self.0.lock();
+        let (next, ranges) = &mut *guard;
+        *next += 1;
+        for request in batch {
+            let range = request.offset_bytes..request.offset_bytes + request.buf.len() as u64;
+            for (_, other, op) in ranges.iter() {
+                let overlaps = range.start < other.end && other.start < range.end;
+                assert!(
+                    !overlaps || (request.op == IoOp::Read && *op == IoOp::Read),
+                    "SSD {:?} of {range:?} overlaps a {op:?} of {other:?} in flight",
+                    request.op
+                );
+            }
+            ranges.push((*next, range, request.op));
+        }
+        *next
+    }
+
+    fn leave(&self, batch: u64) {
+        self.0.lock().1.retain(|(b, _, _)| *b != batch);
+    }
 }
 
 impl InFlight<'_> {
@@ -1040,6 +1079,13 @@ fn wait_all(batches: Vec<InFlight<'_>>) -> Result<Vec<AlignedBuf>> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        {
+            // An unwaited ticket may still be running on a worker: wait before forgetting
+            // its ranges.
+            drop(self.ticket.take().map(IoTicket::wait));
+            self.ranges.0.leave(self.ranges.1);
+        }
         for (gauge, bytes) in self.gauges.iter().zip(&self.bytes) {
             gauge.fetch_sub(*bytes, Ordering::Relaxed);
         }
@@ -1062,7 +1108,15 @@ impl Inner {
         for (gauge, n) in self.ssd_in_flight.iter().zip(&bytes) {
             gauge.fetch_add(*n, Ordering::Relaxed);
         }
-        InFlight { gauges: &self.ssd_in_flight, bytes, ticket: Some(self.ssd.submit(batch)) }
+        #[cfg(debug_assertions)]
+        let ranges = (&self.io_ranges, self.io_ranges.enter(&batch));
+        InFlight {
+            gauges: &self.ssd_in_flight,
+            bytes,
+            ticket: Some(self.ssd.submit(batch)),
+            #[cfg(debug_assertions)]
+            ranges,
+        }
     }
 
     /// Whether SSD `member` has at least the busy threshold of the volume's IO in flight
@@ -1224,6 +1278,22 @@ mod tests {
         let mut out = vec![0; len];
         assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
         out
+    }
+
+    /// Debug builds catch a write submitted over a range another IO has in flight; reads
+    /// may share a range.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "overlaps a Read")]
+    fn a_write_over_an_io_in_flight_is_caught() {
+        use crate::device::{AlignedBuf, IoOp, IoRequest};
+        let v = volume();
+        let io = |op, offset_bytes| vec![IoRequest { op, offset_bytes, buf: AlignedBuf::zeroed(8192) }];
+        let first = v.inner.submit_ssd(io(IoOp::Read, 1 << 20));
+        let second = v.inner.submit_ssd(io(IoOp::Read, (1 << 20) + 4096));
+        drop((first, second));
+        let _reading = v.inner.submit_ssd(io(IoOp::Read, 1 << 20));
+        let _writing = v.inner.submit_ssd(io(IoOp::Write, (1 << 20) + 4096));
     }
 
     /// A write that lands between a merge's copy and its commit must win; a block nobody

@@ -165,6 +165,9 @@ pub(crate) struct Inner {
     full_units: Mutex<Vec<(Ino, u64)>>,
     /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
     ssd_in_flight: Vec<AtomicU64>,
+    /// Debug builds check that no SSD write shares its range with another IO in flight.
+    #[cfg(debug_assertions)]
+    io_ranges: data::InFlightRanges,
     /// Blocks holding volatile residue, and since when (the idle flusher takes the oldest).
     dirty_since: Mutex<HashMap<(Ino, u64), Instant>>,
 }
@@ -499,6 +502,8 @@ impl Volume {
             unsynced_sizes: Mutex::new(HashMap::new()),
             full_units: Mutex::new(Vec::new()),
             ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
+            #[cfg(debug_assertions)]
+            io_ranges: data::InFlightRanges::default(),
             dirty_since: Mutex::new(HashMap::new()),
         });
         if !inner.options.read_only {
