@@ -119,7 +119,7 @@ pub fn set_errno(e: c_int) {
 static OWNER: OnceLock<u32> = OnceLock::new();
 
 /// The process's volume, opened on first use. A child of `fork` does not own it (its
-/// IO threads stayed in the parent): its calls fail with EIO, said once.
+/// background threads stayed in the parent): its calls fail with EIO, said once.
 pub fn session() -> Result<&'static Session, c_int> {
     static SESSION: OnceLock<Result<Session, c_int>> = OnceLock::new();
     let opened = SESSION.get_or_init(|| {
