@@ -469,6 +469,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for p in [&fast_path, &ssd_path, &plain_path, &limit_path] {
         let _ = std::fs::remove_file(p);
     }
+    // The directories too, if nothing else is in them (remove_dir leaves a full one alone).
+    let _ = std::fs::remove_dir(&args.fast_dir);
+    let _ = std::fs::remove_dir(&dir);
     Ok(())
 }
 
