@@ -91,7 +91,7 @@ pub(crate) struct RingBatch {
     id: u64,
     generation: u64,
     file: Arc<File>,
-    /// `None` once the IO's outcome is known and its buffer handed back.
+    /// `None` once abandoned: the ring failed and the buffer was leaked to the kernel.
     requests: Vec<Option<IoRequest>>,
     results: Vec<Option<i32>>,
     outstanding: usize,
@@ -259,7 +259,6 @@ impl RingBatch {
     /// Wait for every IO of the batch: each buffer, or its error, by batch index.
     pub(crate) fn wait(mut self) -> Vec<(usize, Result<AlignedBuf>)> {
         self.reap_all();
-        let file = Arc::clone(&self.file);
         let requests = std::mem::take(&mut self.requests);
         let results = std::mem::take(&mut self.results);
         requests
@@ -270,7 +269,7 @@ impl RingBatch {
                 let outcome = match (request, result) {
                     (Some(mut request), Some(n)) => match n {
                         n if n < 0 => Err(io_error(&request, std::io::Error::from_raw_os_error(-n))),
-                        n if (n as usize) < request.buf.len() => finish_sync(&file, &mut request, n as usize).map(|()| request.buf),
+                        n if (n as usize) < request.buf.len() => finish_sync(&self.file, &mut request, n as usize).map(|()| request.buf),
                         _ => Ok(request.buf),
                     },
                     (_, result) => Err(Error::io("SSD IO", std::io::Error::from_raw_os_error(result.map_or(libc::EIO, |n| -n).max(1)))),

@@ -351,7 +351,6 @@ impl Inner {
         // Each run goes out as soon as its buffer is filled, so the device works on it
         // while the next is copied.
         let mut in_flight = Vec::new();
-        let mut written: Vec<u64> = Vec::new();
         for run in self.runs(&targets) {
             let mut buf = self.buffers.take(run.len() * block as usize);
             for (k, &&(_, i)) in run.iter().enumerate() {
@@ -370,7 +369,6 @@ impl Inner {
                 }
                 image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
             }
-            written.push(buf.len() as u64);
             in_flight.push(self.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf }]));
         }
         // Residue, while the SSD works.
@@ -411,9 +409,10 @@ impl Inner {
             bound_pages.push(bound);
         }
         if !in_flight.is_empty() {
-            self.buffers.give(wait_all(in_flight).map_err(&undo)?);
+            let written = wait_all(in_flight).map_err(&undo)?;
             self.ssd_written();
-            written.iter().for_each(|&bytes| self.stats.ssd_write(bytes));
+            written.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
+            self.buffers.give(written);
             // Data before metadata: the map edit must not outlive a power cut that the
             // blocks it points at did not.
             self.flush_ssd().map_err(&undo)?;
