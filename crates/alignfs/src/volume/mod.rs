@@ -5,16 +5,23 @@
 //! journal order is apply order) → an inode's `data`/`map` mutexes (leaf locks, never held
 //! across a call into the commit lock).
 
+mod block_store;
 mod check;
-mod data;
 mod durable;
+mod migrate;
 mod namespace;
 mod paths;
+mod read;
+mod resize;
+mod scrap_flush;
+mod write;
 
 pub use check::Problem;
-pub use data::{FallocateMode, SeekTarget, MAX_FILE_BYTES};
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH};
+pub use read::SeekTarget;
+pub use resize::FallocateMode;
+pub use write::MAX_FILE_BYTES;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -167,7 +174,7 @@ pub(crate) struct Inner {
     ssd_in_flight: Vec<AtomicU64>,
     /// Debug builds check that no SSD write shares its range with another IO in flight.
     #[cfg(debug_assertions)]
-    io_ranges: data::InFlightRanges,
+    io_ranges: block_store::InFlightRanges,
     /// Blocks holding volatile residue, and since when (the idle flusher takes the oldest).
     dirty_since: Mutex<HashMap<(Ino, u64), Instant>>,
 }
@@ -503,7 +510,7 @@ impl Volume {
             full_units: Mutex::new(Vec::new()),
             ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
             #[cfg(debug_assertions)]
-            io_ranges: data::InFlightRanges::default(),
+            io_ranges: block_store::InFlightRanges::default(),
             dirty_since: Mutex::new(HashMap::new()),
         });
         if !inner.options.read_only {

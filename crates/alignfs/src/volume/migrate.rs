@@ -1,0 +1,347 @@
+//! Migration: merge blocks' residue into new, whole SSD blocks (out of place), in batches,
+//! either holding the blocks (a writer's own merges) or watching them (background work).
+
+use std::sync::Arc;
+
+use super::Inner;
+use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::error::{Error, Result};
+use crate::map::{BlockEntry, SsdBlock};
+use crate::meta::{FileKind, Ino, Inode, Op};
+use crate::stats::Counter;
+impl Inner {
+    /// Merge one block's residue into a new SSD block. The caller holds the block's range
+    /// lock. Returns whether anything moved.
+    pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
+        Ok(self.migrate_blocks_locked(vec![(Arc::clone(inode), lblock)], cause)? > 0)
+    }
+
+    /// Merge the residue of several blocks into new SSD blocks (out of place), with one
+    /// flush and one journal record for all. The caller holds every block's range lock.
+    /// Returns how many blocks moved.
+    pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
+        let (work, images): (Vec<Staged>, Vec<AlignedBuf>) =
+            blocks.into_iter().filter_map(|(inode, lblock)| self.stage(inode, lblock)).unzip();
+        if work.is_empty() {
+            return Ok(0);
+        }
+        let targets = self.write_staged(&work, images)?;
+        self.commit_merged(work, targets, cause)
+    }
+
+    /// [`Inner::migrate_blocks_locked`] for blocks the caller does not hold. Each block is
+    /// locked only while its residue is copied out and while its merge is committed, so
+    /// writers are not held up by the IO and the flush in between. A block a writer holds
+    /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
+    /// unused): those blocks are returned with the count of blocks that moved.
+    pub(crate) fn migrate_blocks_watched(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+        let merging = self.start_watched_merge(blocks)?;
+        self.finish_watched_merge(merging, cause)
+    }
+
+    /// The first half of [`Inner::migrate_blocks_watched`]: copy out, write, flush.
+    fn start_watched_merge(&self, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
+        let mut merging = WatchedMerge::default();
+        let mut images = Vec::new();
+        for (inode, lblock) in blocks {
+            // A block a writer is in, or another migration has, is left alone.
+            let Some(guard) = inode.range.try_write_and_watch(lblock) else {
+                merging.left.push((inode.ino, lblock));
+                continue;
+            };
+            match self.stage(Arc::clone(&inode), lblock) {
+                Some((staged, image)) => {
+                    merging.work.push(staged);
+                    images.push(image);
+                }
+                None => inode.range.unwatch(lblock),
+            }
+            drop(guard);
+        }
+        if merging.work.is_empty() {
+            return Ok(merging);
+        }
+        match self.write_staged(&merging.work, images) {
+            Ok(targets) => merging.targets = targets,
+            Err(e) => {
+                for staged in &merging.work {
+                    staged.inode.range.unwatch(staged.lblock);
+                }
+                return Err(e);
+            }
+        }
+        Ok(merging)
+    }
+
+    /// The second half: commit the blocks nobody wrote meanwhile.
+    fn finish_watched_merge(&self, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+        let WatchedMerge { work, targets, mut left } = merging;
+        // With the journal in the fast tier a record is cheap, so commit a few blocks at a
+        // time: writers then wait for the journal, and for these blocks, only as long as
+        // one small record takes. On the SSD every record costs a flush.
+        let chunk = if self.fast.is_some() { 32 } else { usize::MAX };
+        let mut rest = work.into_iter().zip(targets);
+        let mut moved = 0;
+        loop {
+            let part: Vec<(Staged, SsdBlock)> = rest.by_ref().take(chunk).collect();
+            if part.is_empty() {
+                return Ok((moved, left));
+            }
+            let inodes: Vec<Arc<Inode>> = part.iter().map(|(s, _)| Arc::clone(&s.inode)).collect();
+            let mut guards = Vec::with_capacity(part.len());
+            let (mut kept, mut kept_targets) = (Vec::new(), Vec::new());
+            for ((staged, target), inode) in part.into_iter().zip(&inodes) {
+                match inode.range.try_write_watched(staged.lblock) {
+                    Some((guard, false)) => {
+                        guards.push(guard);
+                        kept.push(staged);
+                        kept_targets.push(target);
+                    }
+                    _ => {
+                        // Never journaled, so free at once.
+                        self.release(&[], &[target]);
+                        self.stats.add(Counter::migrations_dropped, 1);
+                        left.push((staged.inode.ino, staged.lblock));
+                    }
+                }
+            }
+            if kept.is_empty() {
+                continue;
+            }
+            match self.commit_merged(kept, kept_targets, cause) {
+                Ok(n) => moved += n,
+                Err(e) => {
+                    drop(guards);
+                    for (staged, target) in rest {
+                        staged.inode.range.unwatch(staged.lblock);
+                        self.release(&[], &[target]);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Copy out a block's entry and its residue (laid over zeros). The caller holds the
+    /// block's range lock. `None` if the block holds no residue.
+    fn stage(&self, inode: Arc<Inode>, lblock: u64) -> Option<(Staged, AlignedBuf)> {
+        let entry = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0)?;
+        let mut image = self.buffers.take(self.geometry.block() as usize);
+        image.fill(0);
+        self.lay_residue(&entry, &mut image);
+        Some((Staged { inode, lblock, entry }, image))
+    }
+
+    /// Write each staged block to a new SSD block, its residue over its SSD copy where the
+    /// residue does not cover it whole: the reads in flight together (WSBuffer's stage 1),
+    /// then the writes (stage 2), then one flush, since the journal record that will point
+    /// at the new blocks must not point at blocks a power cut could lose. Returns the new
+    /// blocks, in order.
+    fn write_staged(&self, work: &[Staged], mut images: Vec<AlignedBuf>) -> Result<Vec<SsdBlock>> {
+        let block = self.geometry.block();
+        let fills: Vec<usize> = (0..work.len()).filter(|&i| self.needs_fill(&work[i].entry)).collect();
+        let reads: Vec<IoRequest> = fills
+            .iter()
+            .filter_map(|&i| work[i].entry.ssd_block())
+            .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: self.buffers.take(block as usize) })
+            .collect();
+        let read_bytes = reads.len() as u64 * block;
+        let filled = if reads.is_empty() {
+            Vec::new()
+        } else {
+            match self.submit_ssd(reads).wait() {
+                Ok(filled) => filled,
+                Err(e) => {
+                    self.buffers.give(images);
+                    return Err(e);
+                }
+            }
+        };
+        self.stats.add(Counter::ssd_read_bytes, read_bytes);
+        self.stats.add(Counter::migration_read_bytes, read_bytes);
+        for (&i, mut disk) in fills.iter().zip(filled) {
+            self.residue_pieces(&work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
+            std::mem::swap(&mut images[i], &mut disk);
+            self.buffers.give([disk]);
+        }
+        // Delayed allocation: each block goes to the SSD least busy at this moment.
+        let Some(targets) = self.allocate_blocks(&self.least_busy_members(work.len())) else {
+            self.buffers.give(images);
+            return Err(Error::NoSpace);
+        };
+        let writes =
+            images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
+        match self.submit_ssd(writes).wait() {
+            Ok(buffers) => self.buffers.give(buffers),
+            Err(e) => {
+                self.release(&[], &targets);
+                return Err(e);
+            }
+        }
+        self.ssd_written();
+        for _ in &targets {
+            self.stats.ssd_write(block);
+        }
+        self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
+        if let Err(e) = self.flush_ssd() {
+            self.release(&[], &targets);
+            return Err(e);
+        }
+        Ok(targets)
+    }
+
+    /// Journal the staged blocks as moved to `targets` (one record) and free their
+    /// residue. The caller holds every block's range lock, and nothing wrote them since
+    /// they were staged.
+    fn commit_merged(&self, mut work: Vec<Staged>, mut targets: Vec<SsdBlock>, cause: Counter) -> Result<u64> {
+        loop {
+            let mut ops: Vec<Op> = work
+                .iter()
+                .zip(&targets)
+                .map(|(staged, t)| Op::Map {
+                    ino: staged.inode.ino,
+                    lblock: staged.lblock,
+                    entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }),
+                })
+                .collect();
+            if !self.residue.durable() {
+                // Each file's size becomes durable as far as its data now is.
+                let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
+                for inode in files.into_values() {
+                    let attr = inode.attr();
+                    ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
+                }
+            }
+            match self.commit(&ops) {
+                Ok(freed) => {
+                    self.release_freed(freed);
+                    break;
+                }
+                // A file was removed while its blocks were being merged: drop them.
+                Err(Error::NotFound) => {
+                    let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].inode.ino).is_none()).collect();
+                    if gone.is_empty() {
+                        self.release(&[], &targets);
+                        return Err(Error::NotFound);
+                    }
+                    for &i in gone.iter().rev() {
+                        work.remove(i);
+                        self.release(&[], &[targets.remove(i)]);
+                    }
+                    if work.is_empty() {
+                        return Ok(0);
+                    }
+                }
+                Err(e) => {
+                    self.release(&[], &targets);
+                    return Err(e);
+                }
+            }
+        }
+        self.stats.add(cause, work.len() as u64);
+        Ok(work.len() as u64)
+    }
+
+    /// Blocks one migration batch merges: 8 MiB of them.
+    pub(super) fn migration_batch(&self) -> usize {
+        ((8 << 20) / self.geometry.block()).max(1) as usize
+    }
+
+    /// Migrate the blocks holding the most fast pages until `want_free` pages are free
+    /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
+    /// skipped.
+    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
+        let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
+        for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+            let blocks: Vec<(usize, u64)> =
+                inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
+            candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
+        }
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let mut migrated = 0;
+        let mut rest = candidates.as_slice();
+        loop {
+            let free = self.residue.capacity_units() - self.residue.used_units();
+            if free >= want_free || rest.is_empty() {
+                return Ok(migrated);
+            }
+            let (mut batch, mut units) = (Vec::new(), 0);
+            while let Some(((count, inode, lblock), tail)) = rest.split_first() {
+                rest = tail;
+                batch.push((Arc::clone(inode), *lblock));
+                units += *count as u64;
+                if batch.len() >= self.migration_batch() || free + units >= want_free {
+                    break;
+                }
+            }
+            // Blocks a writer is in are skipped: the next round sees them again.
+            migrated += self.migrate_blocks_watched(batch, cause)?.0;
+        }
+    }
+}
+
+/// A block being merged: its entry when its residue was copied out.
+struct Staged {
+    inode: Arc<Inode>,
+    lblock: u64,
+    entry: BlockEntry,
+}
+
+/// Blocks written to new SSD blocks and watched until their merge is committed, and the
+/// blocks left out.
+#[derive(Default)]
+struct WatchedMerge {
+    work: Vec<Staged>,
+    targets: Vec<SsdBlock>,
+    left: Vec<(Ino, u64)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::stats::Counter;
+    use crate::volume::test_volume as volume;
+    use crate::{Ino, Volume};
+
+    fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
+        let mut out = vec![0; len];
+        assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
+        out
+    }
+
+    /// A write that lands between a merge's copy and its commit must win; a block nobody
+    /// touched must move.
+    #[test]
+    fn a_write_during_a_watched_merge_is_kept() {
+        let v = volume();
+        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let block = v.inner.geometry.block() as usize;
+        let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
+        v.write(f, 0, &expect).unwrap();
+        v.migrate_all().unwrap();
+        // Residue in blocks 1 and 2: upage chunks over SSD blocks.
+        for at in [block + 100, 2 * block + 100] {
+            v.write(f, at as u64, b"before").unwrap();
+            expect[at..at + 6].copy_from_slice(b"before");
+        }
+        let inode = v.inner.file(f).unwrap();
+        let merging = v.inner.start_watched_merge(vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+        assert_eq!(merging.work.len(), 2);
+        // Block 1 is written meanwhile, in place in the same upage.
+        v.write(f, (block + 102) as u64, b"AFTER").unwrap();
+        expect[block + 102..block + 107].copy_from_slice(b"AFTER");
+        let used_before = v.inner.blocks.used_count();
+        let (moved, left) = v.inner.finish_watched_merge(merging, Counter::migrations_watermark).unwrap();
+        assert_eq!((moved, left), (1, vec![(f, 1)]));
+        assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
+        // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
+        assert_eq!(v.inner.blocks.used_count(), used_before - 2);
+        assert!(inode.map.lock()[&1].fast_page_count() > 0);
+        assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        v.migrate_all().unwrap();
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        assert_eq!(v.check(), []);
+    }
+}

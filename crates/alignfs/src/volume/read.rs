@@ -1,0 +1,210 @@
+//! The read path: assemble a range from its SSD blocks and the residue laid over them.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{Inner, ReadMode, Volume};
+use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::error::{Error, Result};
+use crate::geometry::IO_ALIGN;
+use crate::map::{BlockEntry, Overlay, PageNo};
+use crate::meta::{FileKind, Ino, Inode};
+use crate::stats::Counter;
+
+/// What `seek` looks for (SEEK_DATA / SEEK_HOLE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTarget {
+    Data,
+    Hole,
+}
+impl Volume {
+    /// The first offset at or after `offset` that starts data or a hole, at block
+    /// granularity; the end of the file counts as a hole. `BeyondEnd` past EOF.
+    pub fn seek(&self, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
+        let inode = self.inner.file(ino)?;
+        let size = inode.size();
+        if offset >= size {
+            return Err(Error::BeyondEnd);
+        }
+        let block = self.inner.geometry.block();
+        let map = inode.map.lock();
+        match target {
+            SeekTarget::Data => {
+                let first = map.range(offset / block..).map(|(&lb, _)| lb * block).next().filter(|&start| start < size);
+                first.map(|start| start.max(offset)).ok_or(Error::BeyondEnd)
+            }
+            SeekTarget::Hole => {
+                let mut lb = offset / block;
+                while lb * block < size && map.contains_key(&lb) {
+                    lb += 1;
+                }
+                Ok((lb * block).clamp(offset, size))
+            }
+        }
+    }
+
+    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
+    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        let n = self.inner.read_file(&inode, offset, buf)?;
+        self.inner.stats.add(Counter::app_reads, 1);
+        self.inner.stats.add(Counter::app_read_bytes, n as u64);
+        Ok(n)
+    }
+}
+
+/// One piece of a read served from a fast page: (page, offset in page, offset in output, length).
+type PageCopy = (PageNo, u32, usize, usize);
+impl Inner {
+    pub(crate) fn get(&self, ino: Ino) -> Result<Arc<Inode>> {
+        self.meta.get(ino).ok_or(Error::NotFound)
+    }
+
+    pub(crate) fn file(&self, ino: Ino) -> Result<Arc<Inode>> {
+        let inode = self.get(ino)?;
+        match inode.kind {
+            FileKind::File => Ok(inode),
+            FileKind::Dir => Err(Error::IsDir),
+            _ => Err(Error::InvalidArgument("not a regular file".into())),
+        }
+    }
+
+    /// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
+    /// Returns the bytes read from the SSD.
+    pub(crate) fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
+        image.fill(0);
+        let Some(entry) = entry else { return Ok(0) };
+        let mut read = 0;
+        if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
+            let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
+            let buf = self.submit_ssd(vec![request]).wait()?.remove(0);
+            image.copy_from_slice(&buf);
+            read = buf.len() as u64;
+            self.buffers.give([buf]);
+            self.stats.add(Counter::ssd_read_bytes, read);
+        }
+        self.lay_residue(entry, image);
+        Ok(read)
+    }
+
+    /// Whether merging `entry`'s residue needs its SSD copy: some page of the block is not
+    /// replaced whole by a residue page (WSBuffer's "unfilled" scrap page).
+    pub(super) fn needs_fill(&self, entry: &BlockEntry) -> bool {
+        match entry {
+            BlockEntry::Fast { .. } => false,
+            BlockEntry::Ssd { overlays, .. } => {
+                overlays.iter().filter(|(_, o)| matches!(o, Overlay::Page(_))).count() < self.geometry.pages_per_block()
+            }
+        }
+    }
+
+    /// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
+    pub(super) fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) {
+        self.residue_pieces(entry, |range, unit, offset| self.residue.read(unit, offset, &mut image[range]));
+    }
+
+    /// Each piece of a block's residue: the bytes of the block it covers, and the unit and
+    /// offset in the unit that hold them.
+    pub(super) fn residue_pieces(&self, entry: &BlockEntry, mut piece: impl FnMut(Range<usize>, PageNo, u32)) {
+        let page = self.geometry.page_bytes as usize;
+        match entry {
+            BlockEntry::Fast { pages } => {
+                for &(index, unit) in pages {
+                    let at = index as usize * page;
+                    piece(at..at + page, unit, 0);
+                }
+            }
+            BlockEntry::Ssd { overlays, .. } => {
+                for (index, overlay) in overlays {
+                    let at = *index as usize * page;
+                    match overlay {
+                        Overlay::Page(unit) => piece(at..at + page, *unit, 0),
+                        Overlay::Upage { page: unit, chunks } => {
+                            for &(start, end) in chunks.ranges() {
+                                piece(at + start as usize..at + end as usize, *unit, start);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub(crate) fn read_file(&self, inode: &Arc<Inode>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let (block, page) = (self.geometry.block(), u64::from(self.geometry.page_bytes));
+        if buf.is_empty() || offset >= inode.size() {
+            return Ok(0);
+        }
+        let last = (offset + buf.len() as u64 - 1) / block;
+        let _guard = inode.range.read(offset / block, last);
+        let size = inode.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = (buf.len() as u64).min(size - offset) as usize;
+        let out = &mut buf[..n];
+        let entries: Vec<(u64, Option<BlockEntry>)> = {
+            let map = inode.map.lock();
+            (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
+        };
+        let mut direct: Vec<(IoRequest, usize, usize, usize)> = Vec::new();
+        let mut copies: Vec<PageCopy> = Vec::new();
+        for (lb, entry) in &entries {
+            let block_start = lb * block;
+            let (s, e) = (offset.max(block_start) - block_start, (offset + n as u64).min(block_start + block) - block_start);
+            let out_at = (block_start + s - offset) as usize;
+            out[out_at..out_at + (e - s) as usize].fill(0);
+            // Overlay pieces are copied after the SSD data they cover has arrived.
+            let mut overlay = |index: u8, unit: PageNo, range: (u64, u64)| {
+                let (ps, pe) = (u64::from(index) * page + range.0, u64::from(index) * page + range.1);
+                let (cs, ce) = (ps.max(s), pe.min(e));
+                if cs < ce {
+                    copies.push((unit, (cs - u64::from(index) * page) as u32, out_at + (cs - s) as usize, (ce - cs) as usize));
+                }
+            };
+            match entry {
+                None => {}
+                Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
+                Some(BlockEntry::Ssd { block: ssd_block, overlays }) => {
+                    let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
+                    let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
+                    if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
+                        let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
+                        let device_at = ssd_block.0 * block + rs;
+                        let dest = out_at + (rs - s) as usize;
+                        self.stats.add(Counter::ssd_read_bytes, re - rs);
+                        match self.options.read_mode {
+                            ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
+                            ReadMode::Direct => {
+                                let align = IO_ALIGN as u64;
+                                let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
+                                let request = IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
+                                direct.push((request, (device_at - a0) as usize, dest, (re - rs) as usize));
+                            }
+                        }
+                    }
+                    for (i, o) in overlays {
+                        match o {
+                            Overlay::Page(unit) => overlay(*i, *unit, (0, page)),
+                            Overlay::Upage { page: unit, chunks } => {
+                                chunks.ranges().iter().for_each(|&(cs, ce)| overlay(*i, *unit, (u64::from(cs), u64::from(ce))))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if !direct.is_empty() {
+            let (requests, places): (Vec<IoRequest>, Vec<(usize, usize, usize)>) =
+                direct.into_iter().map(|(r, skip, dest, len)| (r, (skip, dest, len))).unzip();
+            let buffers = self.submit_ssd(requests).wait()?;
+            for (buf, (skip, dest, len)) in buffers.iter().zip(places) {
+                out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
+            }
+        }
+        for (unit, in_page, dest, len) in copies {
+            self.residue.read(unit, in_page, &mut out[dest..dest + len]);
+        }
+        Ok(n)
+    }
+}

@@ -1,0 +1,200 @@
+//! Changing a file's size or allocation: truncate, fallocate, hole punching.
+
+use std::sync::Arc;
+
+use super::write::MAX_FILE_BYTES;
+use super::{Inner, Volume};
+use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::error::{Error, Result};
+use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
+use crate::meta::{now_ns, Ino, Inode, Op};
+
+/// `fallocate` modes the volume implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallocateMode {
+    /// Allocate (zero-fill holes) and extend the size unless `keep_size`.
+    Allocate { keep_size: bool },
+    /// Deallocate and zero the range; the size never changes.
+    PunchHole,
+}
+impl Volume {
+    /// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        if size > MAX_FILE_BYTES {
+            return Err(Error::FileTooLarge);
+        }
+        let _guard = inode.range.write(0, u64::MAX);
+        self.inner.truncate_locked(&inode, size)
+    }
+
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
+        }
+        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let block = self.inner.geometry.block();
+        let _guard = inode.range.write(0, u64::MAX);
+        let size = inode.size();
+        match mode {
+            FallocateMode::Allocate { keep_size } => {
+                // Zero-fill the holes so later writes to the range cannot run out of space.
+                let holes: Vec<u64> = {
+                    let map = inode.map.lock();
+                    (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
+                };
+                // Consecutive holes go as one write (up to 2 MiB): coalesced SSD IO and one
+                // journal record, instead of a commit per block.
+                let max_run = ((2 << 20) / block).max(1);
+                let mut runs: Vec<(u64, u64)> = Vec::new();
+                for lb in holes {
+                    match runs.last_mut() {
+                        Some((first, last)) if *last + 1 == lb && lb - *first < max_run => *last = lb,
+                        _ => runs.push((lb, lb)),
+                    }
+                }
+                for (first, last) in runs {
+                    let (start, stop) = ((first * block).max(offset), ((last + 1) * block).min(end));
+                    self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
+                }
+                if !keep_size && end > size {
+                    self.inner.release_freed(self.inner.commit(&[Op::Extend { ino, size: end, mtime: now_ns() }])?);
+                }
+            }
+            FallocateMode::PunchHole => {
+                let end = end.min(size);
+                if offset >= end {
+                    return Ok(());
+                }
+                let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
+                let drops: Vec<Op> = if first_whole < last_whole {
+                    let map = inode.map.lock();
+                    map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+                } else {
+                    Vec::new()
+                };
+                if !drops.is_empty() {
+                    self.inner.release_freed(self.inner.commit(&drops)?);
+                }
+                let edges = [(offset, (first_whole * block).min(end)), ((last_whole * block).max(offset), end)];
+                for (start, stop) in edges {
+                    let is_hole = !inode.map.lock().contains_key(&(start / block));
+                    if start < stop && !is_hole {
+                        self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
+    /// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
+    pub(crate) fn zero_beyond_eof(&self, inode: &Inode, size: u64) {
+        let (block, page) = (self.geometry.block(), self.geometry.page_bytes);
+        let within = (size % block) as u32;
+        if within == 0 {
+            return;
+        }
+        let map = inode.map.lock();
+        let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
+            Some(BlockEntry::Fast { pages }) => pages.clone(),
+            Some(BlockEntry::Ssd { overlays, .. }) => {
+                overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
+            }
+            None => Vec::new(),
+        };
+        for (index, unit) in units {
+            let page_start = u32::from(index) * page;
+            let from = within.saturating_sub(page_start);
+            if from < page {
+                self.residue.zero(unit, from, page - from);
+                self.residue.persist(unit, from, page - from);
+            }
+        }
+    }
+
+    /// Truncate with the whole file locked. The new last block, if partial, is rewritten
+    /// with a zeroed tail into fresh units, in the same journal record as the size.
+    pub(crate) fn truncate_locked(&self, inode: &Arc<Inode>, size: u64) -> Result<()> {
+        let block = self.geometry.block();
+        let old = inode.size();
+        let ino = inode.ino;
+        let time = now_ns();
+        if size >= old {
+            self.zero_beyond_eof(inode, old);
+            return self.commit(&[Op::SetSize { ino, size, time }]).map(|f| self.release_freed(f));
+        }
+        let mut ops: Vec<Op> = {
+            let map = inode.map.lock();
+            map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+        };
+        let mut fresh_units = (Vec::new(), Vec::new());
+        let within = size % block;
+        let tail = inode.map.lock().get(&(size / block)).cloned();
+        if let (true, Some(entry)) = (within != 0, tail) {
+            let mut image = AlignedBuf::zeroed(block as usize);
+            self.materialize(Some(&entry), &mut image)?;
+            image[within as usize..].fill(0);
+            let page = u64::from(self.geometry.page_bytes);
+            let npages = within.div_ceil(page) as usize;
+            let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| self.residue.allocate(npages)).flatten();
+            let new_entry = match fast_pages {
+                Some(units) => {
+                    for (i, &unit) in units.iter().enumerate() {
+                        let at = i * page as usize;
+                        self.store_residue(unit, 0, &image[at..at + page as usize], false);
+                    }
+                    fresh_units.0 = units.clone();
+                    BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
+                }
+                None => {
+                    let new_block = self.write_new_block(image)?;
+                    fresh_units.1 = vec![new_block];
+                    BlockEntry::Ssd { block: new_block, overlays: Vec::new() }
+                }
+            };
+            ops.push(Op::Map { ino, lblock: size / block, entry: Some(new_entry) });
+        }
+        ops.push(Op::SetSize { ino, size, time });
+        match self.commit(&ops) {
+            Ok(freed) => {
+                self.release_freed(freed);
+                Ok(())
+            }
+            Err(e) => {
+                self.release(&fresh_units.0, &fresh_units.1);
+                Err(e)
+            }
+        }
+    }
+
+    /// Write one block image to a freshly allocated SSD block (not yet referenced by any
+    /// map; the allocation is undone if the write fails).
+    pub(super) fn write_new_block(&self, image: AlignedBuf) -> Result<SsdBlock> {
+        let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
+        let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * self.geometry.block(), buf: image };
+        match self.submit_ssd(vec![write]).wait() {
+            Ok(buffers) => {
+                self.buffers.give(buffers);
+                self.ssd_written();
+                self.stats.ssd_write(self.geometry.block());
+                // The caller journals a map edit pointing here next: flush first.
+                if let Err(e) = self.flush_ssd() {
+                    self.release(&[], &[target]);
+                    return Err(e);
+                }
+                Ok(target)
+            }
+            Err(e) => {
+                self.release(&[], &[target]);
+                Err(e)
+            }
+        }
+    }
+}

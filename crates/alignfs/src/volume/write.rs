@@ -1,0 +1,300 @@
+//! The write path: partition a write, bind it to new units, send whole blocks to the SSD
+//! and the residue to the residue store while they are in flight, then commit the map edits.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::block_store::wait_all;
+use super::{Inner, Volume};
+use crate::device::{IoOp, IoRequest};
+use crate::error::{Error, Result};
+use crate::geometry::IO_ALIGN;
+use crate::layout::Profile;
+use crate::map::{BlockEntry, PageNo, SsdBlock};
+use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
+use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
+use crate::stats::Counter;
+
+/// Largest file offset: keeps every block index and byte position far from overflow.
+pub const MAX_FILE_BYTES: u64 = 1 << 52;
+impl Volume {
+    /// Write `data` at `offset`. Returns when the write is durable per the `orch` promise:
+    /// residue persisted, SSD IOs completed, map edit journaled.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        self.inner.check_writable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let block = self.inner.geometry.block();
+        // The block holding EOF joins the lock when the write leaves a gap after it, so a
+        // failed write can clean that block (see `write_locked`).
+        loop {
+            let size = inode.size();
+            let first = if offset > size { (size / block).min(offset / block) } else { offset / block };
+            let _guard = inode.range.write(first, (end - 1) / block);
+            if inode.size() != size {
+                continue;
+            }
+            self.inner.write_locked(&inode, offset, data, true)?;
+            self.inner.stats.add(Counter::app_writes, 1);
+            self.inner.stats.add(Counter::app_write_bytes, data.len() as u64);
+            return Ok(data.len());
+        }
+    }
+
+    /// Make the file durable. With a persistent residue store every acknowledged write
+    /// already is (its SSD blocks were flushed before its map edit was journaled), so this
+    /// only retries a flush that failed. With a volatile one (`scrap`) it first flushes
+    /// the file's scrap pages to the SSD and journals its size.
+    ///
+    /// It does not flush SSD writes nobody acknowledged yet: fsync would then wait for
+    /// background migration's writes and flush.
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        let inode = self.inner.get(ino)?;
+        if !self.inner.residue.durable() && inode.kind == FileKind::File && !self.inner.options.read_only {
+            let _guard = inode.range.write(0, u64::MAX);
+            self.inner.sync_file_locked(&inode)?;
+        }
+        if self.inner.ssd_flush_failed.load(Ordering::SeqCst) {
+            self.inner.flush_ssd()
+        } else {
+            self.inner.stats.add(Counter::ssd_flushes_skipped, 1);
+            Ok(())
+        }
+    }
+}
+
+impl Inner {
+    /// The write path. The caller holds the range lock over the written blocks (and the
+    /// block holding EOF when the write starts past it).
+    pub(crate) fn write_locked(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], extend: bool) -> Result<()> {
+        let old_size = inode.size();
+        let (plan, pages, entries) = self.plan_write(inode, offset, data.len() as u64, old_size)?;
+        let result = self.execute(inode, &plan, pages, &entries, data);
+        if result.is_err() && offset + data.len() as u64 > old_size {
+            // In-place residue writes may have landed past EOF (the caller holds the EOF
+            // block's lock when the write extends the file): keep those bytes zero.
+            self.zero_beyond_eof(inode, old_size);
+        }
+        let mut ops = result?;
+        if extend {
+            ops.push(Op::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() });
+        }
+        let freed = self.commit(&ops)?;
+        self.release_freed(freed);
+        Ok(())
+    }
+
+    /// Partition, merging overflowing upages first and making room in the fast tier; with
+    /// no room at all, fall back to the read-modify-write plan. Returns the plan, its new
+    /// pages and the current entry of each planned block (stable: the caller holds the
+    /// range lock).
+    pub(super) fn plan_write(
+        &self,
+        inode: &Arc<Inode>,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<(Plan, Vec<PageNo>, Vec<Option<BlockEntry>>)> {
+        let profile = self.superblock.profile;
+        // WSBuffer's buffer-minimized writes: below the request threshold, all of it. The
+        // threshold allows one page less: the kernel cuts a FUSE write whose buffer does not
+        // start on a page boundary into a piece one page short and a small tail.
+        let small = len + IO_ALIGN as u64 <= self.options.request_threshold;
+        let mut residue = if profile == Profile::Scrap && small { Residue::All } else { Residue::Partial };
+        loop {
+            let rules = Rules { residue, max_segments: profile.max_segments() };
+            let (plan, entries) = {
+                let map = inode.map.lock();
+                let plan = partition(offset, len, size, &self.geometry, rules, |lb| map.get(&lb));
+                let entries: Vec<Option<BlockEntry>> = plan.blocks.iter().map(|b| map.get(&b.lblock).cloned()).collect();
+                (plan, entries)
+            };
+            if !plan.merge_first.is_empty() {
+                for &lblock in &plan.merge_first {
+                    self.migrate_block_locked(inode, lblock, Counter::migrations_header_full)?;
+                }
+                continue;
+            }
+            let needed: usize = plan.blocks.iter().map(|b| b.new_pages_needed()).sum();
+            if needed == 0 {
+                return Ok((plan, Vec::new(), entries));
+            }
+            match self.reserve_pages(needed) {
+                Some(pages) => return Ok((plan, pages, entries)),
+                // No room even after migrating: whole blocks go direct, then nothing is
+                // residue (the slow path).
+                None if residue == Residue::All => residue = Residue::Partial,
+                None => residue = Residue::Forbidden,
+            }
+        }
+    }
+
+    /// Fast pages for a write: free ones, or ones the writer frees by migrating other
+    /// blocks (it waits for migration); `None` if even that finds nothing.
+    pub(super) fn reserve_pages(&self, n: usize) -> Option<Vec<PageNo>> {
+        if let Some(pages) = self.residue.allocate(n) {
+            if self.residue.used_units() as f64 > self.options.migrate_high * self.residue.capacity_units() as f64 {
+                self.notify_maintenance();
+            }
+            return Some(pages);
+        }
+        self.notify_maintenance();
+        let target = n as u64 + self.residue.capacity_units() / 8;
+        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
+            tracing::warn!("migration for a waiting writer: {e}");
+        }
+        self.residue.allocate(n)
+    }
+
+    /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
+    /// residue is copied into the fast tier on this thread.
+    pub(super) fn execute(
+        &self,
+        inode: &Arc<Inode>,
+        plan: &Plan,
+        pages: Vec<PageNo>,
+        entries: &[Option<BlockEntry>],
+        data: &[u8],
+    ) -> Result<Vec<Op>> {
+        let block = self.geometry.block();
+        // Direct writes spread over the SSDs by logical block.
+        let members: Vec<usize> =
+            plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_in_flight.len() as u64) as usize).collect();
+        let new_blocks: Vec<SsdBlock> = match self.allocate_blocks(&members) {
+            Some(blocks) => blocks,
+            None => {
+                self.release(&pages, &[]);
+                return Err(Error::NoSpace);
+            }
+        };
+        let undo = |e: Error| {
+            self.release(&pages, &new_blocks);
+            e
+        };
+        // SSD images of whole blocks (and, on the slow path, merged partial blocks), built
+        // straight into IO-sized runs of consecutive blocks.
+        let targets: Vec<(SsdBlock, usize)> = {
+            let mut next_block = new_blocks.iter();
+            plan.blocks
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.needs_ssd_block())
+                .map(|(i, _)| (*next_block.next().expect("bound block"), i))
+                .collect()
+        };
+        // Each run goes out as soon as its buffer is filled, so the device works on it
+        // while the next is copied.
+        let mut in_flight = Vec::new();
+        for run in self.runs(&targets) {
+            let mut buf = self.buffers.take(run.len() * block as usize);
+            for (k, &&(_, i)) in run.iter().enumerate() {
+                let (bp, image) = (&plan.blocks[i], &mut buf[k * block as usize..(k + 1) * block as usize]);
+                if bp.action == BlockAction::Rewrite {
+                    let read = match self.materialize(entries[i].as_ref(), image) {
+                        Ok(read) => read,
+                        Err(e) => {
+                            // Nothing may still be writing to the blocks `undo` frees.
+                            let _ = wait_all(in_flight);
+                            return Err(undo(e));
+                        }
+                    };
+                    self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
+                    self.stats.add(Counter::fg_rmw_read_bytes, read);
+                }
+                image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
+            }
+            in_flight.push(self.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf }]));
+        }
+        // Residue, while the SSD works.
+        let mut fresh = pages.iter();
+        let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
+        let mut full: Vec<u64> = Vec::new();
+        for bp in &plan.blocks {
+            let mut bound = Vec::new();
+            if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
+                for p in page_plans {
+                    let bytes = &data[p.src..p.src + (p.end - p.start) as usize];
+                    let (unit, zero_fill) = match &p.target {
+                        PageTarget::InPlace(u) | PageTarget::UpageToPage(u) | PageTarget::InPlaceUpage { page: u, .. } => (*u, false),
+                        PageTarget::NewPage { zero_fill } => (*fresh.next().expect("bound page"), *zero_fill),
+                        PageTarget::NewUpage => (*fresh.next().expect("bound page"), false),
+                    };
+                    if matches!(p.target, PageTarget::NewPage { .. } | PageTarget::NewUpage) {
+                        bound.push(unit);
+                    }
+                    self.store_residue(unit, p.start, bytes, zero_fill);
+                    // A unit written to its end (a block's tail, or now whole) needs no
+                    // read to flush: a volatile store queues it at once (WSBuffer's
+                    // stage 2).
+                    let whole = matches!(p.target, PageTarget::UpageToPage(_) | PageTarget::NewPage { zero_fill: false });
+                    let to_end =
+                        p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
+                    if (whole || to_end) && !self.residue.durable() {
+                        full.push(bp.lblock);
+                    }
+                    let counter = if matches!(p.target, PageTarget::NewUpage | PageTarget::InPlaceUpage { .. }) {
+                        Counter::upage_write_bytes
+                    } else {
+                        Counter::page_write_bytes
+                    };
+                    self.stats.add(counter, bytes.len() as u64);
+                }
+            }
+            bound_pages.push(bound);
+        }
+        if !in_flight.is_empty() {
+            let written = wait_all(in_flight).map_err(&undo)?;
+            self.ssd_written();
+            written.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
+            self.buffers.give(written);
+            // Data before metadata: the map edit must not outlive a power cut that the
+            // blocks it points at did not.
+            self.flush_ssd().map_err(&undo)?;
+        }
+        let mut next_block = new_blocks.iter();
+        let ops = plan
+            .blocks
+            .iter()
+            .zip(entries)
+            .zip(&bound_pages)
+            .map(|((bp, current), bound)| {
+                let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));
+                let next = next_entry(current.as_ref(), bp, block, bound);
+                Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
+            })
+            .collect();
+        if !self.residue.durable() {
+            let mut dirty = self.dirty_since.lock();
+            for bp in plan.blocks.iter().filter(|b| !b.needs_ssd_block()) {
+                dirty.entry((inode.ino, bp.lblock)).or_insert_with(Instant::now);
+            }
+        }
+        if !full.is_empty() {
+            full.dedup();
+            self.full_units.lock().extend(full.into_iter().map(|lb| (inode.ino, lb)));
+            self.notify_flushers();
+        }
+        Ok(ops)
+    }
+
+    /// Copy residue bytes into a unit and persist them (zero-filling the rest of a new
+    /// page of a fast block).
+    pub(super) fn store_residue(&self, unit: PageNo, start: u32, bytes: &[u8], zero_fill: bool) {
+        let page = self.geometry.page_bytes;
+        let end = start + bytes.len() as u32;
+        if zero_fill {
+            self.residue.zero(unit, 0, start);
+            self.residue.zero(unit, end, page - end);
+        }
+        self.residue.write(unit, start, bytes);
+        if zero_fill {
+            self.residue.persist(unit, 0, page);
+        } else {
+            self.residue.persist(unit, start, bytes.len() as u32);
+        }
+    }
+}
