@@ -91,8 +91,8 @@ impl DeviceArgs {
 struct MkfsArgs {
     #[command(flatten)]
     devices: DeviceArgs,
-    /// Profile: `orch` (persistent fast tier + SSD) or `scrap` (SSD only; residue in DRAM
-    /// scrap pages, metadata on the SSD).
+    /// Profile: `orch` (OrchFS: persistent fast tier + SSD, durable on every write) or
+    /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync).
     #[arg(long, default_value = "orch")]
     profile: String,
     /// SSD block size: the unit of every SSD write (default 32K; for `scrap` it is the
@@ -142,15 +142,17 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     let profile = Profile::parse(&args.profile)?;
     let defaults = Geometry::for_profile(profile);
     let block_bytes = args.block_size.as_deref().map_or(Ok(defaults.block_bytes), |t| size_arg(t, "block-size"))?;
-    let page_bytes = match (&args.page_size, profile) {
-        (Some(text), _) => size_arg(text, "page-size")?,
-        (None, Profile::Scrap) => block_bytes,
-        (None, Profile::Orch) => defaults.page_bytes,
+    // A profile whose residue unit is one whole block (a scrap page) keeps that when
+    // only --block-size is given.
+    let page_bytes = match &args.page_size {
+        Some(text) => size_arg(text, "page-size")?,
+        None if defaults.page_bytes == defaults.block_bytes => block_bytes,
+        None => defaults.page_bytes,
     };
     let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
     let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
     let (fast, ssds) = args.devices.specs()?;
-    let fast = if profile.has_fast_tier() {
+    let fast = if profile.devices().fast_tier {
         Some(fast)
     } else if args.devices.fast.is_some() {
         anyhow::bail!("profile {} keeps no data in a fast tier; drop --fast", profile.name());
@@ -201,9 +203,9 @@ fn stat(args: &StatArgs) -> Result<()> {
 fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let (fast, ssds) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
-    let scrap = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().is_some_and(|sb| !sb.profile.has_fast_tier());
+    let ssd_only = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().is_some_and(|sb| !sb.profile.devices().fast_tier);
     let ssd_list: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
-    let devices = if scrap { ssd_list.join(" + ") } else { format!("{} + {}", fast.path.display(), ssd_list.join(" + ")) };
+    let devices = if ssd_only { ssd_list.join(" + ") } else { format!("{} + {}", fast.path.display(), ssd_list.join(" + ")) };
     println!("checking superblocks, checkpoint, journal and unit references of {devices}");
     let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options, args.devices.backend(), None) {
         Ok(volume) => volume,

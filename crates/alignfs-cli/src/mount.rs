@@ -4,6 +4,8 @@
 //! group, output to the log file) and returns once that daemon reports the mount ready
 //! on its stdout, or prints why it failed.
 
+use alignfs::profile::Tunable;
+use alignfs::Profile;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,17 +60,17 @@ pub struct MountArgs {
     /// next SSD write). For testing error paths; docs/CRASH-CONSISTENCY.md.
     #[arg(long)]
     inject_faults: bool,
-    /// `scrap` volumes: the most DRAM the scrap pages may take. Writers wait for the
-    /// flusher when it is reached.
-    #[arg(long, value_name = "SIZE", default_value = "1G")]
-    scrap_mem: String,
+    /// `scrap` volumes: the most DRAM the scrap pages may take (default 1G). Writers wait
+    /// for the flusher when it is reached.
+    #[arg(long, value_name = "SIZE")]
+    scrap_mem: Option<String>,
     /// `scrap` volumes: writes this large or larger send their whole blocks straight to the
-    /// SSD; smaller writes go whole to the scrap buffer.
-    #[arg(long, value_name = "SIZE", default_value = "1M")]
-    request_threshold: String,
-    /// `scrap` volumes: threads writing scrap pages back to the SSD.
-    #[arg(long, default_value_t = 2)]
-    flush_workers: usize,
+    /// SSD; smaller writes go whole to the scrap buffer (default 1M).
+    #[arg(long, value_name = "SIZE")]
+    request_threshold: Option<String>,
+    /// `scrap` volumes: threads writing scrap pages back to the SSD (default 2).
+    #[arg(long)]
+    flush_workers: Option<usize>,
 }
 
 #[derive(Args)]
@@ -139,7 +141,7 @@ pub fn mount(args: &MountArgs) -> Result<()> {
     if args.threads == 0 || args.threads > 64 {
         bail!("--threads must be between 1 and 64");
     }
-    if args.flush_workers == 0 || args.flush_workers > 64 {
+    if args.flush_workers.is_some_and(|n| n == 0 || n > 64) {
         bail!("--flush-workers must be between 1 and 64");
     }
     if !(args.attr_ttl >= 0.0 && args.attr_ttl <= 3600.0) {
@@ -212,14 +214,19 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     }
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
     let faults = args.inject_faults.then(|| Arc::new(FaultPlan::default()));
+    let defaults = VolumeOptions::default();
+    let size = |given: &Option<String>, flag: &str, default: u64| -> Result<u64> {
+        given.as_deref().map_or(Ok(default), |text| alignfs::geometry::parse_size(text).with_context(|| format!("--{flag}")))
+    };
     let options = VolumeOptions {
         read_only: parsed.read_only,
-        scrap_mem_bytes: alignfs::geometry::parse_size(&args.scrap_mem).context("--scrap-mem")?,
-        request_threshold: alignfs::geometry::parse_size(&args.request_threshold).context("--request-threshold")?,
-        flush_workers: args.flush_workers,
-        ..VolumeOptions::default()
+        scrap_mem_bytes: size(&args.scrap_mem, "scrap-mem", defaults.scrap_mem_bytes)?,
+        request_threshold: size(&args.request_threshold, "request-threshold", defaults.request_threshold)?,
+        flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
+        ..defaults
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
+    warn_unused_options(args, volume.superblock().profile);
     let recovery = volume.recovery().clone();
     tracing::info!(
         "volume {} opened in {:?}: {} journal records replayed{}",
@@ -285,7 +292,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     let (fast, ssds) = devices.specs()?;
     let ssd = &ssds[0];
     let defaults = devices.fast.is_none() && devices.ssd.is_empty();
-    let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.profile.has_fast_tier()));
+    let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.profile.devices().fast_tier));
     if defaults && !fast.path.exists() && !ssd.path.exists() {
         format_defaults(&fast, ssd)?;
     } else if defaults && !fast.path.exists() && needs_fast() {
@@ -303,11 +310,24 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
         match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
-            Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.has_fast_tier() => {
+            Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.devices().fast_tier => {
                 bail!("{} holds a {} volume, which has no fast tier; drop --fast", ssd.path.display(), volume.superblock().profile.name())
             }
             result => return Ok(result?),
         }
+    }
+}
+
+/// Say so when an option was given that the volume's profile does not read.
+fn warn_unused_options(args: &MountArgs, profile: Profile) {
+    let given = [
+        (args.scrap_mem.is_some(), Tunable::ResidueMemory, "--scrap-mem"),
+        (args.request_threshold.is_some(), Tunable::RequestThreshold, "--request-threshold"),
+        (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
+    ];
+    for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {
+        eprintln!("note: {flag} has no effect on a {} volume", profile.name());
+        tracing::warn!("{flag} has no effect on a {} volume", profile.name());
     }
 }
 

@@ -12,6 +12,8 @@
 
 mod model;
 
+use alignfs::profile::{Promise, Tunable};
+use alignfs::Profile;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,8 +59,8 @@ struct Harness {
     alignfs: PathBuf,
     /// `None` for a profile without a fast tier.
     fast: Option<PathBuf>,
-    /// `scrap`: `--scrap-mem` for the mount.
-    scrap_mem: String,
+    /// `--scrap-mem` for the mount, for a profile whose residue lives in memory.
+    scrap_mem: Option<String>,
     ssd: PathBuf,
     mnt: PathBuf,
     log: PathBuf,
@@ -91,8 +93,8 @@ impl Harness {
     fn mount(&self) -> Result<()> {
         let mut c = self.alignfs();
         c.arg("mount").args(self.devices()).arg("--log").arg(&self.log).arg(&self.mnt);
-        if self.fast.is_none() {
-            c.args(["--scrap-mem", &self.scrap_mem]);
+        if let Some(bytes) = &self.scrap_mem {
+            c.args(["--scrap-mem", bytes]);
         }
         self.run(c, "alignfs mount").map(drop)
     }
@@ -128,15 +130,12 @@ fn main() -> Result<()> {
     };
     let shm = PathBuf::from("/dev/shm").join(format!("alignfs-crash-{}", std::process::id()));
     std::fs::create_dir_all(&shm)?;
-    let volatile = match args.profile.as_str() {
-        "orch" => false,
-        "scrap" => true,
-        other => bail!("unknown profile {other:?} (orch or scrap)"),
-    };
+    let profile = Profile::parse(&args.profile)?;
+    let volatile = profile.promise() == Promise::OnSync;
     let harness = Harness {
         alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
-        fast: (!volatile).then(|| shm.join("fast")),
-        scrap_mem: args.fast_size.clone(),
+        fast: profile.devices().fast_tier.then(|| shm.join("fast")),
+        scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
         ssd: work.join("ssd.img"),
         mnt: work.join("mnt"),
         log: work.join("mount.log"),

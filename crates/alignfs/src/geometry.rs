@@ -1,14 +1,14 @@
 //! Units of storage and the layout of both devices, fixed at format time.
 //!
 //! Invariants (checked by [`Geometry::validate`]):
-//! - `page_bytes` is a power of two ≥ 512 (O_DIRECT); `orch`'s fast pages are at most
-//!   64 KiB, `scrap`'s residue unit is one whole block (a scrap page, 64 KiB–16 MiB).
+//! - each profile's own rules on the page (its `ProfileSpec::validate_geometry`: `orch`'s
+//!   fast pages are 512 B–64 KiB, `scrap`'s residue unit is one whole block).
 //! - `block_bytes` is a power-of-two multiple of `page_bytes`, at most 64 pages (a block's
 //!   page set is a u64 mask).
 //! - `split_bytes` is a multiple of `block_bytes`.
 
 use crate::error::{Error, Result};
-use crate::layout::Profile;
+use crate::profile::Profile;
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -41,28 +41,16 @@ impl Default for Geometry {
 }
 
 impl Geometry {
-    /// The default geometry of a profile: `scrap` makes the block one scrap page of 256 KiB.
+    /// The default geometry of a profile (`scrap` makes the block one scrap page).
     pub fn for_profile(profile: Profile) -> Geometry {
-        match profile {
-            Profile::Orch => Geometry::default(),
-            Profile::Scrap => Geometry { block_bytes: 256 * 1024, page_bytes: 256 * 1024, ..Geometry::default() },
-        }
+        profile.default_geometry()
     }
 
+    /// The rules every geometry obeys, then the profile's own.
     pub fn validate(&self, profile: Profile) -> Result<()> {
         let (b, p, s) = (u64::from(self.block_bytes), u64::from(self.page_bytes), u64::from(self.split_bytes));
         let fail = |m: String| Err(Error::Geometry(m));
-        match profile {
-            Profile::Orch if !p.is_power_of_two() || !(512..=64 * KIB).contains(&p) => {
-                return fail(format!("page size {p} must be a power of two between 512 B and 64 KiB"));
-            }
-            Profile::Scrap if p != b || !p.is_power_of_two() || !(64 * KIB..=16 * MIB).contains(&p) => {
-                return fail(format!(
-                    "the scrap page is one block: block and page size ({b}, {p}) must be equal, a power of two between 64 KiB and 16 MiB"
-                ));
-            }
-            _ => {}
-        }
+        profile.spec().validate_geometry(self)?;
         if !b.is_power_of_two() || b < p || b / p > MAX_PAGES_PER_BLOCK || (b as usize) % IO_ALIGN != 0 {
             return fail(format!(
                 "block size {b} must be a power of two, a multiple of 4 KiB and of the page size ({p}), and at most {MAX_PAGES_PER_BLOCK} pages"
@@ -200,10 +188,10 @@ mod tests {
 
     #[test]
     fn geometry_rules() {
-        Geometry::default().validate(Profile::Orch).unwrap();
-        Geometry::for_profile(Profile::Scrap).validate(Profile::Scrap).unwrap();
-        assert!(Geometry::default().validate(Profile::Scrap).is_err(), "a scrap page is one block");
-        assert!(Geometry::for_profile(Profile::Scrap).validate(Profile::Orch).is_err(), "fast pages are at most 64 KiB");
+        Geometry::default().validate(Profile::ORCH).unwrap();
+        Geometry::for_profile(Profile::SCRAP).validate(Profile::SCRAP).unwrap();
+        assert!(Geometry::default().validate(Profile::SCRAP).is_err(), "a scrap page is one block");
+        assert!(Geometry::for_profile(Profile::SCRAP).validate(Profile::ORCH).is_err(), "fast pages are at most 64 KiB");
         let bad = [
             Geometry { page_bytes: 3000, ..Geometry::default() },
             Geometry { block_bytes: 2048, ..Geometry::default() },
@@ -212,7 +200,7 @@ mod tests {
             Geometry { io_workers: 0, ..Geometry::default() },
         ];
         for g in bad {
-            assert!(g.validate(Profile::Orch).is_err(), "{g:?}");
+            assert!(g.validate(Profile::ORCH).is_err(), "{g:?}");
         }
     }
 
@@ -222,7 +210,7 @@ mod tests {
         let l = MetaLayout::compute(GIB, &g).unwrap();
         assert!(l.pages_offset + l.page_count * g.page() <= GIB);
         assert!(MetaLayout::compute(64 * KIB, &g).is_err());
-        let scrap = Geometry::for_profile(Profile::Scrap);
+        let scrap = Geometry::for_profile(Profile::SCRAP);
         let l = MetaLayout::on_ssd(8 * GIB, &scrap).unwrap();
         assert_eq!(l.pages_offset % scrap.block(), 0);
         assert!(l.journal_offset + l.journal_bytes <= l.pages_offset);

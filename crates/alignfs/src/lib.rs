@@ -10,6 +10,7 @@ pub mod geometry;
 mod io_engine;
 pub mod map;
 pub mod partition;
+pub mod profile;
 
 #[doc(hidden)]
 pub mod test_support;
@@ -23,6 +24,6 @@ pub mod stats;
 pub mod volume;
 
 pub use geometry::Geometry;
-pub use layout::Profile;
 pub use meta::{Attr, FileKind, Ino};
-pub use volume::{FormatOptions, ReadMode, RecoveryReport, Volume, VolumeOptions};
+pub use profile::Profile;
+pub use volume::{Devices, FormatOptions, ReadMode, RecoveryReport, Volume, VolumeOptions};

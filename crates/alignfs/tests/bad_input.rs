@@ -54,14 +54,7 @@ fn damaged_superblocks_are_refused() {
 #[test]
 fn damaged_checkpoint_is_refused() {
     let devices = populated();
-    let sb = Volume::open(
-        Arc::clone(&devices.fast),
-        Arc::clone(&devices.ssd) as Arc<dyn BlockDevice>,
-        VolumeOptions { read_only: true, ..VolumeOptions::default() },
-    )
-    .unwrap()
-    .superblock()
-    .clone();
+    let sb = Volume::open(devices.devices(), VolumeOptions { read_only: true, ..VolumeOptions::default() }).unwrap().superblock().clone();
     // Both slots' headers destroyed.
     devices.fast.write(sb.layout.checkpoint_a_offset, &[0u8; 64]);
     devices.fast.write(sb.layout.checkpoint_b_offset, &[0u8; 64]);
@@ -131,18 +124,19 @@ fn mismatched_swapped_and_unformatted_devices() {
     let b = Devices::new(4 << 20, 16 << 20);
     a.format(Geometry::default());
     b.format(Geometry::default());
-    let mixed = Volume::open(Arc::clone(&a.fast), Arc::clone(&b.ssd) as Arc<dyn BlockDevice>, VolumeOptions::default());
+    let mixed =
+        Volume::open(alignfs::Devices::new(Arc::clone(&a.fast), Arc::clone(&b.ssd) as Arc<dyn BlockDevice>), VolumeOptions::default());
     assert!(matches!(mixed, Err(Error::VolumeMismatch { .. })));
     let blank = Devices::new(4 << 20, 16 << 20);
     assert!(matches!(blank.open(VolumeOptions::default()), Err(Error::NotFormatted(_))));
     // Format refuses to overwrite a volume without force, and names it.
-    let again = Volume::format(&a.fast, a.ssd.as_ref(), &FormatOptions::default());
+    let again = Volume::format(&a.devices(), &FormatOptions::default());
     assert!(matches!(again, Err(Error::AlreadyFormatted { .. })), "{again:?}");
-    Volume::format(&a.fast, a.ssd.as_ref(), &FormatOptions { force: true, ..FormatOptions::default() }).unwrap();
+    Volume::format(&a.devices(), &FormatOptions { force: true, ..FormatOptions::default() }).unwrap();
     // Too small to hold a volume.
     let tiny_fast = Arc::new(PmemRegion::anonymous(64 << 10).unwrap());
-    let tiny_ssd = SimSsd::new(1 << 20);
-    assert!(matches!(Volume::format(&tiny_fast, &tiny_ssd, &FormatOptions::default()), Err(Error::Geometry(_))));
+    let tiny = alignfs::Devices::new(tiny_fast, Arc::new(SimSsd::new(1 << 20)));
+    assert!(matches!(Volume::format(&tiny, &FormatOptions::default()), Err(Error::Geometry(_))));
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod common;
 
+use alignfs::profile::Promise;
 use alignfs::stats::Counter;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
@@ -87,7 +88,7 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
 
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     let g = case.geometry;
-    let volatile = !case.profile.has_fast_tier();
+    let volatile = case.profile.promise() == Promise::OnSync;
     let devices = if volatile { Devices::ssd_only(case.profile, 96 << 20) } else { Devices::new(case.fast_bytes, 96 << 20) };
     devices.format(g);
     let options = VolumeOptions { read_mode: case.read_mode, scrap_mem_bytes: case.fast_bytes, ..VolumeOptions::default() };
@@ -226,11 +227,11 @@ fn cases() -> Vec<Case> {
     let default = Geometry::default();
     let small = Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 16384, io_workers: 2 };
     let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
-    let scrap = Geometry::for_profile(Profile::Scrap);
+    let scrap = Geometry::for_profile(Profile::SCRAP);
     let scrap_small = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 128 << 10, io_workers: 2 };
-    let orch = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Orch, geometry, fast_bytes, read_mode, roomy };
+    let orch = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::ORCH, geometry, fast_bytes, read_mode, roomy };
     let scrap_case =
-        |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::Scrap, geometry, fast_bytes, read_mode, roomy };
+        |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::SCRAP, geometry, fast_bytes, read_mode, roomy };
     vec![
         orch("default geometry, buffered reads", default, 64 << 20, ReadMode::Buffered, true),
         orch("default geometry, direct reads", default, 64 << 20, ReadMode::Direct, true),

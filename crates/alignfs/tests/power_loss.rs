@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use alignfs::device::power_loss::{Event, PowerLog, RecordedSsd, Replay, Survival};
 use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::profile::Promise;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::RenameFlags;
-use alignfs::{FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
+use alignfs::{Devices, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -35,17 +36,20 @@ fn options() -> VolumeOptions {
 }
 
 fn geometry(profile: Profile) -> Geometry {
-    match profile {
-        Profile::Orch => Geometry::default(),
-        Profile::Scrap => Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 2 },
+    if profile == Profile::SCRAP {
+        Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 2 }
+    } else {
+        profile.default_geometry()
     }
 }
 
+/// The recorded devices the profile takes.
+fn devices(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> Devices {
+    Devices { fast: profile.devices().fast_tier.then(|| Arc::clone(fast)), ssd: Arc::clone(ssd) }
+}
+
 fn open(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> alignfs::Result<Volume> {
-    match profile {
-        Profile::Orch => Volume::open(Arc::clone(fast), Arc::clone(ssd), options()),
-        Profile::Scrap => Volume::open_ssd(Arc::clone(ssd), options()),
-    }
+    Volume::open(devices(profile, fast, ssd), options())
 }
 
 #[derive(Clone, Debug)]
@@ -187,11 +191,7 @@ fn record(profile: Profile, setup: &[Op], workload: &[Op]) -> Trace {
     let fast = Arc::new(PmemRegion::recorded(FAST_BYTES, Arc::clone(&log)).unwrap());
     let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(SSD_BYTES)), Arc::clone(&log)));
     let format = FormatOptions { geometry: geometry(profile), profile, ..FormatOptions::default() };
-    match profile {
-        Profile::Orch => Volume::format(&fast, ssd.as_ref(), &format).map(drop),
-        Profile::Scrap => Volume::format_ssd(&ssd, &format).map(drop),
-    }
-    .unwrap();
+    Volume::format(&devices(profile, &fast, &ssd), &format).unwrap();
     let volume = open(profile, &fast, &ssd).unwrap();
     let mut model = Model::default();
     for op in setup {
@@ -341,9 +341,9 @@ fn verify(profile: Profile, trace: &Trace, survivals: &[Survival], rng: &mut Std
             let problems = volume.check();
             assert!(problems.is_empty(), "{}: fsck found {problems:?}", context());
             let seen = observe(&volume).unwrap_or_else(|e| panic!("{}: {e}", context()));
-            let verdict = match profile {
-                Profile::Orch => acceptable(&seen, &trace.models[acked], after, in_flight),
-                Profile::Scrap => acceptable_unsynced(&seen, &trace.models[acked], after),
+            let verdict = match profile.promise() {
+                Promise::OnWrite => acceptable(&seen, &trace.models[acked], after, in_flight),
+                Promise::OnSync => acceptable_unsynced(&seen, &trace.models[acked], after),
             };
             if let Err(e) = verdict {
                 panic!("{}: {e}", context());
@@ -406,10 +406,10 @@ fn random_workloads_survive_every_power_loss_image() {
         Survival { fast_word: 0.5, ssd_sector: 0.5 },
         Survival { fast_word: 1.0, ssd_sector: 1.0 },
     ];
-    for profile in [Profile::Orch, Profile::Scrap] {
+    for profile in [Profile::ORCH, Profile::SCRAP] {
         let mut total = Tally::default();
         // Writes that stay in DRAM leave no persistence point: `scrap` needs more rounds.
-        let rounds = if profile == Profile::Scrap { scaled(12) } else { scaled(4) };
+        let rounds = if profile == Profile::SCRAP { scaled(12) } else { scaled(4) };
         for round in 0..rounds {
             let setup = [Op::Create("a"), Op::Create("b")];
             let workload: Vec<Op> = (0..60).map(|i| random_op(&mut rng, round * 1000 + i)).collect();
@@ -484,7 +484,7 @@ fn every_short_operation_sequence_survives_power_loss_at_every_point() {
         Survival { fast_word: 0.5, ssd_sector: 0.5 },
     ];
     let all = sequences(depth);
-    for profile in [Profile::Orch, Profile::Scrap] {
+    for profile in [Profile::ORCH, Profile::SCRAP] {
         let mut total = Tally::default();
         for (k, sequence) in all.iter().enumerate() {
             let trace = record(profile, &setup, sequence);

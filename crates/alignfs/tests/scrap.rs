@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, DeviceSet, SimSsd};
 use alignfs::test_support::seed;
-use alignfs::{Error, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
+use alignfs::{Devices, Error, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -26,10 +26,10 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
     let mut rng = StdRng::seed_from_u64(seed("scrap::a_volume_on_three_ssds_uses_them_all_and_reopens"));
     let members: Vec<Arc<SimSsd>> = (0..3).map(|_| Arc::new(SimSsd::new(MEMBER))).collect();
     let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-    let format = FormatOptions { geometry, profile: Profile::Scrap, force: false };
-    Volume::format_ssd(&set_of(&members), &format).unwrap();
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    Volume::format(&Devices::ssd_only(set_of(&members)), &format).unwrap();
     let before: Vec<u64> = members.iter().map(|m| m.writes.load(Ordering::Relaxed)).collect();
-    let volume = Volume::open_ssd(set_of(&members), options()).unwrap();
+    let volume = Volume::open(Devices::ssd_only(set_of(&members)), options()).unwrap();
     let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let mut model = vec![0u8; 24 << 20];
     let mut size = 0;
@@ -48,7 +48,7 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
         assert!(m.writes.load(Ordering::Relaxed) > before[i] + 20, "SSD {i} took part in the writes");
     }
     volume.close().unwrap();
-    let volume = Volume::open_ssd(set_of(&members), options()).unwrap();
+    let volume = Volume::open(Devices::ssd_only(set_of(&members)), options()).unwrap();
     let mut out = vec![0u8; model.len()];
     assert_eq!(volume.read(ino, 0, &mut out).unwrap(), model.len());
     assert!(out == model, "data read back after reopening on three SSDs");
@@ -57,10 +57,10 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
 
     // Two of the three members: refused, naming the count.
     let two = Arc::new(DeviceSet::new(members[..2].iter().map(|m| Arc::clone(m) as Arc<dyn BlockDevice>).collect(), MEMBER).unwrap());
-    assert!(matches!(Volume::open_ssd(two, options()), Err(Error::InvalidArgument(m)) if m.contains("spans 3 SSDs")));
+    assert!(matches!(Volume::open(Devices::ssd_only(two), options()), Err(Error::InvalidArgument(m)) if m.contains("spans 3 SSDs")));
     // A blank third member: refused, naming which SSD.
     let blank = [Arc::clone(&members[0]), Arc::clone(&members[1]), Arc::new(SimSsd::new(MEMBER))];
-    match Volume::open_ssd(set_of(&blank), options()) {
+    match Volume::open(Devices::ssd_only(set_of(&blank)), options()) {
         Err(e) => assert!(e.to_string().contains("SSD 2 of 3"), "{e}"),
         Ok(_) => panic!("a blank member must be refused"),
     }

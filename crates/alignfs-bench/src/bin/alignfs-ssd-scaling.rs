@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alignfs::device::{BlockDevice, DeviceSet, SimSsd, Throttled};
-use alignfs::{FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
+use alignfs::{Devices, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -56,9 +56,9 @@ fn volume(ssds: usize, bandwidth: u64) -> Result<Volume> {
     let members: Vec<Arc<dyn BlockDevice>> =
         (0..ssds).map(|_| Arc::new(Throttled::new(Arc::new(SimSsd::new(MEMBER_BYTES)), bandwidth * MIB)) as Arc<dyn BlockDevice>).collect();
     let device: Arc<dyn BlockDevice> = if ssds == 1 { Arc::clone(&members[0]) } else { Arc::new(DeviceSet::new(members, MEMBER_BYTES)?) };
-    let format = FormatOptions { geometry: Geometry::for_profile(Profile::Scrap), profile: Profile::Scrap, force: false };
-    Volume::format_ssd(&device, &format)?;
-    Ok(Volume::open_ssd(device, VolumeOptions { scrap_mem_bytes: 64 * MIB, ..VolumeOptions::default() })?)
+    let format = FormatOptions { geometry: Geometry::for_profile(Profile::SCRAP), profile: Profile::SCRAP, force: false };
+    Volume::format(&Devices::ssd_only(Arc::clone(&device)), &format)?;
+    Ok(Volume::open(Devices::ssd_only(device), VolumeOptions { scrap_mem_bytes: 64 * MIB, ..VolumeOptions::default() })?)
 }
 
 /// Random writes of `lo..=hi` bytes for `seconds`, then fsync; MiB/s over the whole.

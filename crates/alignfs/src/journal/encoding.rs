@@ -4,6 +4,10 @@ use crate::codec::{Decoder, Encoder, Short};
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
 use crate::meta::{Attr, FileKind, Ino, Op, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
+/// Most chunks an encoded upage holds (OrchFS's header). A profile whose upages are
+/// journaled must not make larger ones; its module asserts so at compile time.
+pub const MAX_ENCODED_SEGMENTS: usize = 14;
+
 const MAX_NAME: usize = 255;
 const MAX_TARGET: usize = 4096;
 
@@ -65,7 +69,7 @@ pub fn decode_entry(d: &mut Decoder<'_>, pages_per_block: usize, page_bytes: u32
                     1 => {
                         let page = PageNo(d.u64()?);
                         let count = d.u8()? as usize;
-                        if count == 0 || count > crate::geometry::UPAGE_MAX_CHUNKS {
+                        if count == 0 || count > MAX_ENCODED_SEGMENTS {
                             return d.fail(format!("upage with {count} chunks"));
                         }
                         let mut ranges = Vec::with_capacity(count);

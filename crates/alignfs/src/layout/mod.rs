@@ -3,5 +3,6 @@
 mod alloc;
 mod superblock;
 
+pub use crate::profile::Profile;
 pub use alloc::BitmapAllocator;
-pub use superblock::{DeviceRole, Profile, Superblock, MAX_SSDS};
+pub use superblock::{DeviceRole, Superblock, MAX_SSDS};

@@ -4,6 +4,7 @@
 use crate::codec::{crc32c, Decoder, Encoder, Short};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
+use crate::profile::Profile;
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
 pub const VERSION: u32 = 3;
@@ -14,48 +15,6 @@ pub const MAX_SSDS: u32 = 64;
 pub enum DeviceRole {
     Fast = 1,
     Ssd = 2,
-}
-
-/// The named configuration a volume was formatted with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Profile {
-    /// OrchFS: persistent fast tier with pages and upages.
-    Orch = 1,
-    /// WSBuffer: DRAM scrap pages, metadata on the SSD, no persistent memory.
-    Scrap = 2,
-}
-
-impl Profile {
-    pub fn name(self) -> &'static str {
-        match self {
-            Profile::Orch => "orch",
-            Profile::Scrap => "scrap",
-        }
-    }
-
-    /// Most segments one residue unit's header holds.
-    pub fn max_segments(self) -> usize {
-        match self {
-            Profile::Orch => crate::geometry::UPAGE_MAX_CHUNKS,
-            Profile::Scrap => crate::geometry::SCRAP_MAX_SEGMENTS,
-        }
-    }
-
-    /// Whether the profile keeps residue in a persistent fast tier (a device of its own).
-    pub fn has_fast_tier(self) -> bool {
-        matches!(self, Profile::Orch)
-    }
-
-    pub fn parse(name: &str) -> Result<Profile> {
-        match name {
-            "orch" => Ok(Profile::Orch),
-            "scrap" => Ok(Profile::Scrap),
-            "byte" | "uhs" | "nvstore" => {
-                Err(Error::InvalidArgument(format!("profile {name:?} is planned but not implemented yet; use \"orch\" or \"scrap\"")))
-            }
-            other => Err(Error::InvalidArgument(format!("unknown profile {other:?} (known: orch, scrap)"))),
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +43,7 @@ impl Superblock {
     /// SSD blocks that never hold file data: each SSD's first block (its superblock), and
     /// the metadata area when it lives on the SSD.
     pub fn reserved_ssd_blocks(&self) -> Vec<u64> {
-        let first = if self.profile.has_fast_tier() { 1 } else { self.layout.reserved_ssd_blocks(&self.geometry) };
+        let first = if self.profile.devices().fast_tier { 1 } else { self.layout.reserved_ssd_blocks(&self.geometry) };
         let per_ssd = self.ssd_blocks() / u64::from(self.ssd_count);
         (0..first).chain((1..u64::from(self.ssd_count)).map(|i| i * per_ssd)).collect()
     }
@@ -101,7 +60,7 @@ impl Superblock {
     /// The 4 KiB image, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::new();
-        e.raw(MAGIC).u32(VERSION).u32(self.role as u32).u32(self.profile as u32).raw(&self.uuid);
+        e.raw(MAGIC).u32(VERSION).u32(self.role as u32).u32(self.profile.code()).raw(&self.uuid);
         let g = &self.geometry;
         e.u32(g.block_bytes).u32(g.page_bytes).u32(g.split_bytes).u32(g.io_workers);
         e.u64(self.fast_bytes).u64(self.ssd_bytes);
@@ -140,11 +99,8 @@ impl Superblock {
             2 => DeviceRole::Ssd,
             other => return Err(corrupt(format!("unknown device role {other}"))),
         };
-        let profile = match d.u32().map_err(short)? {
-            1 => Profile::Orch,
-            2 => Profile::Scrap,
-            other => return Err(corrupt(format!("unknown profile {other}"))),
-        };
+        let code = d.u32().map_err(short)?;
+        let profile = Profile::from_code(code).ok_or_else(|| corrupt(format!("unknown profile {code}")))?;
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(d.take(16).map_err(short)?);
         let geometry = Geometry {
@@ -174,7 +130,7 @@ impl Superblock {
             return Err(corrupt(format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})")));
         }
         geometry.validate(profile).map_err(|e| corrupt(e.to_string()))?;
-        let expected = if profile.has_fast_tier() {
+        let expected = if profile.devices().fast_tier {
             MetaLayout::compute(fast_bytes, &geometry)
         } else if fast_bytes != 0 || role != DeviceRole::Ssd {
             return Err(corrupt(format!("profile {} has no fast tier", profile.name())));
@@ -187,7 +143,7 @@ impl Superblock {
         if ssd_bytes / geometry.block() < 2 {
             return Err(corrupt(format!("SSD size {ssd_bytes} holds fewer than two blocks")));
         }
-        let several_ok = !profile.has_fast_tier() && ssd_count <= MAX_SSDS;
+        let several_ok = ssd_count <= profile.devices().max_ssds;
         if ssd_count == 0 || (ssd_count > 1 && !several_ok) || ssd_index >= ssd_count {
             return Err(corrupt(format!("SSD {ssd_index} of {ssd_count} is not a valid place in a {} volume", profile.name())));
         }
@@ -207,7 +163,7 @@ mod tests {
         let geometry = Geometry::default();
         Superblock {
             role: DeviceRole::Fast,
-            profile: Profile::Orch,
+            profile: Profile::ORCH,
             uuid: [7; 16],
             geometry,
             fast_bytes: GIB,
@@ -227,10 +183,10 @@ mod tests {
 
     #[test]
     fn scrap_round_trip() {
-        let geometry = Geometry::for_profile(Profile::Scrap);
+        let geometry = Geometry::for_profile(Profile::SCRAP);
         let sb = Superblock {
             role: DeviceRole::Ssd,
-            profile: Profile::Scrap,
+            profile: Profile::SCRAP,
             fast_bytes: 0,
             geometry,
             layout: MetaLayout::on_ssd(8 * GIB, &geometry).unwrap(),

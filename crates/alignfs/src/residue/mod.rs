@@ -24,9 +24,6 @@ pub trait ResidueStore: Send + Sync {
     fn used_units(&self) -> u64;
     /// The most units in use at once since the volume opened.
     fn peak_used_units(&self) -> u64;
-    /// Whether stored residue survives a crash. A volatile store's units are never named
-    /// in the journal: a block's residue becomes durable when it is flushed to the SSD.
-    fn durable(&self) -> bool;
     /// `n` units, all or none.
     fn allocate(&self, n: usize) -> Option<Vec<PageNo>>;
     fn free(&self, units: &[PageNo]);

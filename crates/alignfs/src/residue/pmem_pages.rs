@@ -43,9 +43,6 @@ impl ResidueStore for PmemPages {
     fn peak_used_units(&self) -> u64 {
         self.allocator.peak_used_count()
     }
-    fn durable(&self) -> bool {
-        true
-    }
     fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
         self.allocator.allocate(n).map(|ids| ids.into_iter().map(PageNo).collect())
     }

@@ -47,9 +47,6 @@ impl ResidueStore for ScrapPages {
     fn peak_used_units(&self) -> u64 {
         self.zones.peak_used_units()
     }
-    fn durable(&self) -> bool {
-        false
-    }
     fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
         self.zones.allocate(n)
     }

@@ -145,11 +145,14 @@ impl Drop for InFlight<'_> {
 
 impl Inner {
     /// Which SSD of the volume holds byte `offset` of the SSD address space.
-    pub(super) fn member_of(&self, offset: u64) -> usize {
+    pub(crate) fn member_of(&self, offset: u64) -> usize {
         ((offset / self.superblock.member_bytes()) as usize).min(self.ssd_in_flight.len() - 1)
     }
 
     /// Submit a batch to the SSDs, counting its bytes as in flight until it is waited for.
+    ///
+    /// Every data write covers whole blocks (invariant 1: no read-modify-write in the SSD);
+    /// checked in release builds too, as the test costs nothing beside the IO.
     pub(crate) fn submit_ssd(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
         let mut bytes = vec![0u64; self.ssd_in_flight.len()];
         for request in &batch {
@@ -160,6 +163,11 @@ impl Inner {
         }
         #[cfg(debug_assertions)]
         let ranges = (&self.io_ranges, self.io_ranges.enter(&batch));
+        let block = self.geometry.block();
+        for request in batch.iter().filter(|r| r.op == IoOp::Write) {
+            let (at, len) = (request.offset_bytes, request.buf.len() as u64);
+            assert!(at % block == 0 && len % block == 0, "SSD write of {len} bytes at {at} is not whole {block}-byte blocks");
+        }
         InFlight {
             gauges: &self.ssd_in_flight,
             bytes,
@@ -231,5 +239,15 @@ mod tests {
         drop((first, second));
         let _reading = v.inner.submit_ssd(io(IoOp::Read, 1 << 20));
         let _writing = v.inner.submit_ssd(io(IoOp::Write, (1 << 20) + 4096));
+    }
+
+    /// A data write that does not cover whole blocks is refused in every build.
+    #[test]
+    #[should_panic(expected = "is not whole")]
+    fn a_partial_block_write_is_caught() {
+        use crate::device::{AlignedBuf, IoOp, IoRequest};
+        let v = volume();
+        let block = v.inner.geometry.block();
+        let _writing = v.inner.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: block, buf: AlignedBuf::zeroed(4096) }]);
     }
 }

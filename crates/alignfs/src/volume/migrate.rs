@@ -1,6 +1,11 @@
 //! Migration: merge blocks' residue into new, whole SSD blocks (out of place), in batches,
 //! either holding the blocks (a writer's own merges) or watching them (background work).
 
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::profile::spawn;
 use std::sync::Arc;
 
 use super::Inner;
@@ -76,10 +81,10 @@ impl Inner {
     /// The second half: commit the blocks nobody wrote meanwhile.
     fn finish_watched_merge(&self, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
         let WatchedMerge { work, targets, mut left } = merging;
-        // With the journal in the fast tier a record is cheap, so commit a few blocks at a
-        // time: writers then wait for the journal, and for these blocks, only as long as
-        // one small record takes. On the SSD every record costs a flush.
-        let chunk = if self.fast.is_some() { 32 } else { usize::MAX };
+        // How many blocks one record commits is the profile's: with a cheap journal, a few
+        // at a time, so writers wait for the journal, and for these blocks, only as long as
+        // one small record takes.
+        let chunk = self.policy.merge_commit_batch();
         let mut rest = work.into_iter().zip(targets);
         let mut moved = 0;
         loop {
@@ -204,14 +209,8 @@ impl Inner {
                     entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }),
                 })
                 .collect();
-            if !self.residue.durable() {
-                // Each file's size becomes durable as far as its data now is.
-                let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
-                for inode in files.into_values() {
-                    let attr = inode.attr();
-                    ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
-                }
-            }
+            let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
+            self.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);
             match self.commit(&ops) {
                 Ok(freed) => {
                     self.release_freed(freed);
@@ -243,7 +242,7 @@ impl Inner {
     }
 
     /// Blocks one migration batch merges: 8 MiB of them.
-    pub(super) fn migration_batch(&self) -> usize {
+    pub(crate) fn migration_batch(&self) -> usize {
         ((8 << 20) / self.geometry.block()).max(1) as usize
     }
 
@@ -294,6 +293,55 @@ struct WatchedMerge {
     work: Vec<Staged>,
     targets: Vec<SsdBlock>,
     left: Vec<(Ino, u64)>,
+}
+
+impl Inner {
+    /// Start the maintenance thread: migration past the high watermark, and a checkpoint
+    /// when the journal is half full.
+    pub(crate) fn start_maintenance(self: &Arc<Self>) -> Result<JoinHandle<()>> {
+        let worker = Arc::clone(self);
+        spawn("alignfs-maint".into(), move || {
+            lower_priority();
+            worker.maintenance_loop()
+        })
+    }
+
+    fn maintenance_loop(&self) {
+        while !self.shutdown.load(Ordering::SeqCst) {
+            self.maintenance_due.wait(Duration::from_millis(200));
+            if self.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            let capacity = self.residue.capacity_units();
+            let used = self.residue.used_units();
+            if used as f64 > self.options.migrate_high * capacity as f64 {
+                let target_free = capacity - (self.options.migrate_low * capacity as f64) as u64;
+                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark) {
+                    tracing::warn!("background migration: {e}");
+                }
+            }
+            let half_full = {
+                let committer = self.committer.lock();
+                committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes()
+            };
+            if half_full {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!("background checkpoint: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Background merging gives way to the application's threads when CPUs are short (nice
+/// 10, this thread only): if it falls behind, writers that find the fast tier full merge
+/// for themselves, so it cannot starve.
+fn lower_priority() {
+    // SAFETY: plain syscalls on the calling thread; failure only leaves the priority as is.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
 }
 
 #[cfg(test)]

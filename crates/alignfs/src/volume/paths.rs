@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{FormatOptions, Volume, VolumeOptions};
+use super::{Devices, FormatOptions, Volume, VolumeOptions};
 use crate::device::{BlockDevice, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
@@ -46,8 +46,8 @@ fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoB
     SsdOptions { create_len, io_workers: geometry.io_workers as usize, split_bytes: u64::from(geometry.split_bytes), backend, shared }
 }
 
-/// Create (when sized) and format the devices: a fast tier and one SSD (`orch`), or one
-/// or more SSDs alone for a profile without a fast tier (`fast` must then be `None`).
+/// Create (when sized) and format the devices the profile takes: a fast tier and one SSD
+/// (`orch`), or one or more SSDs alone (`scrap`; `fast` must then be `None`).
 pub fn format_paths(
     fast: Option<&DeviceSpec>,
     ssds: &[DeviceSpec],
@@ -55,32 +55,36 @@ pub fn format_paths(
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
     options.geometry.validate(options.profile)?;
-    let profile = options.profile.name();
-    match (fast, options.profile.has_fast_tier(), ssds.len()) {
+    let (profile, needs) = (options.profile.name(), options.profile.devices());
+    match (fast, needs.fast_tier, ssds.len()) {
         (_, _, 0) => return Err(Error::InvalidArgument("no SSD named".into())),
         (None, true, _) => return Err(Error::InvalidArgument(format!("profile {profile} needs a fast tier"))),
         (Some(_), false, _) => return Err(Error::InvalidArgument(format!("profile {profile} has no fast tier; name only the SSDs"))),
-        (Some(_), true, n) if n > 1 => return Err(Error::InvalidArgument(format!("profile {profile} takes one SSD, not {n}"))),
+        (_, _, n) if n as u64 > u64::from(needs.max_ssds) => {
+            let most = if needs.max_ssds == 1 { "one SSD".to_string() } else { format!("{} SSDs at most", needs.max_ssds) };
+            return Err(Error::InvalidArgument(format!("profile {profile} takes {most}, not {n}")));
+        }
         _ => {}
     }
     let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ssds.len());
     for ssd in ssds {
         members.push(Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?));
     }
-    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
-    let Some(fast) = fast else {
-        let split = u64::from(options.geometry.split_bytes);
-        let device = join_members(members, |m| DeviceSet::common_bytes(m, split))?;
-        let superblock = Volume::format_ssd(&device, options)?;
-        return Ok((superblock, Volume::open_ssd(device, quiet)?));
+    let split = u64::from(options.geometry.split_bytes);
+    let ssd = join_members(members, |m| DeviceSet::common_bytes(m, split))?;
+    let fast = match fast {
+        Some(fast) => {
+            if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+            }
+            Some(Arc::new(PmemRegion::open(&fast.path, fast.size)?))
+        }
+        None => None,
     };
-    if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
-    }
-    let region = Arc::new(PmemRegion::open(&fast.path, fast.size)?);
-    let device = members.remove(0);
-    let superblock = Volume::format(&region, device.as_ref(), options)?;
-    Ok((superblock, Volume::open(region, device, quiet)?))
+    let devices = Devices { fast, ssd };
+    let superblock = Volume::format(&devices, options)?;
+    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
+    Ok((superblock, Volume::open(devices, quiet)?))
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
@@ -130,14 +134,14 @@ pub fn open_paths_with_faults(
             None => device,
         }
     };
-    if let Some(superblock) = ssd_superblock(first)?.filter(|sb| !sb.profile.has_fast_tier()) {
+    if let Some(superblock) = ssd_superblock(first)?.filter(|sb| !sb.profile.devices().fast_tier) {
         let ordered = order_members(ssds, &superblock)?;
         let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ordered.len());
         for path in &ordered {
             members.push(Arc::new(FileSsd::open(path, &ssd_options(&superblock.geometry, None, backend, options.read_only))?));
         }
         let device = join_members(members, |_| superblock.member_bytes())?;
-        return Volume::open_ssd(with_faults(device), options);
+        return Volume::open(Devices::ssd_only(with_faults(device)), options);
     }
     if ssds.len() > 1 {
         return Err(Error::InvalidArgument(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
@@ -150,7 +154,7 @@ pub fn open_paths_with_faults(
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
     let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(first, &ssd_options(&geometry, None, backend, options.read_only))?);
-    Volume::open(region, with_faults(device), options)
+    Volume::open(Devices::new(region, with_faults(device)), options)
 }
 
 /// The SSD paths in the volume's order (by each one's `ssd_index`), checking that they
@@ -227,8 +231,8 @@ mod tests {
     fn scrap_volume_on_an_ssd_alone() {
         let (dir, _shm, fast, _) = scratch_devices();
         let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
-        let geometry = Geometry::for_profile(crate::Profile::Scrap);
-        let options = FormatOptions { geometry, profile: crate::Profile::Scrap, force: false };
+        let geometry = Geometry::for_profile(crate::Profile::SCRAP);
+        let options = FormatOptions { geometry, profile: crate::Profile::SCRAP, force: false };
         assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &options, None), Err(Error::InvalidArgument(_))));
         let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;

@@ -3,24 +3,22 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::block_store::wait_all;
+use super::block_store::{wait_all, InFlight};
 use super::{Inner, Volume};
 use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
-use crate::geometry::IO_ALIGN;
-use crate::layout::Profile;
 use crate::map::{BlockEntry, PageNo, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
-use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue, Rules};
+use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue};
 use crate::stats::Counter;
 
 /// Largest file offset: keeps every block index and byte position far from overflow.
 pub const MAX_FILE_BYTES: u64 = 1 << 52;
 impl Volume {
-    /// Write `data` at `offset`. Returns when the write is durable per the `orch` promise:
-    /// residue persisted, SSD IOs completed, map edit journaled.
+    /// Write `data` at `offset`. Returns when the write is as durable as the profile
+    /// promises ([`crate::profile::Promise`]): for `orch`, residue persisted, SSD IOs
+    /// completed and flushed, map edit journaled; for `scrap`, after the next fsync.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
         let inode = self.inner.file(ino)?;
         self.inner.check_writable()?;
@@ -45,18 +43,17 @@ impl Volume {
         }
     }
 
-    /// Make the file durable. With a persistent residue store every acknowledged write
-    /// already is (its SSD blocks were flushed before its map edit was journaled), so this
-    /// only retries a flush that failed. With a volatile one (`scrap`) it first flushes
-    /// the file's scrap pages to the SSD and journals its size.
+    /// Make the file durable. Where the profile makes every write durable when it
+    /// returns (`orch`: its SSD blocks were flushed before its map edit was journaled), this
+    /// only retries a flush that failed. Where writes are durable on fsync (`scrap`), the
+    /// profile first writes the file's residue to the SSD and journals its size.
     ///
     /// It does not flush SSD writes nobody acknowledged yet: fsync would then wait for
     /// background migration's writes and flush.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         let inode = self.inner.get(ino)?;
-        if !self.inner.residue.durable() && inode.kind == FileKind::File && !self.inner.options.read_only {
-            let _guard = inode.range.write(0, u64::MAX);
-            self.inner.sync_file_locked(&inode)?;
+        if inode.kind == FileKind::File && !self.inner.options.read_only {
+            self.inner.policy.fsync(&self.inner, &inode)?;
         }
         if self.inner.ssd_flush_failed.load(Ordering::SeqCst) {
             self.inner.flush_ssd()
@@ -99,14 +96,8 @@ impl Inner {
         len: u64,
         size: u64,
     ) -> Result<(Plan, Vec<PageNo>, Vec<Option<BlockEntry>>)> {
-        let profile = self.superblock.profile;
-        // WSBuffer's buffer-minimized writes: below the request threshold, all of it. The
-        // threshold allows one page less: the kernel cuts a FUSE write whose buffer does not
-        // start on a page boundary into a piece one page short and a small tail.
-        let small = len + IO_ALIGN as u64 <= self.options.request_threshold;
-        let mut residue = if profile == Profile::Scrap && small { Residue::All } else { Residue::Partial };
+        let mut rules = self.policy.write_rules(len);
         loop {
-            let rules = Rules { residue, max_segments: profile.max_segments() };
             let (plan, entries) = {
                 let map = inode.map.lock();
                 let plan = partition(offset, len, size, &self.geometry, rules, |lb| map.get(&lb));
@@ -127,8 +118,8 @@ impl Inner {
                 Some(pages) => return Ok((plan, pages, entries)),
                 // No room even after migrating: whole blocks go direct, then nothing is
                 // residue (the slow path).
-                None if residue == Residue::All => residue = Residue::Partial,
-                None => residue = Residue::Forbidden,
+                None if rules.residue == Residue::All => rules.residue = Residue::Partial,
+                None => rules.residue = Residue::Forbidden,
             }
         }
     }
@@ -151,7 +142,7 @@ impl Inner {
     }
 
     /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
-    /// residue is copied into the fast tier on this thread.
+    /// residue is copied into the residue store on this thread.
     pub(super) fn execute(
         &self,
         inode: &Arc<Inode>,
@@ -160,92 +151,19 @@ impl Inner {
         entries: &[Option<BlockEntry>],
         data: &[u8],
     ) -> Result<Vec<Op>> {
-        let block = self.geometry.block();
         // Direct writes spread over the SSDs by logical block.
         let members: Vec<usize> =
-            plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_in_flight.len() as u64) as usize).collect();
-        let new_blocks: Vec<SsdBlock> = match self.allocate_blocks(&members) {
-            Some(blocks) => blocks,
-            None => {
-                self.release(&pages, &[]);
-                return Err(Error::NoSpace);
-            }
+            plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_count() as u64) as usize).collect();
+        let Some(new_blocks) = self.allocate_blocks(&members) else {
+            self.release(&pages, &[]);
+            return Err(Error::NoSpace);
         };
         let undo = |e: Error| {
             self.release(&pages, &new_blocks);
             e
         };
-        // SSD images of whole blocks (and, on the slow path, merged partial blocks), built
-        // straight into IO-sized runs of consecutive blocks.
-        let targets: Vec<(SsdBlock, usize)> = {
-            let mut next_block = new_blocks.iter();
-            plan.blocks
-                .iter()
-                .enumerate()
-                .filter(|(_, b)| b.needs_ssd_block())
-                .map(|(i, _)| (*next_block.next().expect("bound block"), i))
-                .collect()
-        };
-        // Each run goes out as soon as its buffer is filled, so the device works on it
-        // while the next is copied.
-        let mut in_flight = Vec::new();
-        for run in self.runs(&targets) {
-            let mut buf = self.buffers.take(run.len() * block as usize);
-            for (k, &&(_, i)) in run.iter().enumerate() {
-                let (bp, image) = (&plan.blocks[i], &mut buf[k * block as usize..(k + 1) * block as usize]);
-                if bp.action == BlockAction::Rewrite {
-                    let read = match self.materialize(entries[i].as_ref(), image) {
-                        Ok(read) => read,
-                        Err(e) => {
-                            // Nothing may still be writing to the blocks `undo` frees.
-                            let _ = wait_all(in_flight);
-                            return Err(undo(e));
-                        }
-                    };
-                    self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
-                    self.stats.add(Counter::fg_rmw_read_bytes, read);
-                }
-                image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
-            }
-            in_flight.push(self.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block, buf }]));
-        }
-        // Residue, while the SSD works.
-        let mut fresh = pages.iter();
-        let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
-        let mut full: Vec<u64> = Vec::new();
-        for bp in &plan.blocks {
-            let mut bound = Vec::new();
-            if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
-                for p in page_plans {
-                    let bytes = &data[p.src..p.src + (p.end - p.start) as usize];
-                    let (unit, zero_fill) = match &p.target {
-                        PageTarget::InPlace(u) | PageTarget::UpageToPage(u) | PageTarget::InPlaceUpage { page: u, .. } => (*u, false),
-                        PageTarget::NewPage { zero_fill } => (*fresh.next().expect("bound page"), *zero_fill),
-                        PageTarget::NewUpage => (*fresh.next().expect("bound page"), false),
-                    };
-                    if matches!(p.target, PageTarget::NewPage { .. } | PageTarget::NewUpage) {
-                        bound.push(unit);
-                    }
-                    self.store_residue(unit, p.start, bytes, zero_fill);
-                    // A unit written to its end (a block's tail, or now whole) needs no
-                    // read to flush: a volatile store queues it at once (WSBuffer's
-                    // stage 2).
-                    let whole = matches!(p.target, PageTarget::UpageToPage(_) | PageTarget::NewPage { zero_fill: false });
-                    let to_end =
-                        p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
-                    if (whole || to_end) && !self.residue.durable() {
-                        full.push(bp.lblock);
-                    }
-                    let counter = if matches!(p.target, PageTarget::NewUpage | PageTarget::InPlaceUpage { .. }) {
-                        Counter::upage_write_bytes
-                    } else {
-                        Counter::page_write_bytes
-                    };
-                    self.stats.add(counter, bytes.len() as u64);
-                }
-            }
-            bound_pages.push(bound);
-        }
+        let in_flight = self.submit_block_images(plan, entries, &new_blocks, data).map_err(&undo)?;
+        let (bound_pages, mut full) = self.store_plan_residue(plan, &pages, data);
         if !in_flight.is_empty() {
             let written = wait_all(in_flight).map_err(&undo)?;
             self.ssd_written();
@@ -267,18 +185,97 @@ impl Inner {
                 Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
             })
             .collect();
-        if !self.residue.durable() {
-            let mut dirty = self.dirty_since.lock();
-            for bp in plan.blocks.iter().filter(|b| !b.needs_ssd_block()) {
-                dirty.entry((inode.ino, bp.lblock)).or_insert_with(Instant::now);
-            }
-        }
-        if !full.is_empty() {
-            full.dedup();
-            self.full_units.lock().extend(full.into_iter().map(|lb| (inode.ino, lb)));
-            self.notify_flushers();
-        }
+        full.dedup();
+        self.policy.residue_stored(self, inode, plan, &full);
         Ok(ops)
+    }
+
+    /// Build the SSD image of every block the plan sends to the SSD (whole blocks, and on
+    /// the slow path merged partial ones) straight into IO-sized runs of consecutive new
+    /// blocks, and submit each run as soon as it is filled, so the device works on it while
+    /// the next is copied. On error nothing is left in flight.
+    fn submit_block_images(
+        &self,
+        plan: &Plan,
+        entries: &[Option<BlockEntry>],
+        new_blocks: &[SsdBlock],
+        data: &[u8],
+    ) -> Result<Vec<InFlight<'_>>> {
+        let block = self.geometry.block() as usize;
+        let targets: Vec<(SsdBlock, usize)> = {
+            let mut next_block = new_blocks.iter();
+            plan.blocks
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.needs_ssd_block())
+                .map(|(i, _)| (*next_block.next().expect("bound block"), i))
+                .collect()
+        };
+        let mut in_flight = Vec::new();
+        for run in self.runs(&targets) {
+            let mut buf = self.buffers.take(run.len() * block);
+            for (k, &&(_, i)) in run.iter().enumerate() {
+                let (bp, image) = (&plan.blocks[i], &mut buf[k * block..(k + 1) * block]);
+                if bp.action == BlockAction::Rewrite {
+                    match self.materialize(entries[i].as_ref(), image) {
+                        Ok(read) => {
+                            self.stats.add(Counter::fg_rmw_reads, u64::from(read > 0));
+                            self.stats.add(Counter::fg_rmw_read_bytes, read);
+                        }
+                        Err(e) => {
+                            // The caller frees these blocks: nothing may still write to them.
+                            let _ = wait_all(in_flight);
+                            return Err(e);
+                        }
+                    }
+                }
+                image[bp.start as usize..bp.end as usize].copy_from_slice(&data[bp.src..bp.src + (bp.end - bp.start) as usize]);
+            }
+            let offset_bytes = run[0].0 .0 * block as u64;
+            in_flight.push(self.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes, buf }]));
+        }
+        Ok(in_flight)
+    }
+
+    /// Copy the plan's residue into its units (`pages` are the new ones, in plan order).
+    /// Returns the new units bound to each planned block, and the blocks one of whose
+    /// units was written to its end: whole, or a block's tail. Such a unit needs no read to
+    /// be merged (WSBuffer's stage 2 takes it at once).
+    fn store_plan_residue(&self, plan: &Plan, pages: &[PageNo], data: &[u8]) -> (Vec<Vec<PageNo>>, Vec<u64>) {
+        let mut fresh = pages.iter();
+        let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
+        let mut full: Vec<u64> = Vec::new();
+        for bp in &plan.blocks {
+            let mut bound = Vec::new();
+            if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
+                for p in page_plans {
+                    let bytes = &data[p.src..p.src + (p.end - p.start) as usize];
+                    let (unit, zero_fill) = match &p.target {
+                        PageTarget::InPlace(u) | PageTarget::UpageToPage(u) | PageTarget::InPlaceUpage { page: u, .. } => (*u, false),
+                        PageTarget::NewPage { zero_fill } => (*fresh.next().expect("bound page"), *zero_fill),
+                        PageTarget::NewUpage => (*fresh.next().expect("bound page"), false),
+                    };
+                    if matches!(p.target, PageTarget::NewPage { .. } | PageTarget::NewUpage) {
+                        bound.push(unit);
+                    }
+                    self.store_residue(unit, p.start, bytes, zero_fill);
+                    let whole = matches!(p.target, PageTarget::UpageToPage(_) | PageTarget::NewPage { zero_fill: false });
+                    let to_end =
+                        p.end == self.geometry.page_bytes && matches!(p.target, PageTarget::InPlace(_) | PageTarget::NewPage { .. });
+                    if whole || to_end {
+                        full.push(bp.lblock);
+                    }
+                    let counter = if matches!(p.target, PageTarget::NewUpage | PageTarget::InPlaceUpage { .. }) {
+                        Counter::upage_write_bytes
+                    } else {
+                        Counter::page_write_bytes
+                    };
+                    self.stats.add(counter, bytes.len() as u64);
+                }
+            }
+            bound_pages.push(bound);
+        }
+        (bound_pages, full)
     }
 
     /// Copy residue bytes into a unit and persist them (zero-filling the rest of a new

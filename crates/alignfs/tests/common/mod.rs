@@ -20,7 +20,7 @@ impl Devices {
         Devices {
             fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()),
             ssd: Arc::new(SimSsd::new(ssd_bytes)),
-            profile: Profile::Orch,
+            profile: Profile::ORCH,
         }
     }
 
@@ -31,20 +31,18 @@ impl Devices {
 
     pub fn format(&self, geometry: Geometry) {
         let options = FormatOptions { geometry, profile: self.profile, ..FormatOptions::default() };
-        if self.profile.has_fast_tier() {
-            Volume::format(&self.fast, self.ssd.as_ref(), &options).unwrap();
-        } else {
-            Volume::format_ssd(&(Arc::clone(&self.ssd) as Arc<dyn BlockDevice>), &options).unwrap();
-        }
+        Volume::format(&self.devices(), &options).unwrap();
     }
 
     pub fn open(&self, options: VolumeOptions) -> alignfs::Result<Volume> {
+        Volume::open(self.devices(), options)
+    }
+
+    /// The devices the profile takes.
+    pub fn devices(&self) -> alignfs::Devices {
         let ssd = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
-        if self.profile.has_fast_tier() {
-            Volume::open(Arc::clone(&self.fast), ssd, options)
-        } else {
-            Volume::open_ssd(ssd, options)
-        }
+        let fast = self.profile.devices().fast_tier.then(|| Arc::clone(&self.fast));
+        alignfs::Devices { fast, ssd }
     }
 
     pub fn fast_bytes(&self) -> Vec<u8> {

@@ -1,23 +1,26 @@
-//! `scrap`'s flushers (WSBuffer's two stages) and its fsync.
+//! WSBuffer's two flush stages and its fsync: scrap pages go back to the SSD when a unit
+//! is full (stage 2, no read needed), when the SSD is idle and a block has waited (stage
+//! 1), and for every block of a file on fsync.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::Inner;
+use super::ScrapState;
 use crate::error::Result;
 use crate::map::BlockEntry;
 use crate::meta::{FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
+use crate::volume::Inner;
 
-/// How long a block keeps volatile residue before an idle SSD takes it (scrap's stage 1).
-const IDLE_FLUSH_AGE: std::time::Duration = std::time::Duration::from_millis(500);
-impl Inner {
+/// How long a block keeps volatile residue before an idle SSD takes it (stage 1).
+const IDLE_FLUSH_AGE: Duration = Duration::from_millis(500);
+
+impl ScrapState {
     /// WSBuffer's stage 1 when the SSDs are idle: merge the blocks that have held residue
     /// for at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
     /// first, a batch at a time. A block whose SSD is busy waits for a later round.
-    pub(crate) fn flush_when_idle(&self) -> Result<u64> {
+    pub(crate) fn flush_when_idle(&self, engine: &Inner) -> Result<u64> {
         let due: Vec<(Instant, Ino, u64)> = {
             let dirty = self.dirty_since.lock();
             let mut due: Vec<(Instant, Ino, u64)> =
@@ -26,18 +29,18 @@ impl Inner {
             due
         };
         let mut moved = 0;
-        for batch in due.chunks(self.migration_batch()) {
-            if self.shutdown.load(Ordering::SeqCst) || (0..self.ssd_in_flight.len()).all(|m| self.ssd_busy(m)) {
+        for batch in due.chunks(engine.migration_batch()) {
+            if engine.shutting_down() || (0..engine.ssd_count()).all(|m| engine.ssd_busy(m)) {
                 break;
             }
             let mut files = Vec::new();
             let mut since = HashMap::new();
             for &(t, ino, lblock) in batch {
-                let Some(inode) = self.meta.get(ino) else { continue };
+                let Some(inode) = engine.meta.get(ino) else { continue };
                 let home =
-                    inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| self.member_of(b.0 * self.geometry.block()));
+                    inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| engine.member_of(b.0 * engine.geometry.block()));
                 // A block whose SSD is busy stays due.
-                if !home.is_some_and(|m| self.ssd_busy(m)) {
+                if !home.is_some_and(|m| engine.ssd_busy(m)) {
                     files.push((inode, lblock));
                     since.insert((ino, lblock), t);
                 }
@@ -48,7 +51,7 @@ impl Inner {
                     dirty.remove(key);
                 }
             }
-            let (n, left) = self.migrate_blocks_watched(files, Counter::migrations_idle)?;
+            let (n, left) = engine.migrate_blocks_watched(files, Counter::migrations_idle)?;
             moved += n;
             // Blocks a writer was in stay due, as old as they were.
             let mut dirty = self.dirty_since.lock();
@@ -63,25 +66,25 @@ impl Inner {
     /// Flush every block of `inode` that holds residue, then journal its size and mtime:
     /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
     /// lock.
-    pub(crate) fn sync_file_locked(&self, inode: &Arc<Inode>) -> Result<()> {
+    pub(crate) fn sync_file_locked(&self, engine: &Inner, inode: &Arc<Inode>) -> Result<()> {
         let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for batch in held.chunks(self.migration_batch()) {
-            self.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), Counter::migrations_sync)?;
+        for batch in held.chunks(engine.migration_batch()) {
+            engine.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), Counter::migrations_sync)?;
         }
         let attr = inode.attr();
-        if self.durable_size(inode.ino, attr.size) < attr.size {
-            let freed = self.commit(&[Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime }])?;
-            self.release_freed(freed);
+        if self.durable_size(engine, inode.ino, attr.size) < attr.size {
+            let freed = engine.commit(&[Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime }])?;
+            engine.release_freed(freed);
         }
         Ok(())
     }
 
     /// [`Inner::sync_file_locked`] for every file (unmount).
-    pub(crate) fn sync_all(&self) -> Result<()> {
-        for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+    pub(crate) fn sync_all(&self, engine: &Inner) -> Result<()> {
+        for inode in engine.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let _guard = inode.range.write(0, u64::MAX);
-            if self.meta.get(inode.ino).is_some() {
-                self.sync_file_locked(&inode)?;
+            if engine.meta.get(inode.ino).is_some() {
+                self.sync_file_locked(engine, &inode)?;
             }
         }
         Ok(())
@@ -89,7 +92,7 @@ impl Inner {
 
     /// Flush the blocks whose residue unit became full (WSBuffer's stage 2: no read
     /// needed), a batch at a time, until the queue is empty. Returns how many moved.
-    pub(crate) fn flush_full_units(&self) -> Result<u64> {
+    pub(crate) fn flush_full_units(&self, engine: &Inner) -> Result<u64> {
         let mut moved = 0;
         // Blocks a writer holds wait for the next round.
         let mut busy = Vec::new();
@@ -98,14 +101,14 @@ impl Inner {
                 let mut queue = self.full_units.lock();
                 queue.sort_unstable();
                 queue.dedup();
-                let n = queue.len().min(self.migration_batch());
+                let n = queue.len().min(engine.migration_batch());
                 queue.drain(..n).collect()
             };
             if batch.is_empty() {
                 break Ok(moved);
             }
-            let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((self.meta.get(ino)?, lb))).collect();
-            match self.migrate_blocks_watched(files, Counter::migrations_full) {
+            let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((engine.meta.get(ino)?, lb))).collect();
+            match engine.migrate_blocks_watched(files, Counter::migrations_full) {
                 Ok((n, mut left)) => {
                     moved += n;
                     busy.append(&mut left);

@@ -1,4 +1,4 @@
-//! What a crash keeps when the residue store is volatile (`scrap`; docs/SCRAP.md).
+//! What a crash keeps when residue is volatile (docs/SCRAP.md).
 //!
 //! The live map names DRAM scrap pages; the journal and the checkpoints must not, since
 //! those pages are gone after a crash. So a commit journals each op as a crash would see
@@ -11,10 +11,12 @@
 
 use std::collections::HashMap;
 
-use super::Inner;
+use super::ScrapState;
 use crate::journal::DurableView;
 use crate::map::BlockEntry;
 use crate::meta::{Ino, Op};
+use crate::profile::Projection;
+use crate::volume::Inner;
 
 /// A block's entry as a crash leaves it: its SSD block without overlays, or a hole.
 pub(super) fn durable_entry(entry: &BlockEntry) -> Option<BlockEntry> {
@@ -24,35 +26,17 @@ pub(super) fn durable_entry(entry: &BlockEntry) -> Option<BlockEntry> {
     }
 }
 
-/// The live state as a crash would leave it: what a checkpoint records.
-pub(super) struct AfterCrash<'a>(pub &'a Inner);
-
-impl DurableView for AfterCrash<'_> {
-    fn entry(&self, entry: &BlockEntry) -> Option<BlockEntry> {
-        durable_entry(entry)
-    }
-    fn size(&self, ino: Ino, size: u64) -> u64 {
-        self.0.durable_size(ino, size)
-    }
-}
-
-/// The journal's share of a commit, and each resized file's durable size once it applied.
-pub(super) struct DurableOps {
-    pub journal: Vec<Op>,
-    pub sizes: Vec<(Ino, u64)>,
-}
-
-impl Inner {
+impl ScrapState {
     /// The size of `ino` that a crash keeps, given its live `size`. The caller holds the
     /// commit lock.
-    pub(super) fn durable_size(&self, ino: Ino, size: u64) -> u64 {
+    pub(super) fn durable_size(&self, _engine: &Inner, ino: Ino, size: u64) -> u64 {
         self.unsynced_sizes.lock().get(&ino).copied().map_or(size, |durable| durable.min(size))
     }
 
     /// `ops` as a crash would keep them. The caller holds the commit lock and has not
     /// applied `ops` yet.
-    pub(super) fn durable_ops(&self, ops: &[Op]) -> DurableOps {
-        let block = self.geometry.block();
+    pub(super) fn durable_ops(&self, engine: &Inner, ops: &[Op]) -> Projection {
+        let block = engine.geometry.block();
         let mut journal = Vec::new();
         // Projections already journaled by this commit (a block edited twice).
         let mut projected: HashMap<(Ino, u64), Option<BlockEntry>> = HashMap::new();
@@ -64,7 +48,7 @@ impl Inner {
                 Op::Map { ino, lblock, entry } => {
                     let before = match projected.get(&(*ino, *lblock)) {
                         Some(p) => p.clone(),
-                        None => self.meta.get(*ino).and_then(|i| i.map.lock().get(lblock).and_then(durable_entry)),
+                        None => engine.meta.get(*ino).and_then(|i| i.map.lock().get(lblock).and_then(durable_entry)),
                     };
                     let after = entry.as_ref().and_then(durable_entry);
                     if before != after {
@@ -87,25 +71,25 @@ impl Inner {
         // Sizes last: they depend on every block edit of the commit.
         for op in ops {
             let Op::Extend { ino, size, mtime } = op else { continue };
-            let Some(inode) = self.meta.get(*ino) else { continue };
+            let Some(inode) = engine.meta.get(*ino) else { continue };
             let before = match sizes.iter().rev().find(|(i, _)| i == ino) {
                 Some(&(_, size)) => size,
-                None => self.durable_size(*ino, inode.size()),
+                None => self.durable_size(engine, *ino, inode.size()),
             };
-            let reach = durable_end.get(ino).copied().unwrap_or(0).max(self.first_volatile_byte(*ino, ops, before));
+            let reach = durable_end.get(ino).copied().unwrap_or(0).max(self.first_volatile_byte(engine, *ino, ops, before));
             let floor = (*size).min(reach);
             if floor > before {
                 journal.push(Op::Extend { ino: *ino, size: floor, mtime: *mtime });
             }
             sizes.push((*ino, floor.max(before)));
         }
-        DurableOps { journal, sizes }
+        Projection { journal, sizes }
     }
 
     /// Where, at or after `from`, the first block holding residue starts once `ops` apply
     /// (`u64::MAX` if none): every byte of `ino` between `from` and there is durable.
-    fn first_volatile_byte(&self, ino: Ino, ops: &[Op], from: u64) -> u64 {
-        let block = self.geometry.block();
+    fn first_volatile_byte(&self, engine: &Inner, ino: Ino, ops: &[Op], from: u64) -> u64 {
+        let block = engine.geometry.block();
         let from_block = from / block;
         let mut first = u64::MAX;
         let mut edited = Vec::new();
@@ -120,7 +104,7 @@ impl Inner {
             }
         }
         if first > from_block {
-            if let Some(inode) = self.meta.get(ino) {
+            if let Some(inode) = engine.meta.get(ino) {
                 let map = inode.map.lock();
                 let held = map.range(from_block..first).find(|(lb, e)| e.fast_page_count() > 0 && !edited.contains(lb));
                 if let Some((&lb, _)) = held {
@@ -132,13 +116,28 @@ impl Inner {
     }
 
     /// After a commit applied: remember which files' live sizes run ahead of the journal.
-    pub(super) fn note_durable_sizes(&self, sizes: &[(Ino, u64)]) {
+    pub(super) fn note_durable_sizes(&self, engine: &Inner, sizes: &[(Ino, u64)]) {
         let mut unsynced = self.unsynced_sizes.lock();
         for &(ino, durable) in sizes {
-            match self.meta.get(ino) {
+            match engine.meta.get(ino) {
                 Some(inode) if durable < inode.size() => unsynced.insert(ino, durable),
                 _ => unsynced.remove(&ino),
             };
         }
+    }
+}
+
+/// The live state as a crash would leave it: what a checkpoint records.
+pub(super) struct AfterCrash<'a> {
+    pub state: &'a ScrapState,
+    pub engine: &'a Inner,
+}
+
+impl DurableView for AfterCrash<'_> {
+    fn entry(&self, entry: &BlockEntry) -> Option<BlockEntry> {
+        durable_entry(entry)
+    }
+    fn size(&self, ino: Ino, size: u64) -> u64 {
+        self.state.durable_size(self.engine, ino, size)
     }
 }

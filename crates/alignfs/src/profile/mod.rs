@@ -1,0 +1,250 @@
+//! Profiles: each seed design is one policy over the shared engine.
+//!
+//! A profile has two halves:
+//! - a [`ProfileSpec`], static: its name and on-media code, the devices it takes, its
+//!   geometry defaults and rules, its crash promise, the options it reads, and how to
+//!   build its residue store and its runtime policy;
+//! - a [`Policy`], built once when a volume opens: the hooks the data path calls instead
+//!   of asking which profile it runs (write rules, what a commit journals, what fsync and
+//!   close do, background workers, commit batching).
+//!
+//! Adding a profile is a new module here that implements both, plus its line in
+//! [`REGISTRY`]. Nothing outside this module matches on a profile.
+
+mod orch;
+mod scrap;
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::device::PmemRegion;
+use crate::error::{Error, Result};
+use crate::geometry::{Geometry, MetaLayout};
+use crate::meta::{Freed, Inode, Op};
+use crate::partition::{Plan, Rules};
+use crate::residue::ResidueStore;
+use crate::volume::{Inner, VolumeOptions};
+
+/// Every profile this build implements, in the order `--help` lists them. The one line a
+/// new profile adds.
+const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap];
+
+/// Profiles named by the project's plan that are not built yet.
+const PLANNED: &[&str] = &["byte", "uhs", "nvstore"];
+
+/// The named configuration a volume was formatted with: a registered profile's on-media
+/// code. Only registered codes can be held, so [`Profile::spec`] always finds one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Profile(u32);
+
+impl std::fmt::Debug for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Profile {
+    /// The profile with on-media code `code`, if this build has it.
+    pub fn from_code(code: u32) -> Option<Profile> {
+        REGISTRY.iter().map(|spec| spec.profile()).find(|p| p.0 == code)
+    }
+
+    pub fn code(self) -> u32 {
+        self.0
+    }
+
+    pub(crate) fn spec(self) -> &'static dyn ProfileSpec {
+        *REGISTRY.iter().find(|spec| spec.profile() == self).expect("a Profile holds only registered codes")
+    }
+
+    pub fn name(self) -> &'static str {
+        self.spec().name()
+    }
+
+    /// Every profile this build implements.
+    pub fn all() -> impl Iterator<Item = Profile> {
+        REGISTRY.iter().map(|spec| spec.profile())
+    }
+
+    pub fn parse(name: &str) -> Result<Profile> {
+        if let Some(profile) = Profile::all().find(|p| p.name() == name) {
+            return Ok(profile);
+        }
+        let known = Profile::all().map(|p| format!("{:?}", p.name())).collect::<Vec<_>>().join(" or ");
+        if PLANNED.contains(&name) {
+            return Err(Error::InvalidArgument(format!("profile {name:?} is planned but not implemented yet; use {known}")));
+        }
+        Err(Error::InvalidArgument(format!("unknown profile {name:?} (known: {known})")))
+    }
+
+    /// One line for `--help`: the seed design and where its residue lives.
+    pub fn summary(self) -> &'static str {
+        self.spec().summary()
+    }
+
+    /// The volume options this profile reads.
+    pub fn tunables(self) -> &'static [Tunable] {
+        self.spec().tunables()
+    }
+
+    /// Most segments (upage chunks, scrap segments) one residue unit's header holds.
+    pub fn max_segments(self) -> usize {
+        self.spec().max_segments()
+    }
+
+    /// The devices a volume of this profile is made of.
+    pub fn devices(self) -> DeviceNeeds {
+        self.spec().devices()
+    }
+
+    /// What a crash keeps.
+    pub fn promise(self) -> Promise {
+        self.spec().promise()
+    }
+
+    pub fn default_geometry(self) -> Geometry {
+        self.spec().default_geometry()
+    }
+}
+
+/// The devices a profile's volume is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceNeeds {
+    /// A byte-addressable persistent tier (`--fast`) holds the residue and the metadata;
+    /// without one the metadata lives in an area at the start of the SSD.
+    pub fast_tier: bool,
+    /// Most SSDs one volume may span.
+    pub max_ssds: u32,
+}
+
+/// What a crash (of the process, or power) keeps of acknowledged work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Promise {
+    /// Every write is durable when it returns (`orch`).
+    OnWrite,
+    /// Writes are durable after fsync (or close, unmount); a crash may lose writes since
+    /// the last sync, each byte then reading as its synced value, a value written since,
+    /// or zero — never other data (`scrap`, like a page cache).
+    OnSync,
+}
+
+/// A volume option a profile reads; the CLI refuses the ones a volume's profile ignores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tunable {
+    /// `--migrate-high` / `--migrate-low`: the residue store's watermarks.
+    Watermarks,
+    /// `--scrap-mem`: the most memory the residue store may take.
+    ResidueMemory,
+    /// `--request-threshold`: writes below it go to the residue store whole.
+    RequestThreshold,
+    /// `--flush-workers`: threads writing residue back.
+    FlushWorkers,
+}
+
+/// The static half of a profile.
+pub(crate) trait ProfileSpec: Sync {
+    fn profile(&self) -> Profile;
+    /// The name on the command line and in `alignfs stat`.
+    fn name(&self) -> &'static str;
+    /// One line for `--help`: the seed design and where its residue lives.
+    fn summary(&self) -> &'static str;
+    fn devices(&self) -> DeviceNeeds;
+    fn promise(&self) -> Promise;
+    /// The options this profile reads.
+    fn tunables(&self) -> &'static [Tunable];
+    fn default_geometry(&self) -> Geometry;
+    /// The profile's own rules on top of [`Geometry::validate`]'s common ones.
+    fn validate_geometry(&self, geometry: &Geometry) -> Result<()>;
+    /// Most segments one residue unit's header holds.
+    fn max_segments(&self) -> usize;
+    /// The residue store of an opening volume. `fast` is the fast tier when the profile
+    /// takes one; `layout` says where its page zone is.
+    fn residue_store(
+        &self,
+        fast: Option<&Arc<PmemRegion>>,
+        layout: &MetaLayout,
+        geometry: &Geometry,
+        options: &VolumeOptions,
+    ) -> Result<Arc<dyn ResidueStore>>;
+    /// The runtime policy of an opening volume.
+    fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy>;
+}
+
+/// What a commit journals when it is not its ops as they are: their crash projection,
+/// and state the policy keeps once they applied.
+pub(crate) struct Projection {
+    pub journal: Vec<Op>,
+    pub sizes: Vec<(crate::meta::Ino, u64)>,
+}
+
+/// The runtime half of a profile: the data path's questions, answered once per profile.
+/// Hooks receive the engine (`Inner`) they run in.
+pub(crate) trait Policy: Send + Sync {
+    /// Partition rules for a write of `len` bytes.
+    fn write_rules(&self, len: u64) -> Rules;
+
+    /// What the journal records for `ops` (under the commit lock, before they apply):
+    /// `None` to journal them as they are.
+    fn project(&self, engine: &Inner, ops: &[Op]) -> Option<Projection>;
+
+    /// After a projected commit applied.
+    fn committed(&self, _engine: &Inner, _projection: Projection, _freed: &Freed) {}
+
+    /// A checkpoint's payload: the state as a crash would keep it.
+    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8>;
+
+    /// A write stored residue for `plan`'s blocks of `inode`; `full` names the blocks one
+    /// of whose units the write filled to its end.
+    fn residue_stored(&self, _engine: &Inner, _inode: &Inode, _plan: &Plan, _full: &[u64]) {}
+
+    /// fsync of a regular file, beyond retrying a failed SSD flush. The volume is
+    /// writable.
+    fn fsync(&self, _engine: &Inner, _inode: &Arc<Inode>) -> Result<()> {
+        Ok(())
+    }
+
+    /// A clean close, before the final SSD flush and checkpoint.
+    fn before_close(&self, _engine: &Inner) -> Result<()> {
+        Ok(())
+    }
+
+    /// Start the profile's background threads (a writable volume with background work on).
+    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>>;
+
+    /// Wake the profile's workers (shutdown, or work queued).
+    fn wake_workers(&self) {}
+
+    /// Blocks a background merge commits per journal record.
+    fn merge_commit_batch(&self) -> usize;
+
+    /// Ops a merge of `files`' blocks commits beside their new map entries.
+    fn merge_ops(&self, _files: &[&Arc<Inode>], _ops: &mut Vec<Op>) {}
+}
+
+/// Start a named thread; failure to start is an error, not a panic.
+pub(crate) fn spawn(name: String, work: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.clone()).spawn(work).map_err(|e| Error::io(format!("start thread {name}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_codes_and_names_are_unique() {
+        let all: Vec<Profile> = Profile::all().collect();
+        for (i, a) in all.iter().enumerate() {
+            for b in &all[i + 1..] {
+                assert_ne!(a.code(), b.code());
+                assert_ne!(a.name(), b.name());
+            }
+            assert_eq!(Profile::parse(a.name()).unwrap(), *a);
+            assert_eq!(Profile::from_code(a.code()), Some(*a));
+            a.spec().validate_geometry(&a.default_geometry()).unwrap();
+            a.default_geometry().validate(*a).unwrap();
+        }
+        assert!(Profile::from_code(0).is_none());
+        assert!(matches!(Profile::parse("uhs"), Err(Error::InvalidArgument(m)) if m.contains("planned")));
+        assert!(matches!(Profile::parse("ext4"), Err(Error::InvalidArgument(m)) if m.contains("unknown")));
+    }
+}

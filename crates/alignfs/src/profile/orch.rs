@@ -1,0 +1,100 @@
+//! `orch` — OrchFS (FAST'25): residue in pages and upages of a persistent fast tier, the
+//! journal beside them; every write is durable when it returns.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
+use crate::device::PmemRegion;
+use crate::error::{Error, Result};
+use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
+use crate::journal::{checkpoint_payload, AsIs, MAX_ENCODED_SEGMENTS};
+use crate::meta::Op;
+use crate::partition::{Residue, Rules};
+use crate::residue::{PmemPages, ResidueStore};
+use crate::volume::{Inner, VolumeOptions};
+
+impl Profile {
+    pub const ORCH: Profile = Profile(1);
+}
+
+// Upage headers are journaled as they are: the format must hold every one.
+const _: () = assert!(UPAGE_MAX_CHUNKS <= MAX_ENCODED_SEGMENTS);
+
+pub(super) struct Orch;
+
+impl ProfileSpec for Orch {
+    fn profile(&self) -> Profile {
+        Profile::ORCH
+    }
+    fn name(&self) -> &'static str {
+        "orch"
+    }
+    fn summary(&self) -> &'static str {
+        "OrchFS: residue in persistent-memory pages and upages (--fast), durable on every write"
+    }
+    fn devices(&self) -> DeviceNeeds {
+        DeviceNeeds { fast_tier: true, max_ssds: 1 }
+    }
+    fn promise(&self) -> Promise {
+        Promise::OnWrite
+    }
+    fn tunables(&self) -> &'static [Tunable] {
+        &[Tunable::Watermarks]
+    }
+    fn default_geometry(&self) -> Geometry {
+        Geometry::default()
+    }
+    fn validate_geometry(&self, geometry: &Geometry) -> Result<()> {
+        let p = geometry.page();
+        if !p.is_power_of_two() || !(512..=64 * KIB).contains(&p) {
+            return Err(Error::Geometry(format!("page size {p} must be a power of two between 512 B and 64 KiB")));
+        }
+        Ok(())
+    }
+    fn max_segments(&self) -> usize {
+        UPAGE_MAX_CHUNKS
+    }
+    fn residue_store(
+        &self,
+        fast: Option<&Arc<PmemRegion>>,
+        layout: &MetaLayout,
+        geometry: &Geometry,
+        _options: &VolumeOptions,
+    ) -> Result<Arc<dyn ResidueStore>> {
+        let fast = fast.ok_or_else(|| Error::InvalidArgument("profile orch needs a fast tier (--fast)".into()))?;
+        Ok(Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, geometry.page_bytes)))
+    }
+    fn policy(&self, _options: &VolumeOptions) -> Box<dyn Policy> {
+        Box::new(OrchPolicy)
+    }
+}
+
+/// Residue is persistent, so the journal records the live state and nothing waits for
+/// fsync; the one background worker migrates past the watermark and checkpoints.
+struct OrchPolicy;
+
+impl Policy for OrchPolicy {
+    fn write_rules(&self, _len: u64) -> Rules {
+        Rules { residue: Residue::Partial, max_segments: UPAGE_MAX_CHUNKS }
+    }
+
+    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
+        None
+    }
+
+    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
+        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
+    }
+
+    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
+        Ok(vec![engine.start_maintenance()?])
+    }
+
+    /// With the journal in the fast tier a record is cheap, so a merge commits a few blocks
+    /// at a time: writers then wait for the journal, and for these blocks, only as long as
+    /// one small record takes.
+    fn merge_commit_batch(&self) -> usize {
+        32
+    }
+}

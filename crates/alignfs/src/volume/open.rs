@@ -1,0 +1,394 @@
+//! Formatting and opening: superblocks, the metadata area, checkpoints and replay,
+//! allocators rebuilt from the maps, then the profile's policy and workers.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use super::{Committer, FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
+use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, PmemRegion};
+use crate::error::{Error, Result};
+use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
+use crate::journal::{checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, MetaMedium, PmemWindow, Replay, SsdWindow};
+use crate::layout::{BitmapAllocator, DeviceRole, Superblock};
+use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
+use crate::residue::ResidueStore;
+use crate::stats::Stats;
+
+/// The devices of a volume: its SSD (one, or several joined in a
+/// [`crate::device::DeviceSet`]) and, for a profile that keeps residue and metadata in
+/// one, its fast tier. Without a fast tier the metadata lives at the start of the SSD.
+#[derive(Clone)]
+pub struct Devices {
+    pub fast: Option<Arc<PmemRegion>>,
+    pub ssd: Arc<dyn BlockDevice>,
+}
+
+impl Devices {
+    pub fn new(fast: Arc<PmemRegion>, ssd: Arc<dyn BlockDevice>) -> Devices {
+        Devices { fast: Some(fast), ssd }
+    }
+
+    pub fn ssd_only(ssd: Arc<dyn BlockDevice>) -> Devices {
+        Devices { fast: None, ssd }
+    }
+}
+
+/// The superblock sector of SSD `member` of `ssd` (a device set has one per member).
+fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
+    if ssd.len_bytes() < SUPERBLOCK_BYTES {
+        return Ok(Vec::new());
+    }
+    let at = member * ssd.member_bytes();
+    let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize) };
+    Ok(run_batch(ssd, vec![request])?.remove(0).to_vec())
+}
+
+fn read_fast_superblock(fast: &PmemRegion) -> Vec<u8> {
+    let mut bytes = vec![0u8; SUPERBLOCK_BYTES.min(fast.len_bytes()) as usize];
+    fast.read(0, &mut bytes);
+    bytes
+}
+
+/// Where a volume's journal and checkpoints live.
+#[derive(Clone, Copy)]
+enum MetaDevice<'a> {
+    Fast(&'a Arc<PmemRegion>),
+    /// The metadata area at the start of the SSD, for profiles without a fast tier.
+    Ssd(&'a Arc<dyn BlockDevice>),
+}
+
+/// The journal and checkpoint slots on their device.
+fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(Box<dyn MetaMedium>, CheckpointSlots)> {
+    let window = |offset: u64, len: u64| -> Result<Box<dyn MetaMedium>> {
+        Ok(match device {
+            MetaDevice::Fast(fast) => Box::new(PmemWindow::new(Arc::clone(fast), offset, len)),
+            MetaDevice::Ssd(ssd) => Box::new(SsdWindow::open(Arc::clone(ssd), offset, len)?),
+        })
+    };
+    let journal = window(layout.journal_offset, layout.journal_bytes)?;
+    let a = window(layout.checkpoint_a_offset, layout.checkpoint_bytes)?;
+    let b = window(layout.checkpoint_b_offset, layout.checkpoint_bytes)?;
+    let slots = CheckpointSlots::new(a, b, [layout.checkpoint_a_offset, layout.checkpoint_b_offset], name.to_string());
+    Ok((journal, slots))
+}
+
+/// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume.
+fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
+    for (bytes, device) in existing {
+        if Superblock::has_magic(bytes) {
+            let uuid = Superblock::decode(bytes, device).map_or("unreadable".into(), |sb| sb.uuid_string());
+            return Err(Error::AlreadyFormatted { device: device.clone(), uuid });
+        }
+    }
+    Ok(())
+}
+
+/// The usable bytes of an SSD (or of every member of a device set): whole blocks, and
+/// whole split units when there are several SSDs, so no IO straddles two.
+fn usable_ssd_bytes(ssd: &dyn BlockDevice, geometry: &Geometry) -> u64 {
+    match ssd.member_count() as u64 {
+        1 => ssd.len_bytes() / geometry.block() * geometry.block(),
+        n => ssd.member_bytes() / u64::from(geometry.split_bytes) * u64::from(geometry.split_bytes) * n,
+    }
+}
+
+/// The superblock of a new volume (role fast, SSD 0; callers adjust it per device).
+fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevice, layout: MetaLayout) -> Result<Superblock> {
+    let geometry = options.geometry;
+    let ssd_bytes = usable_ssd_bytes(ssd, &geometry);
+    let ssd_count = u32::try_from(ssd.member_count()).unwrap_or(u32::MAX);
+    let max_ssds = options.profile.devices().max_ssds;
+    if ssd_count > max_ssds {
+        return Err(Error::InvalidArgument(format!("profile {} takes {max_ssds} SSDs at most, not {ssd_count}", options.profile.name())));
+    }
+    if ssd_bytes / geometry.block() < 2 {
+        return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
+    }
+    Ok(Superblock {
+        role: DeviceRole::Fast,
+        profile: options.profile,
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        geometry,
+        fast_bytes,
+        ssd_bytes,
+        layout,
+        created_unix_ns: now_ns(),
+        ssd_count,
+        ssd_index: 0,
+    })
+}
+
+/// Checkpoint generation 1: the root directory alone, owned by the formatting user.
+fn write_fresh_checkpoint(slots: &mut CheckpointSlots) -> Result<()> {
+    slots.clear()?;
+    let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
+    slots.write(&checkpoint_payload(&fresh, &[], &AsIs), 1)
+}
+
+/// Write (and flush) the superblock sector of SSD `member`.
+fn write_ssd_superblock(ssd: &dyn BlockDevice, member: u64, image: &[u8]) -> Result<()> {
+    let mut buf = AlignedBuf::zeroed(SUPERBLOCK_BYTES as usize);
+    buf.copy_from_slice(image);
+    run_batch(ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: member * ssd.member_bytes(), buf }])?;
+    ssd.flush()
+}
+
+impl Volume {
+    /// Format the devices as one new volume of `options.profile`, which decides whether
+    /// they include a fast tier. Refuses devices that already hold a volume unless
+    /// `options.force`.
+    pub fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
+        let profile = options.profile;
+        options.geometry.validate(profile)?;
+        match (&devices.fast, profile.devices().fast_tier) {
+            (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
+            (None, false) => format_on_ssd(&devices.ssd, options),
+            (None, true) => Err(Error::InvalidArgument(format!("profile {} needs a fast tier", profile.name()))),
+            (Some(_), false) => {
+                Err(Error::InvalidArgument(format!("profile {} keeps no data in a fast tier; name only the SSDs", profile.name())))
+            }
+        }
+    }
+
+    /// Open a formatted volume: check the superblocks, load the newest checkpoint, replay
+    /// the journal, rebuild the allocators, start the profile's workers. Nothing is
+    /// written before every check passed.
+    pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
+        let started = Instant::now();
+        let Devices { fast, ssd } = devices;
+        let (superblock, meta_name) = match &fast {
+            Some(fast) => check_with_fast_tier(fast, ssd.as_ref())?,
+            None => check_on_ssd(ssd.as_ref())?,
+        };
+        Self::assemble(fast, ssd, superblock, meta_name, options, started)
+    }
+
+    fn assemble(
+        fast: Option<Arc<PmemRegion>>,
+        ssd: Arc<dyn BlockDevice>,
+        superblock: Superblock,
+        meta_name: String,
+        options: VolumeOptions,
+        started: Instant,
+    ) -> Result<Volume> {
+        if ssd.len_bytes() < superblock.ssd_bytes {
+            return Err(Error::corrupt(
+                "superblock",
+                &format!("SSD {}", ssd.describe()),
+                0,
+                format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes),
+            ));
+        }
+        let geometry = superblock.geometry;
+        let layout = superblock.layout;
+        let (ppb, page_bytes) = (geometry.pages_per_block(), geometry.page_bytes);
+        let meta_device = match &fast {
+            Some(fast) => MetaDevice::Fast(fast),
+            None => MetaDevice::Ssd(&ssd),
+        };
+        let (journal_window, mut checkpoints) = windows(meta_device, &layout, &meta_name)?;
+        let checkpoint = checkpoints.load(ppb, page_bytes)?;
+        let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, &meta_name)?;
+        let meta = checkpoint.state;
+        let orphans = apply_records(&meta, &replay, &superblock, &meta_name)?;
+        let spec = superblock.profile.spec();
+        let residue = spec.residue_store(fast.as_ref(), &layout, &geometry, &options)?;
+        let policy = spec.policy(&options);
+        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
+        claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
+        let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
+        let recovery = RecoveryReport {
+            duration: started.elapsed(),
+            checkpoint_generation: checkpoint.generation,
+            records_replayed: replay.payloads.len() as u64,
+            torn_tail_dropped: replay.torn_tail.is_some(),
+            orphans_dropped: orphans.len() as u64,
+            clean: replay.payloads.is_empty(),
+        };
+        let superblock_ssds = superblock.ssd_count as usize;
+        let inner = Arc::new(Inner {
+            superblock,
+            geometry,
+            fast,
+            ssd,
+            residue,
+            policy,
+            blocks,
+            meta,
+            committer: Mutex::new(Committer { journal, checkpoints }),
+            namespace: Mutex::new(()),
+            stats: Stats::new(&checkpoint.counters),
+            options,
+            ssd_writes_done: AtomicU64::new(0),
+            ssd_writes_flushed: Mutex::new(0),
+            ssd_flush_failed: AtomicBool::new(false),
+            buffers: BufferPool::new(64 << 20),
+            maintenance_due: Wakeup::default(),
+            shutdown: AtomicBool::new(false),
+            recovery,
+            ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
+            #[cfg(debug_assertions)]
+            io_ranges: super::block_store::InFlightRanges::default(),
+        });
+        if !inner.options.read_only {
+            // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
+            // a later extension exposes zeros (never-acknowledged data stays invisible).
+            for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
+                inner.zero_beyond_eof(inode, inode.size());
+            }
+        }
+        let background = inner.options.background && !inner.options.read_only;
+        let workers = if background { inner.policy.start_workers(&inner)? } else { Vec::new() };
+        Ok(Volume { inner, workers, closed: false })
+    }
+}
+
+/// Apply the replayed journal records to the checkpoint's state, then drop the inodes a
+/// crash left without a name. Returns those.
+fn apply_records(meta: &MetaState, replay: &Replay, superblock: &Superblock, meta_name: &str) -> Result<Vec<Ino>> {
+    let (ppb, page_bytes) = (superblock.geometry.pages_per_block(), superblock.geometry.page_bytes);
+    for (offset, payload) in &replay.payloads {
+        let at = superblock.layout.journal_offset + offset;
+        let ops = decode_ops(payload, ppb, page_bytes).map_err(|s| Error::corrupt("journal record", meta_name, at, s.to_string()))?;
+        for op in &ops {
+            apply(meta, op).map_err(|e| Error::corrupt("journal record", meta_name, at, e.0))?;
+        }
+    }
+    let orphans: Vec<Ino> = meta.snapshot().iter().filter(|i| i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
+    for ino in &orphans {
+        meta.inodes.write().remove(ino);
+    }
+    Ok(orphans)
+}
+
+/// A fast tier and one SSD: the superblock, checkpoints, journal and residue pages on the
+/// fast tier, a copy of the superblock on the SSD.
+fn format_with_fast_tier(fast: &Arc<PmemRegion>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
+    let geometry = options.geometry;
+    if !options.force {
+        refuse_existing(&[(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+    }
+    let layout = MetaLayout::compute(fast.len_bytes(), &geometry)?;
+    let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
+    // Invalidate what a previous volume left: its superblock first, so a crash during
+    // format never leaves a half-new volume that opens.
+    fast.write_persist(0, &[0u8; SUPERBLOCK_BYTES as usize]);
+    fast.zero(layout.journal_offset, layout.journal_bytes as usize);
+    fast.persist(layout.journal_offset, layout.journal_bytes as usize);
+    let (_, mut slots) = windows(MetaDevice::Fast(fast), &layout, "fast tier")?;
+    write_fresh_checkpoint(&mut slots)?;
+    write_ssd_superblock(ssd, 0, &Superblock { role: DeviceRole::Ssd, ..superblock.clone() }.encode())?;
+    fast.write_persist(0, &superblock.encode());
+    Ok(superblock)
+}
+
+/// SSDs alone: the superblock, checkpoints and journal in a metadata area at the start of
+/// the first, a superblock copy on each.
+fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<Superblock> {
+    let geometry = options.geometry;
+    let members = ssd.member_count() as u64;
+    if !options.force {
+        let existing: Vec<(Vec<u8>, String)> =
+            (0..members).map(|m| Ok((read_ssd_superblock(ssd.as_ref(), m)?, ssd.describe()))).collect::<Result<_>>()?;
+        refuse_existing(&existing)?;
+    }
+    let layout = MetaLayout::on_ssd(usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
+    let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
+    // As with a fast tier: the old superblocks go first, the new ones last.
+    for member in 0..members {
+        write_ssd_superblock(ssd.as_ref(), member, &[0u8; SUPERBLOCK_BYTES as usize])?;
+    }
+    let (journal, mut slots) = windows(MetaDevice::Ssd(ssd), &layout, &ssd.describe())?;
+    journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
+    write_fresh_checkpoint(&mut slots)?;
+    for member in (0..members).rev() {
+        let copy = Superblock { ssd_index: member as u32, ..superblock.clone() };
+        write_ssd_superblock(ssd.as_ref(), member, &copy.encode())?;
+    }
+    Ok(superblock)
+}
+
+/// The superblock of a fast tier + SSD volume, once both copies agree; and the name of
+/// the device its metadata is on.
+fn check_with_fast_tier(fast: &PmemRegion, ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
+    let fast_name = format!("fast tier {}", fast.describe());
+    let ssd_name = format!("SSD {}", ssd.describe());
+    let superblock = Superblock::decode(&read_fast_superblock(fast), &fast_name)?;
+    let ssd_superblock = Superblock::decode(&read_ssd_superblock(ssd, 0)?, &ssd_name)?;
+    if superblock.role != DeviceRole::Fast {
+        return Err(Error::corrupt("superblock", &fast_name, 0, "this is an SSD superblock; the devices are swapped"));
+    }
+    if ssd_superblock.role != DeviceRole::Ssd {
+        return Err(Error::corrupt("superblock", &ssd_name, 0, "this is a fast-tier superblock; the devices are swapped"));
+    }
+    if superblock.uuid != ssd_superblock.uuid {
+        return Err(Error::VolumeMismatch { fast: superblock.uuid_string(), ssd: ssd_superblock.uuid_string() });
+    }
+    if (Superblock { role: DeviceRole::Ssd, ..superblock.clone() }) != ssd_superblock {
+        return Err(Error::corrupt("superblock", &ssd_name, 0, "geometry disagrees with the fast tier's superblock"));
+    }
+    if fast.len_bytes() < superblock.fast_bytes {
+        return Err(Error::corrupt(
+            "superblock",
+            &fast_name,
+            0,
+            format!("device is {} bytes, the volume needs {}", fast.len_bytes(), superblock.fast_bytes),
+        ));
+    }
+    Ok((superblock, fast_name))
+}
+
+/// The superblock of a volume on SSDs alone, once every member's copy agrees.
+fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
+    let ssd_name = format!("SSD {}", ssd.describe());
+    let superblock = Superblock::decode(&read_ssd_superblock(ssd, 0)?, &ssd_name)?;
+    if superblock.profile.devices().fast_tier {
+        return Err(Error::InvalidArgument(format!(
+            "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
+            superblock.profile.name()
+        )));
+    }
+    if ssd.member_count() != superblock.ssd_count as usize || superblock.ssd_index != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "the volume spans {} SSDs; name them all, in any order ({} given, the first holding SSD {})",
+            superblock.ssd_count,
+            ssd.member_count(),
+            superblock.ssd_index
+        )));
+    }
+    for member in 1..u64::from(superblock.ssd_count) {
+        let name = format!("SSD {member} of {}", superblock.ssd_count);
+        let copy = Superblock::decode(&read_ssd_superblock(ssd, member)?, &name)?;
+        if copy.uuid != superblock.uuid {
+            return Err(Error::VolumeMismatch { fast: superblock.uuid_string(), ssd: copy.uuid_string() });
+        }
+        if (Superblock { ssd_index: 0, ..copy.clone() }) != superblock || copy.ssd_index != member as u32 {
+            return Err(Error::corrupt("superblock", &name, 0, "its copy disagrees with SSD 0's"));
+        }
+    }
+    Ok((superblock, ssd_name))
+}
+
+/// Mark every unit the maps reference as used; a unit out of range or referenced twice
+/// means corrupt metadata.
+fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BitmapAllocator, device: &str) -> Result<()> {
+    for inode in meta.snapshot() {
+        for (lblock, entry) in inode.map.lock().iter() {
+            let problem = |what: String| Error::corrupt("map", device, 0, format!("inode {} block {lblock}: {what}", inode.ino.0));
+            for page in entry.fast_pages() {
+                if !residue.claim(page) {
+                    return Err(problem(format!("fast page {} is out of range or used twice", page.0)));
+                }
+            }
+            if let Some(block) = entry.ssd_block() {
+                if !blocks.claim(block.0) {
+                    return Err(problem(format!("SSD block {} is out of range or used twice", block.0)));
+                }
+            }
+        }
+    }
+    Ok(())
+}
