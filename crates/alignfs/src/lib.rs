@@ -7,7 +7,6 @@ pub mod codec;
 pub mod device;
 pub mod error;
 pub mod geometry;
-mod io_engine;
 pub mod map;
 pub mod partition;
 pub mod profile;

@@ -56,6 +56,17 @@ counters! {
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
 }
 
+/// What opening the volume took.
+#[derive(Clone, Debug, Default)]
+pub struct RecoveryReport {
+    pub duration: std::time::Duration,
+    pub checkpoint_generation: u64,
+    pub records_replayed: u64,
+    pub torn_tail_dropped: bool,
+    pub orphans_dropped: u64,
+    pub clean: bool,
+}
+
 #[derive(Default)]
 pub struct Stats {
     values: Vec<AtomicU64>,
@@ -121,7 +132,7 @@ pub struct Usage {
 pub struct StatsSnapshot {
     pub counters: Vec<(Counter, u64)>,
     pub usage: Usage,
-    pub recovery: crate::volume::RecoveryReport,
+    pub recovery: RecoveryReport,
     pub io_backend: String,
 }
 

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use rustix::fs::FlockOperation;
 
+pub use super::io_engine::IoBackend;
+use super::io_engine::IoEngine;
 use super::{BlockDevice, IoRequest, IoTicket};
 use crate::error::{Error, Result};
-pub use crate::io_engine::IoBackend;
-use crate::io_engine::IoEngine;
 
 /// How to open an SSD.
 #[derive(Clone, Debug)]

@@ -9,6 +9,7 @@
 mod aligned;
 mod faults;
 mod file_ssd;
+mod io_engine;
 mod pmem;
 mod pool;
 pub mod power_loss;
@@ -29,7 +30,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
-use crate::io_engine::RingBatch;
+use io_engine::RingBatch;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoOp {

@@ -15,6 +15,7 @@ mod read;
 mod resize;
 mod write;
 
+pub use crate::stats::RecoveryReport;
 pub use check::Problem;
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use open::Devices;
@@ -97,17 +98,6 @@ impl Default for FormatOptions {
     fn default() -> Self {
         FormatOptions { geometry: Geometry::default(), profile: Profile::ORCH, force: false }
     }
-}
-
-/// What opening the volume took.
-#[derive(Clone, Debug, Default)]
-pub struct RecoveryReport {
-    pub duration: Duration,
-    pub checkpoint_generation: u64,
-    pub records_replayed: u64,
-    pub torn_tail_dropped: bool,
-    pub orphans_dropped: u64,
-    pub clean: bool,
 }
 
 /// A wake-up for a background thread: `notify` makes the next (or current) `wait` return.
