@@ -57,6 +57,8 @@ pub enum Error {
     TooLarge(String),
     #[error("offset is beyond the end of the file")]
     BeyondEnd,
+    #[error("{len} bytes at {offset} are outside the {size}-byte volume")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("injected fault: {0}")]
     Injected(&'static str),
     #[error("bad file descriptor (not open, or not open for this access)")]
@@ -100,6 +102,7 @@ impl Error {
             Error::InUse(_) => libc::EBUSY,
             Error::TooLarge(_) => libc::E2BIG,
             Error::BeyondEnd => libc::ENXIO,
+            Error::OutOfRange { .. } => libc::EINVAL,
             Error::BadDescriptor => libc::EBADF,
             Error::BadAddress(_) => libc::EFAULT,
         }

@@ -9,6 +9,7 @@ pub mod error;
 pub mod geometry;
 pub mod map;
 pub mod partition;
+pub mod personality;
 pub mod profile;
 
 #[doc(hidden)]

@@ -228,7 +228,7 @@ pub fn next_entry(current: Option<&BlockEntry>, plan: &BlockPlan, new_block: Opt
     let mut next_page = || fresh.next().expect("a page was bound to every new-page target");
     match &plan.action {
         BlockAction::Ssd | BlockAction::Rewrite => NextEntry {
-            entry: BlockEntry::Ssd { block: new_block.expect("an SSD block was bound"), overlays: Vec::new() },
+            entry: BlockEntry::whole(new_block.expect("an SSD block was bound")),
             freed_pages: current.map(|e| e.fast_pages().collect()).unwrap_or_default(),
             freed_block: current.and_then(BlockEntry::ssd_block),
         },
@@ -246,7 +246,7 @@ pub fn next_entry(current: Option<&BlockEntry>, plan: &BlockPlan, new_block: Opt
             NextEntry { entry: BlockEntry::Fast { pages }, freed_pages: Vec::new(), freed_block: None }
         }
         BlockAction::Overlay(page_plans) => {
-            let Some(BlockEntry::Ssd { block, overlays }) = current else {
+            let Some(BlockEntry::Ssd { block, overlays, shared }) = current else {
                 panic!("overlay plan over {current:?}");
             };
             let mut overlays = overlays.clone();
@@ -260,7 +260,7 @@ pub fn next_entry(current: Option<&BlockEntry>, plan: &BlockPlan, new_block: Opt
                 };
                 upsert(&mut overlays, p.index, overlay);
             }
-            NextEntry { entry: BlockEntry::Ssd { block: *block, overlays }, freed_pages: Vec::new(), freed_block: None }
+            NextEntry { entry: BlockEntry::Ssd { block: *block, overlays, shared: *shared }, freed_pages: Vec::new(), freed_block: None }
         }
     }
 }

@@ -9,6 +9,10 @@ use crate::meta::{Attr, FileKind, Ino, Op, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 pub const MAX_ENCODED_SEGMENTS: usize = 14;
 
 const MAX_NAME: usize = 255;
+
+/// Map entry tags: an SSD block owned by one entry, and one a clone shares.
+const SSD_TAG: u8 = 2;
+const SHARED_SSD_TAG: u8 = 3;
 const MAX_TARGET: usize = 4096;
 
 pub fn encode_entry(e: &mut Encoder, entry: &BlockEntry) {
@@ -19,8 +23,8 @@ pub fn encode_entry(e: &mut Encoder, entry: &BlockEntry) {
                 e.u8(*index).u64(page.0);
             }
         }
-        BlockEntry::Ssd { block, overlays } => {
-            e.u8(2).u64(block.0).u8(overlays.len() as u8);
+        BlockEntry::Ssd { block, overlays, shared } => {
+            e.u8(if *shared { SHARED_SSD_TAG } else { SSD_TAG }).u64(block.0).u8(overlays.len() as u8);
             for (index, overlay) in overlays {
                 match overlay {
                     Overlay::Page(p) => {
@@ -55,7 +59,7 @@ pub fn decode_entry(d: &mut Decoder<'_>, pages_per_block: usize, page_bytes: u32
             }
             Ok(BlockEntry::Fast { pages })
         }
-        2 => {
+        SSD_TAG | SHARED_SSD_TAG => {
             let block = SsdBlock(d.u64()?);
             let n = d.u8()? as usize;
             let mut overlays: Vec<(u8, Overlay)> = Vec::with_capacity(n.min(pages_per_block));
@@ -85,7 +89,7 @@ pub fn decode_entry(d: &mut Decoder<'_>, pages_per_block: usize, page_bytes: u32
                 };
                 overlays.push((index, overlay));
             }
-            Ok(BlockEntry::Ssd { block, overlays })
+            Ok(BlockEntry::Ssd { block, overlays, shared: tag == SHARED_SSD_TAG })
         }
         other => d.fail(format!("unknown map entry tag {other}")),
     }
@@ -316,6 +320,7 @@ mod tests {
                 ino: Ino(5),
                 lblock: 3,
                 entry: Some(BlockEntry::Ssd {
+                    shared: false,
                     block: SsdBlock(9),
                     overlays: vec![
                         (1, Overlay::Page(PageNo(3))),

@@ -129,6 +129,11 @@ impl BitmapAllocator {
         true
     }
 
+    pub fn is_used(&self, id: u64) -> bool {
+        let bits = self.bits.lock();
+        id < bits.capacity && bits.used(id)
+    }
+
     /// The most units in use at any moment since the allocator was built.
     pub fn peak_used_count(&self) -> u64 {
         self.bits.lock().peak_used

@@ -103,8 +103,11 @@ pub enum BlockEntry {
     /// The block lives only in fast pages (small files, tails); a missing page is zeros.
     /// `pages` is sorted by page index within the block.
     Fast { pages: Vec<(u8, PageNo)> },
-    /// An SSD block plus newer overlays, sorted by page index within the block.
-    Ssd { block: SsdBlock, overlays: Vec<(u8, Overlay)> },
+    /// An SSD block plus newer overlays, sorted by page index within the block. `shared`
+    /// marks a block a clone made: other entries may reference it too (the allocator
+    /// counts them), and every entry that does is marked. Writes never change a block in
+    /// place, so sharing needs nothing more.
+    Ssd { block: SsdBlock, overlays: Vec<(u8, Overlay)>, shared: bool },
 }
 
 impl BlockEntry {
@@ -122,6 +125,16 @@ impl BlockEntry {
             BlockEntry::Fast { pages } => pages.len(),
             BlockEntry::Ssd { overlays, .. } => overlays.len(),
         }
+    }
+
+    /// Whether this entry's SSD block may be referenced by other entries (a clone).
+    pub fn shared(&self) -> bool {
+        matches!(self, BlockEntry::Ssd { shared: true, .. })
+    }
+
+    /// A whole SSD block with no overlays, owned by this entry alone.
+    pub fn whole(block: SsdBlock) -> BlockEntry {
+        BlockEntry::Ssd { block, overlays: Vec::new(), shared: false }
     }
 
     pub fn ssd_block(&self) -> Option<SsdBlock> {

@@ -44,7 +44,7 @@ impl Store {
                     out[at..at + page].copy_from_slice(&self.pages[p]);
                 }
             }
-            Some(BlockEntry::Ssd { block, overlays }) => {
+            Some(BlockEntry::Ssd { block, overlays, .. }) => {
                 out.copy_from_slice(&self.blocks[block]);
                 for (i, o) in overlays {
                     let at = *i as usize * page;
@@ -107,7 +107,7 @@ fn random_entry(rng: &mut StdRng, store: &mut Store, g: &Geometry) -> Option<Blo
                     _ => {}
                 }
             }
-            Some(BlockEntry::Ssd { block, overlays })
+            Some(BlockEntry::Ssd { block, overlays, shared: false })
         }
     }
 }
@@ -178,7 +178,7 @@ fn check_case(rng: &mut StdRng, g: &Geometry, rules: Rules) {
             let bytes = store.materialize(map.get(lb), g);
             let b = store.fresh_block(g, rng);
             store.blocks.insert(b, bytes);
-            map.insert(*lb, BlockEntry::Ssd { block: b, overlays: Vec::new() });
+            map.insert(*lb, BlockEntry::whole(b));
         }
         plan = partition(offset, len, file_size, g, rules, |lb| map.get(&lb));
         assert!(plan.merge_first.is_empty(), "a merged block never overflows again");
@@ -284,11 +284,19 @@ fn orchfs_paper_example() {
     // block 4 (128–160 KiB) in fast pages (the partial tail).
     map.insert(
         2,
-        BlockEntry::Ssd { block: SsdBlock(1), overlays: vec![(5, Overlay::Upage { page: PageNo(9), chunks: Chunks::single(100, 200) })] },
+        BlockEntry::Ssd {
+            shared: false,
+            block: SsdBlock(1),
+            overlays: vec![(5, Overlay::Upage { page: PageNo(9), chunks: Chunks::single(100, 200) })],
+        },
     );
     map.insert(
         3,
-        BlockEntry::Ssd { block: SsdBlock(2), overlays: vec![(5, Overlay::Upage { page: PageNo(10), chunks: Chunks::single(0, 1024) })] },
+        BlockEntry::Ssd {
+            shared: false,
+            block: SsdBlock(2),
+            overlays: vec![(5, Overlay::Upage { page: PageNo(10), chunks: Chunks::single(0, 1024) })],
+        },
     );
     map.insert(4, BlockEntry::Fast { pages: (0..7).map(|i| (i, PageNo(20 + u64::from(i)))).collect() });
     let plan = partition(89 * k, 105 * k, 154 * k, &g, rules(true), |lb| map.get(&lb));
@@ -328,7 +336,8 @@ fn header_overflow_asks_for_a_merge() {
         chunks = chunks.with(i * 100, i * 100 + 10);
     }
     let map: BTreeMap<u64, BlockEntry> =
-        [(0, BlockEntry::Ssd { block: SsdBlock(1), overlays: vec![(0, Overlay::Upage { page: PageNo(1), chunks })] })].into();
+        [(0, BlockEntry::Ssd { shared: false, block: SsdBlock(1), overlays: vec![(0, Overlay::Upage { page: PageNo(1), chunks })] })]
+            .into();
     let plan = partition(3000, 5, 32768, &g, rules(true), |lb| map.get(&lb));
     assert_eq!(plan.merge_first, vec![0]);
     assert!(plan.blocks.is_empty());

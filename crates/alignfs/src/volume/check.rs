@@ -83,7 +83,33 @@ impl Volume {
                 }
             }
         }
+        self.check_block_references(&inodes, &mut problems);
         problems
+    }
+
+    /// Every SSD block named by more than one entry is shared by all of them, and the
+    /// allocator counts exactly the references the maps hold.
+    fn check_block_references(&self, inodes: &[Arc<Inode>], problems: &mut Vec<Problem>) {
+        let mut users: HashMap<u64, Vec<(Ino, u64, bool)>> = HashMap::new();
+        for inode in inodes {
+            for (&lblock, entry) in inode.map.lock().iter() {
+                if let Some(block) = entry.ssd_block() {
+                    users.entry(block.0).or_default().push((inode.ino, lblock, entry.shared()));
+                }
+            }
+        }
+        for (block, users) in users {
+            let &(ino, lblock, _) = &users[0];
+            if users.len() > 1 && users.iter().any(|&(_, _, shared)| !shared) {
+                let what = format!("SSD block {block} is named by {} entries, not all marked shared (first: block {lblock})", users.len());
+                problems.push(Problem { ino, what });
+            }
+            let counted = self.inner.blocks.references(block);
+            if counted != users.len() as u32 {
+                let what = format!("SSD block {block} has {} references in the maps but {counted} in the allocator", users.len());
+                problems.push(Problem { ino, what });
+            }
+        }
     }
 }
 

@@ -203,11 +203,7 @@ impl Inner {
             let mut ops: Vec<Op> = work
                 .iter()
                 .zip(&targets)
-                .map(|(staged, t)| Op::Map {
-                    ino: staged.inode.ino,
-                    lblock: staged.lblock,
-                    entry: Some(BlockEntry::Ssd { block: *t, overlays: Vec::new() }),
-                })
+                .map(|(staged, t)| Op::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(*t)) })
                 .collect();
             let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
             self.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);

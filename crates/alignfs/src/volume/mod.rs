@@ -7,6 +7,7 @@
 
 mod block_store;
 mod check;
+mod clone;
 mod migrate;
 mod namespace;
 mod open;
@@ -35,7 +36,7 @@ use crate::device::{BlockDevice, BufferPool, PmemRegion};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::journal::{encode_ops, CheckpointSlots, Journal};
-use crate::layout::{BitmapAllocator, Profile, Superblock};
+use crate::layout::{BlockRefs, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, Freed, MetaState, Op};
 use crate::profile::Policy;
@@ -137,7 +138,7 @@ pub(crate) struct Inner {
     residue: Arc<dyn ResidueStore>,
     /// The profile's answers to the data path's questions.
     policy: Box<dyn Policy>,
-    blocks: BitmapAllocator,
+    blocks: BlockRefs,
     pub(crate) meta: MetaState,
     committer: Mutex<Committer>,
     namespace: Mutex<()>,
@@ -188,6 +189,11 @@ pub struct Volume {
 }
 
 impl Volume {
+    /// The engine, for the other personalities.
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.inner
+    }
+
     pub fn superblock(&self) -> &Superblock {
         &self.inner.superblock
     }
@@ -375,7 +381,7 @@ impl Inner {
             self.residue.free(pages);
         }
         if !blocks.is_empty() {
-            self.blocks.free(blocks.iter().map(|b| b.0));
+            self.blocks.release(blocks.iter().map(|b| b.0));
         }
     }
 

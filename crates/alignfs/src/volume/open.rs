@@ -12,7 +12,7 @@ use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequ
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, MetaMedium, PmemWindow, Replay, SsdWindow};
-use crate::layout::{BitmapAllocator, DeviceRole, Superblock};
+use crate::layout::{BlockRefs, DeviceRole, Superblock};
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
 use crate::residue::ResidueStore;
 use crate::stats::Stats;
@@ -197,7 +197,7 @@ impl Volume {
         let spec = superblock.profile.spec();
         let residue = spec.residue_store(fast.as_ref(), &layout, &geometry, &options)?;
         let policy = spec.policy(&options);
-        let blocks = BitmapAllocator::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
+        let blocks = BlockRefs::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
         claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
         let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
         let recovery = RecoveryReport {
@@ -372,9 +372,9 @@ fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     Ok((superblock, ssd_name))
 }
 
-/// Mark every unit the maps reference as used; a unit out of range or referenced twice
-/// means corrupt metadata.
-fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BitmapAllocator, device: &str) -> Result<()> {
+/// Mark every unit the maps reference as used; a unit out of range, or referenced twice
+/// other than by entries marked as sharing an SSD block, means corrupt metadata.
+fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BlockRefs, device: &str) -> Result<()> {
     for inode in meta.snapshot() {
         for (lblock, entry) in inode.map.lock().iter() {
             let problem = |what: String| Error::corrupt("map", device, 0, format!("inode {} block {lblock}: {what}", inode.ino.0));
@@ -384,8 +384,8 @@ fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BitmapAllo
                 }
             }
             if let Some(block) = entry.ssd_block() {
-                if !blocks.claim(block.0) {
-                    return Err(problem(format!("SSD block {} is out of range or used twice", block.0)));
+                if !blocks.claim(block.0, entry.shared()) {
+                    return Err(problem(format!("SSD block {} is out of range or used twice without being shared", block.0)));
                 }
             }
         }

@@ -165,7 +165,7 @@ impl Inner {
             match entry {
                 None => {}
                 Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
-                Some(BlockEntry::Ssd { block: ssd_block, overlays }) => {
+                Some(BlockEntry::Ssd { block: ssd_block, overlays, .. }) => {
                     let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
                     let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
                     if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {

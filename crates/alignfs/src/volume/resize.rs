@@ -156,7 +156,7 @@ impl Inner {
                 None => {
                     let new_block = self.write_new_block(image)?;
                     fresh_units.1 = vec![new_block];
-                    BlockEntry::Ssd { block: new_block, overlays: Vec::new() }
+                    BlockEntry::whole(new_block)
                 }
             };
             ops.push(Op::Map { ino, lblock: size / block, entry: Some(new_entry) });

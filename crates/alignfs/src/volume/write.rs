@@ -21,26 +21,7 @@ impl Volume {
     /// completed and flushed, map edit journaled; for `scrap`, after the next fsync.
     pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
         let inode = self.inner.file(ino)?;
-        self.inner.check_writable()?;
-        if data.is_empty() {
-            return Ok(0);
-        }
-        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
-        let block = self.inner.geometry.block();
-        // The block holding EOF joins the lock when the write leaves a gap after it, so a
-        // failed write can clean that block (see `write_locked`).
-        loop {
-            let size = inode.size();
-            let first = if offset > size { (size / block).min(offset / block) } else { offset / block };
-            let _guard = inode.range.write(first, (end - 1) / block);
-            if inode.size() != size {
-                continue;
-            }
-            self.inner.write_locked(&inode, offset, data, true)?;
-            self.inner.stats.add(Counter::app_writes, 1);
-            self.inner.stats.add(Counter::app_write_bytes, data.len() as u64);
-            return Ok(data.len());
-        }
+        self.inner.write_object(&inode, offset, data, true)
     }
 
     /// Make the file durable. Where the profile makes every write durable when it
@@ -65,6 +46,36 @@ impl Volume {
 }
 
 impl Inner {
+    /// Write `data` at `offset` of an object: lock its range, run the write path, count
+    /// it. `extend` journals the new size and mtime with the map edits (a file); without
+    /// it the write journals map edits alone and must stay within the size (a block
+    /// volume).
+    pub(crate) fn write_object(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], extend: bool) -> Result<usize> {
+        self.check_writable()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = offset.checked_add(data.len() as u64).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+        let block = self.geometry.block();
+        // The block holding EOF joins the lock when the write leaves a gap after it, so a
+        // failed write can clean that block (see `write_locked`).
+        loop {
+            let size = inode.size();
+            if !extend && end > size {
+                return Err(Error::OutOfRange { offset, len: data.len() as u64, size });
+            }
+            let first = if offset > size { (size / block).min(offset / block) } else { offset / block };
+            let _guard = inode.range.write(first, (end - 1) / block);
+            if inode.size() != size {
+                continue;
+            }
+            self.write_locked(inode, offset, data, extend)?;
+            self.stats.add(Counter::app_writes, 1);
+            self.stats.add(Counter::app_write_bytes, data.len() as u64);
+            return Ok(data.len());
+        }
+    }
+
     /// The write path. The caller holds the range lock over the written blocks (and the
     /// block holding EOF when the write starts past it).
     pub(crate) fn write_locked(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], extend: bool) -> Result<()> {

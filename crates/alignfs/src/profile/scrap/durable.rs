@@ -21,7 +21,7 @@ use crate::volume::Inner;
 /// A block's entry as a crash leaves it: its SSD block without overlays, or a hole.
 pub(super) fn durable_entry(entry: &BlockEntry) -> Option<BlockEntry> {
     match entry {
-        BlockEntry::Ssd { block, .. } => Some(BlockEntry::Ssd { block: *block, overlays: Vec::new() }),
+        BlockEntry::Ssd { block, shared, .. } => Some(BlockEntry::Ssd { block: *block, overlays: Vec::new(), shared: *shared }),
         BlockEntry::Fast { .. } => None,
     }
 }

@@ -1,0 +1,125 @@
+#![allow(clippy::unwrap_used)]
+//! The block-volume and object-store personalities on simulated devices: written, read
+//! back against a model, reopened, checked clean by fsck, for both profiles.
+
+mod common;
+
+use std::sync::Arc;
+
+use alignfs::device::{BlockDevice, SimSsd};
+use alignfs::personality::{BlockVolume, ObjectStore};
+use alignfs::test_support::seed;
+use alignfs::{Devices, Error, FormatOptions, Geometry, Profile, VolumeOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const VOLUME_BYTES: u64 = 4 << 20;
+
+/// Fresh simulated devices for a profile, and the options to open them with.
+fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions) {
+    let ssd = Arc::new(SimSsd::new(32 << 20)) as Arc<dyn BlockDevice>;
+    let devices = if profile.devices().fast_tier {
+        Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(8 << 20).unwrap()), ssd)
+    } else {
+        Devices::ssd_only(ssd)
+    };
+    let geometry = if profile == Profile::SCRAP {
+        Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 }
+    } else {
+        profile.default_geometry()
+    };
+    let options = VolumeOptions { scrap_mem_bytes: 1 << 20, ..VolumeOptions::default() };
+    (devices, FormatOptions { geometry, profile, force: false }, options)
+}
+
+#[test]
+fn a_block_volume_reads_back_what_was_written_across_reopen() {
+    for profile in Profile::all() {
+        let mut rng = StdRng::seed_from_u64(seed(&format!("personalities::block_volume::{}", profile.name())));
+        let (devices, format, options) = devices(profile);
+        BlockVolume::format(&devices, &format, VOLUME_BYTES).unwrap();
+        let disk = BlockVolume::open(devices.clone(), options.clone()).unwrap();
+        assert_eq!(disk.size(), VOLUME_BYTES);
+        let mtime = disk.volume().getattr(disk.volume().lookup(alignfs::Ino::ROOT, b"volume").unwrap().ino).unwrap().mtime;
+        let mut model = vec![0u8; VOLUME_BYTES as usize];
+        for _ in 0..300 {
+            let len = if rng.random_bool(0.5) { rng.random_range(1..8192) } else { 4096 * rng.random_range(1..64) };
+            let offset = rng.random_range(0..VOLUME_BYTES - len);
+            match rng.random_range(0..10) {
+                0 => {
+                    disk.trim(offset, len).unwrap();
+                    model[offset as usize..(offset + len) as usize].fill(0);
+                }
+                1 => disk.flush().unwrap(),
+                _ => {
+                    let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                    disk.write(offset, &data).unwrap();
+                    model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                }
+            }
+        }
+        let mut out = vec![0u8; VOLUME_BYTES as usize];
+        disk.read(0, &mut out).unwrap();
+        assert!(out == model, "{}: contents differ from the model", profile.name());
+        // Writes journal map edits only: the object's size and times stay as formatted.
+        let attr = disk.volume().getattr(disk.volume().lookup(alignfs::Ino::ROOT, b"volume").unwrap().ino).unwrap();
+        assert_eq!((attr.size, attr.mtime), (VOLUME_BYTES, mtime));
+        // Out of range is refused and changes nothing.
+        assert!(matches!(disk.write(VOLUME_BYTES - 1, b"xy"), Err(Error::OutOfRange { .. })));
+        assert!(matches!(disk.read(u64::MAX, &mut [0u8; 1]), Err(Error::OutOfRange { .. })));
+        disk.close().unwrap();
+
+        let disk = BlockVolume::open(devices, options).unwrap();
+        disk.read(0, &mut out).unwrap();
+        assert!(out == model, "{}: contents differ after reopening", profile.name());
+        assert_eq!(disk.volume().check(), [], "{}", profile.name());
+        disk.close().unwrap();
+    }
+}
+
+#[test]
+fn a_block_volume_needs_a_sector_multiple_and_a_formatted_volume() {
+    let (devices, format, options) = devices(Profile::ORCH);
+    assert!(matches!(BlockVolume::format(&devices, &format, 1000), Err(Error::InvalidArgument(_))));
+    alignfs::Volume::format(&devices, &format).unwrap();
+    assert!(matches!(BlockVolume::open(devices, options), Err(Error::InvalidArgument(m)) if m.contains("no block volume")));
+}
+
+#[test]
+fn an_object_store_keeps_objects_and_clones_across_reopen() {
+    for profile in Profile::all() {
+        let (devices, format, options) = devices(profile);
+        ObjectStore::format(&devices, &format).unwrap();
+        let store = ObjectStore::open(devices.clone(), options.clone()).unwrap();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        store.put(b"logs.1", b"first").unwrap();
+        store.put(b"logs.2", &big).unwrap();
+        store.put(b"data", b"unrelated").unwrap();
+        store.put(b"logs.1", b"replaced").unwrap();
+        store.create(b"sparse").unwrap();
+        assert!(matches!(store.create(b"sparse"), Err(Error::Exists)));
+        store.write(b"sparse", 1 << 20, b"far out").unwrap();
+        store.truncate(b"data", 3).unwrap();
+        store.clone_object(b"logs.2", b"logs.2.copy").unwrap();
+        store.write(b"logs.2.copy", 10, b"changed in the copy only").unwrap();
+        let mut copy = big.clone();
+        copy[10..34].copy_from_slice(b"changed in the copy only");
+        assert!(matches!(store.put(b"a/b", b"x"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(store.get(b"missing"), Err(Error::NotFound)));
+        store.remove(b"logs.2").unwrap();
+        store.close().unwrap();
+
+        let store = ObjectStore::open(devices, options).unwrap();
+        let names: Vec<Vec<u8>> = store.list(b"logs.").unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, [b"logs.1".to_vec(), b"logs.2.copy".to_vec()], "{}", profile.name());
+        assert_eq!(store.get(b"logs.1").unwrap(), b"replaced");
+        assert!(store.get(b"logs.2.copy").unwrap() == copy, "{}: the clone differs", profile.name());
+        assert_eq!(store.get(b"data").unwrap(), b"unr");
+        assert_eq!(store.stat(b"sparse").unwrap().size, (1 << 20) + 7);
+        let mut out = [1u8; 16];
+        assert_eq!(store.read(b"sparse", 100, &mut out).unwrap(), 16);
+        assert_eq!(out, [0u8; 16]);
+        assert_eq!(store.volume().check(), [], "{}", profile.name());
+        store.close().unwrap();
+    }
+}
