@@ -124,8 +124,7 @@ fn mismatched_swapped_and_unformatted_devices() {
     let b = Devices::new(4 << 20, 16 << 20);
     a.format(Geometry::default());
     b.format(Geometry::default());
-    let mixed =
-        Volume::open(alignfs::Devices::new(Arc::clone(&a.fast), Arc::clone(&b.ssd) as Arc<dyn BlockDevice>), VolumeOptions::default());
+    let mixed = Volume::open(alignfs::Devices::new(a.fast.clone(), Arc::clone(&b.ssd) as Arc<dyn BlockDevice>), VolumeOptions::default());
     assert!(matches!(mixed, Err(Error::VolumeMismatch { .. })));
     let blank = Devices::new(4 << 20, 16 << 20);
     assert!(matches!(blank.open(VolumeOptions::default()), Err(Error::NotFormatted(_))));

@@ -273,7 +273,7 @@ fn short_ssd_ios_fail_the_call_and_leave_the_data_as_it_was() {
     devices.format(Geometry::default());
     let plan = Arc::new(FaultPlan::default());
     let faulty: Arc<dyn BlockDevice> = Arc::new(FaultyDevice::new(Arc::clone(&devices.ssd) as Arc<dyn BlockDevice>, Arc::clone(&plan)));
-    let volume = Volume::open(alignfs::Devices::new(Arc::clone(&devices.fast), Arc::clone(&faulty)), quiet()).unwrap();
+    let volume = Volume::open(alignfs::Devices::new(devices.fast.clone(), Arc::clone(&faulty)), quiet()).unwrap();
     let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let model: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
     volume.write(ino, 0, &model).unwrap();
@@ -290,7 +290,7 @@ fn short_ssd_ios_fail_the_call_and_leave_the_data_as_it_was() {
         assert_eq!(read_all(&volume, ino), model, "the read after {spec}");
     }
     volume.close().unwrap();
-    let volume = Volume::open(alignfs::Devices::new(Arc::clone(&devices.fast), faulty), quiet()).unwrap();
+    let volume = Volume::open(alignfs::Devices::new(devices.fast.clone(), faulty), quiet()).unwrap();
     assert_eq!(read_all(&volume, ino), model);
     assert!(volume.check().is_empty());
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use alignfs::device::power_loss::{Event, PowerLog, RecordedSsd, Replay, Survival};
-use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
 use alignfs::profile::Promise;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
@@ -45,7 +45,7 @@ fn geometry(profile: Profile) -> Geometry {
 
 /// The recorded devices the profile takes.
 fn devices(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> Devices {
-    Devices { fast: profile.devices().fast_tier.then(|| Arc::clone(fast)), ssd: Arc::clone(ssd) }
+    Devices { fast: profile.devices().fast_tier.then(|| Arc::clone(fast) as Arc<dyn ByteTier>), ssd: Arc::clone(ssd) }
 }
 
 fn open(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> alignfs::Result<Volume> {

@@ -1,4 +1,5 @@
-//! Where bytes live: the SSD seam ([`BlockDevice`]) and the fast tier ([`PmemRegion`]),
+//! Where bytes live: the SSD seam ([`BlockDevice`]) and the byte-addressable tier seam
+//! ([`ByteTier`], implemented by the persistent-memory region [`PmemRegion`]),
 //! plus the test twins: a simulated SSD, fault injection, and power-loss recording.
 //!
 //! A block device moves owned, aligned buffers and hands them back with the result
@@ -169,6 +170,28 @@ pub trait BlockDevice: Send + Sync {
     /// Bytes of each member: member `i` holds `i * member_bytes ..`.
     fn member_bytes(&self) -> u64 {
         self.len_bytes()
+    }
+}
+
+/// The byte-addressable persistent tier: loads and stores at any byte offset, durable
+/// once persisted. `orch` keeps residue pages and its journal in one; the next are a
+/// memory-semantic SSD's byte interface (`byte`) and a hybrid volume's NVM zone (`uhs`).
+///
+/// Stores may be torn at 8-byte granularity by a power cut until persisted; callers keep
+/// concurrent accesses to disjoint bytes.
+pub trait ByteTier: Send + Sync {
+    fn len_bytes(&self) -> u64;
+    /// One line for logs and `alignfs stat`: path and persistence mode.
+    fn describe(&self) -> String;
+    fn write(&self, offset: u64, data: &[u8]);
+    fn zero(&self, offset: u64, len: usize);
+    fn read(&self, offset: u64, out: &mut [u8]);
+    /// Make the bytes stored at `offset..offset + len` durable, ordered before any later
+    /// store.
+    fn persist(&self, offset: u64, len: usize);
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        self.write(offset, data);
+        self.persist(offset, data.len());
     }
 }
 

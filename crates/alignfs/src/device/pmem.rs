@@ -200,6 +200,30 @@ impl PmemRegion {
     }
 }
 
+impl super::ByteTier for PmemRegion {
+    fn len_bytes(&self) -> u64 {
+        PmemRegion::len_bytes(self)
+    }
+    fn describe(&self) -> String {
+        PmemRegion::describe(self)
+    }
+    fn write(&self, offset: u64, data: &[u8]) {
+        PmemRegion::write(self, offset, data)
+    }
+    fn zero(&self, offset: u64, len: usize) {
+        PmemRegion::zero(self, offset, len)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        PmemRegion::read(self, offset, out)
+    }
+    fn persist(&self, offset: u64, len: usize) {
+        PmemRegion::persist(self, offset, len)
+    }
+    fn write_persist(&self, offset: u64, data: &[u8]) {
+        PmemRegion::write_persist(self, offset, data)
+    }
+}
+
 impl Drop for PmemRegion {
     fn drop(&mut self) {
         if let Mapping::Sync { ptr, len } = self.mapping {

@@ -13,7 +13,7 @@ pub use ssd_window::SsdWindow;
 
 use std::sync::Arc;
 
-use crate::device::PmemRegion;
+use crate::device::ByteTier;
 use crate::error::Result;
 
 /// The medium metadata lives on: a window of the fast tier for `orch`; an SSD log area
@@ -31,13 +31,13 @@ pub trait MetaMedium: Send + Sync {
 
 /// `len` bytes of a fast-tier region starting at `offset`.
 pub struct PmemWindow {
-    region: Arc<PmemRegion>,
+    region: Arc<dyn ByteTier>,
     offset: u64,
     len: u64,
 }
 
 impl PmemWindow {
-    pub fn new(region: Arc<PmemRegion>, offset: u64, len: u64) -> PmemWindow {
+    pub fn new(region: Arc<dyn ByteTier>, offset: u64, len: u64) -> PmemWindow {
         assert!(offset + len <= region.len_bytes(), "window inside the region");
         PmemWindow { region, offset, len }
     }

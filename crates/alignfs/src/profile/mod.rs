@@ -17,7 +17,7 @@ mod scrap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::device::PmemRegion;
+use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout};
 use crate::meta::{Freed, Inode, Op};
@@ -161,7 +161,7 @@ pub(crate) trait ProfileSpec: Sync {
     /// takes one; `layout` says where its page zone is.
     fn residue_store(
         &self,
-        fast: Option<&Arc<PmemRegion>>,
+        fast: Option<&Arc<dyn ByteTier>>,
         layout: &MetaLayout,
         geometry: &Geometry,
         options: &VolumeOptions,

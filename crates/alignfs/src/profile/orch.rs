@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
-use crate::device::PmemRegion;
+use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
 use crate::journal::{checkpoint_payload, AsIs, MAX_ENCODED_SEGMENTS};
@@ -57,7 +57,7 @@ impl ProfileSpec for Orch {
     }
     fn residue_store(
         &self,
-        fast: Option<&Arc<PmemRegion>>,
+        fast: Option<&Arc<dyn ByteTier>>,
         layout: &MetaLayout,
         geometry: &Geometry,
         _options: &VolumeOptions,

@@ -4,19 +4,19 @@
 use std::sync::Arc;
 
 use super::ResidueStore;
-use crate::device::PmemRegion;
+use crate::device::ByteTier;
 use crate::layout::BitmapAllocator;
 use crate::map::PageNo;
 
 pub struct PmemPages {
-    region: Arc<PmemRegion>,
+    region: Arc<dyn ByteTier>,
     zone_offset: u64,
     page_bytes: u32,
     allocator: BitmapAllocator,
 }
 
 impl PmemPages {
-    pub fn new(region: Arc<PmemRegion>, zone_offset: u64, page_count: u64, page_bytes: u32) -> PmemPages {
+    pub fn new(region: Arc<dyn ByteTier>, zone_offset: u64, page_count: u64, page_bytes: u32) -> PmemPages {
         assert!(zone_offset + page_count * u64::from(page_bytes) <= region.len_bytes(), "page zone fits the region");
         PmemPages { region, zone_offset, page_bytes, allocator: BitmapAllocator::new(page_count, &[]) }
     }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::device::{BlockDevice, BufferPool, PmemRegion};
+use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::journal::{encode_ops, CheckpointSlots, Journal};
@@ -133,7 +133,7 @@ pub(crate) struct Inner {
     superblock: Superblock,
     pub(crate) geometry: Geometry,
     /// `None` for profiles without a fast tier.
-    fast: Option<Arc<PmemRegion>>,
+    fast: Option<Arc<dyn ByteTier>>,
     ssd: Arc<dyn BlockDevice>,
     residue: Arc<dyn ResidueStore>,
     /// The profile's answers to the data path's questions.
@@ -433,7 +433,7 @@ impl Inner {
 /// threads, for the volume's own tests.
 #[cfg(test)]
 pub(crate) fn test_volume() -> Volume {
-    let fast = Arc::new(PmemRegion::anonymous(8 << 20).unwrap());
+    let fast = Arc::new(crate::device::PmemRegion::anonymous(8 << 20).unwrap());
     let devices = Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
     Volume::format(&devices, &FormatOptions::default()).unwrap();
     Volume::open(devices, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()

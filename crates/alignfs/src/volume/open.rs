@@ -8,7 +8,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::{Committer, FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
-use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, PmemRegion};
+use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, MetaMedium, PmemWindow, Replay, SsdWindow};
@@ -22,12 +22,12 @@ use crate::stats::Stats;
 /// one, its fast tier. Without a fast tier the metadata lives at the start of the SSD.
 #[derive(Clone)]
 pub struct Devices {
-    pub fast: Option<Arc<PmemRegion>>,
+    pub fast: Option<Arc<dyn ByteTier>>,
     pub ssd: Arc<dyn BlockDevice>,
 }
 
 impl Devices {
-    pub fn new(fast: Arc<PmemRegion>, ssd: Arc<dyn BlockDevice>) -> Devices {
+    pub fn new(fast: Arc<dyn ByteTier>, ssd: Arc<dyn BlockDevice>) -> Devices {
         Devices { fast: Some(fast), ssd }
     }
 
@@ -46,7 +46,7 @@ fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
     Ok(run_batch(ssd, vec![request])?.remove(0).to_vec())
 }
 
-fn read_fast_superblock(fast: &PmemRegion) -> Vec<u8> {
+fn read_fast_superblock(fast: &dyn ByteTier) -> Vec<u8> {
     let mut bytes = vec![0u8; SUPERBLOCK_BYTES.min(fast.len_bytes()) as usize];
     fast.read(0, &mut bytes);
     bytes
@@ -55,7 +55,7 @@ fn read_fast_superblock(fast: &PmemRegion) -> Vec<u8> {
 /// Where a volume's journal and checkpoints live.
 #[derive(Clone, Copy)]
 enum MetaDevice<'a> {
-    Fast(&'a Arc<PmemRegion>),
+    Fast(&'a Arc<dyn ByteTier>),
     /// The metadata area at the start of the SSD, for profiles without a fast tier.
     Ssd(&'a Arc<dyn BlockDevice>),
 }
@@ -160,14 +160,14 @@ impl Volume {
         let started = Instant::now();
         let Devices { fast, ssd } = devices;
         let (superblock, meta_name) = match &fast {
-            Some(fast) => check_with_fast_tier(fast, ssd.as_ref())?,
+            Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
             None => check_on_ssd(ssd.as_ref())?,
         };
         Self::assemble(fast, ssd, superblock, meta_name, options, started)
     }
 
     fn assemble(
-        fast: Option<Arc<PmemRegion>>,
+        fast: Option<Arc<dyn ByteTier>>,
         ssd: Arc<dyn BlockDevice>,
         superblock: Superblock,
         meta_name: String,
@@ -266,10 +266,10 @@ fn apply_records(meta: &MetaState, replay: &Replay, superblock: &Superblock, met
 
 /// A fast tier and one SSD: the superblock, checkpoints, journal and residue pages on the
 /// fast tier, a copy of the superblock on the SSD.
-fn format_with_fast_tier(fast: &Arc<PmemRegion>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
+fn format_with_fast_tier(fast: &Arc<dyn ByteTier>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
     let geometry = options.geometry;
     if !options.force {
-        refuse_existing(&[(read_fast_superblock(fast), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+        refuse_existing(&[(read_fast_superblock(fast.as_ref()), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
     }
     let layout = MetaLayout::compute(fast.len_bytes(), &geometry)?;
     let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
@@ -313,7 +313,7 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<
 
 /// The superblock of a fast tier + SSD volume, once both copies agree; and the name of
 /// the device its metadata is on.
-fn check_with_fast_tier(fast: &PmemRegion, ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
+fn check_with_fast_tier(fast: &dyn ByteTier, ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     let fast_name = format!("fast tier {}", fast.describe());
     let ssd_name = format!("SSD {}", ssd.describe());
     let superblock = Superblock::decode(&read_fast_superblock(fast), &fast_name)?;

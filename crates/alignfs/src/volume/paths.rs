@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Devices, FormatOptions, Volume, VolumeOptions};
-use crate::device::{BlockDevice, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
+use crate::device::{BlockDevice, ByteTier, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
@@ -77,7 +77,7 @@ pub fn format_paths(
             if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
                 std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
             }
-            Some(Arc::new(PmemRegion::open(&fast.path, fast.size)?))
+            Some(Arc::new(PmemRegion::open(&fast.path, fast.size)?) as Arc<dyn ByteTier>)
         }
         None => None,
     };

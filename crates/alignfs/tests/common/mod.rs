@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
 use alignfs::layout::Profile;
 use alignfs::{FormatOptions, Geometry, Volume, VolumeOptions};
 
@@ -41,7 +41,7 @@ impl Devices {
     /// The devices the profile takes.
     pub fn devices(&self) -> alignfs::Devices {
         let ssd = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
-        let fast = self.profile.devices().fast_tier.then(|| Arc::clone(&self.fast));
+        let fast = self.profile.devices().fast_tier.then(|| Arc::clone(&self.fast) as Arc<dyn ByteTier>);
         alignfs::Devices { fast, ssd }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::{spawn, DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
-use crate::device::PmemRegion;
+use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
 use crate::journal::checkpoint_payload;
@@ -69,7 +69,7 @@ impl ProfileSpec for Scrap {
     }
     fn residue_store(
         &self,
-        _fast: Option<&Arc<PmemRegion>>,
+        _fast: Option<&Arc<dyn ByteTier>>,
         _layout: &MetaLayout,
         geometry: &Geometry,
         options: &VolumeOptions,
