@@ -3,7 +3,7 @@
 //! open: map entries that share a block are marked (`BlockEntry::Ssd { shared: true }`),
 //! so a block named twice by unmarked entries is still corrupt metadata.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use parking_lot::Mutex;
 
@@ -11,14 +11,23 @@ use super::BitmapAllocator;
 
 pub struct BlockRefs {
     bitmap: BitmapAllocator,
+    counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
     /// Blocks referenced by entries marked shared → references beyond the first.
-    shared: Mutex<HashMap<u64, u32>>,
+    shared: HashMap<u64, u32>,
+    /// Blocks a merge reads without holding their file's lock → pins.
+    pinned: HashMap<u64, u32>,
+    /// Pinned blocks whose last reference went: free when the last pin goes.
+    unreferenced: HashSet<u64>,
 }
 
 impl BlockRefs {
     /// `capacity` blocks, all free except `reserved`.
     pub fn new(capacity: u64, reserved: &[u64]) -> BlockRefs {
-        BlockRefs { bitmap: BitmapAllocator::new(capacity, reserved), shared: Mutex::new(HashMap::new()) }
+        BlockRefs { bitmap: BitmapAllocator::new(capacity, reserved), counts: Mutex::new(Counts::default()) }
     }
 
     pub fn capacity(&self) -> u64 {
@@ -45,41 +54,71 @@ impl BlockRefs {
 
     /// One more reference to an allocated block (a clone).
     pub fn share(&self, id: u64) {
-        *self.shared.lock().entry(id).or_insert(0) += 1;
+        *self.counts.lock().shared.entry(id).or_insert(0) += 1;
     }
 
-    /// Drop one reference to each block; a block is free when its last reference goes.
+    /// Drop one reference to each block; a block is free when its last reference goes
+    /// and no merge has it pinned.
     pub fn release(&self, ids: impl IntoIterator<Item = u64>) {
-        let mut shared = self.shared.lock();
-        let last: Vec<u64> = ids
-            .into_iter()
-            .filter(|id| match shared.get_mut(id) {
+        let mut counts = self.counts.lock();
+        let mut last = Vec::new();
+        for id in ids {
+            match counts.shared.get_mut(&id) {
                 Some(extra) if *extra > 0 => {
                     *extra -= 1;
-                    false
+                    if *extra == 0 {
+                        counts.shared.remove(&id);
+                    }
                 }
-                Some(_) => {
-                    shared.remove(id);
-                    true
+                _ => {
+                    counts.shared.remove(&id);
+                    if counts.pinned.contains_key(&id) {
+                        counts.unreferenced.insert(id);
+                    } else {
+                        last.push(id);
+                    }
                 }
-                None => true,
-            })
-            .collect();
-        drop(shared);
+            }
+        }
+        drop(counts);
+        self.bitmap.free(last);
+    }
+
+    /// Keep an allocated block from being freed (and so rewritten) while a merge reads it
+    /// without holding its file's lock: a writer may replace it meanwhile.
+    pub fn pin(&self, id: u64) {
+        *self.counts.lock().pinned.entry(id).or_insert(0) += 1;
+    }
+
+    /// Undo one [`BlockRefs::pin`] of each block, freeing those no entry references any more.
+    pub fn unpin(&self, ids: impl IntoIterator<Item = u64>) {
+        let mut counts = self.counts.lock();
+        let mut last = Vec::new();
+        for id in ids {
+            let pins = counts.pinned.get_mut(&id).expect("unpin of a block that is not pinned");
+            *pins -= 1;
+            if *pins == 0 {
+                counts.pinned.remove(&id);
+                if counts.unreferenced.remove(&id) {
+                    last.push(id);
+                }
+            }
+        }
+        drop(counts);
         self.bitmap.free(last);
     }
 
     /// Count a map entry's reference while rebuilding at open. `false` if the block is out
     /// of range, or referenced again where either entry is not marked shared.
     pub fn claim(&self, id: u64, marked_shared: bool) -> bool {
-        let mut shared = self.shared.lock();
+        let mut counts = self.counts.lock();
         if self.bitmap.claim(id) {
             if marked_shared {
-                shared.insert(id, 0);
+                counts.shared.insert(id, 0);
             }
             return true;
         }
-        match shared.get_mut(&id) {
+        match counts.shared.get_mut(&id) {
             Some(extra) if marked_shared => {
                 *extra += 1;
                 true
@@ -88,12 +127,13 @@ impl BlockRefs {
         }
     }
 
-    /// How many map entries reference the block (0 if it is free).
+    /// How many map entries reference the block (0 if none does).
     pub fn references(&self, id: u64) -> u32 {
-        if id >= self.bitmap.capacity() || !self.bitmap.is_used(id) {
+        let counts = self.counts.lock();
+        if !self.bitmap.is_used(id) || counts.unreferenced.contains(&id) {
             return 0;
         }
-        1 + self.shared.lock().get(&id).copied().unwrap_or(0)
+        1 + counts.shared.get(&id).copied().unwrap_or(0)
     }
 }
 
@@ -126,5 +166,21 @@ mod tests {
         assert!(refs.claim(4, false));
         assert!(!refs.claim(4, true), "a block first claimed unshared stays single");
         assert!(!refs.claim(99, false));
+    }
+
+    #[test]
+    fn a_pinned_block_outlives_its_last_reference() {
+        let refs = BlockRefs::new(16, &[0]);
+        let a = refs.allocate(1).unwrap()[0];
+        refs.pin(a);
+        refs.release([a]);
+        assert_eq!(refs.references(a), 0);
+        assert_eq!(refs.used_count(), 2, "still allocated while pinned");
+        refs.unpin([a]);
+        assert_eq!(refs.used_count(), 1);
+        let b = refs.allocate(1).unwrap()[0];
+        refs.pin(b);
+        refs.unpin([b]);
+        assert_eq!(refs.references(b), 1, "a pin alone frees nothing");
     }
 }

@@ -56,6 +56,12 @@ impl Inner {
             };
             match self.stage(Arc::clone(&inode), lblock) {
                 Some((staged, image)) => {
+                    // The merge reads this SSD block after the lock is dropped; a writer
+                    // may then replace and free it. The pin keeps it allocated (so never
+                    // rewritten under the read) until the reads are done.
+                    if let Some(block) = staged.entry.ssd_block() {
+                        self.blocks.pin(block.0);
+                    }
                     merging.work.push(staged);
                     images.push(image);
                 }
@@ -66,7 +72,9 @@ impl Inner {
         if merging.work.is_empty() {
             return Ok(merging);
         }
-        match self.write_staged(&merging.work, images) {
+        let written = self.write_staged(&merging.work, images);
+        self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
+        match written {
             Ok(targets) => merging.targets = targets,
             Err(e) => {
                 for staged in &merging.work {
