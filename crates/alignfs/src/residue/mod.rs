@@ -1,8 +1,12 @@
 //! The residue-store seam: where the unaligned remainder of writes lives until migration
 //! merges it into whole SSD blocks.
 //!
-//! A residue store hands out numbered units ("pages") of `unit_bytes`, stores bytes into
-//! them at any offset, and makes them durable according to its profile's promise. The map
+//! A residue store hands out units, named by a number the map records, for the pieces a
+//! write asks for ([`UnitRequest`]: the block a unit will belong to and the bytes the
+//! write puts in it), stores bytes into them at any offset, and makes them durable
+//! according to its profile's promise. The stores so far hand out numbered units of
+//! `unit_bytes` and ignore both hints; a hashed segment buffer places a unit by its block,
+//! an append-only log sizes it by its bytes. The map
 //! records which unit holds which part of which block, so every store shares the
 //! partitioner, the map, the journal and migration. `orch` keeps units in persistent
 //! memory ([`PmemPages`]); the DRAM scrap buffer of `scrap`, the in-SSD byte log of
@@ -16,6 +20,17 @@ pub use pmem_pages::PmemPages;
 pub use scrap_pages::ScrapPages;
 
 use crate::map::PageNo;
+use crate::meta::Ino;
+
+/// One unit a write asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnitRequest {
+    /// The file (object) and logical block the unit will hold residue of.
+    pub object: Ino,
+    pub lblock: u64,
+    /// Bytes the write puts in it: a whole page, or one chunk of an upage.
+    pub bytes: u32,
+}
 
 pub trait ResidueStore: Send + Sync {
     fn describe(&self) -> String;
@@ -24,8 +39,8 @@ pub trait ResidueStore: Send + Sync {
     fn used_units(&self) -> u64;
     /// The most units in use at once since the volume opened.
     fn peak_used_units(&self) -> u64;
-    /// `n` units, all or none.
-    fn allocate(&self, n: usize) -> Option<Vec<PageNo>>;
+    /// A unit for each request, in order; all or none.
+    fn allocate(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>>;
     fn free(&self, units: &[PageNo]);
     /// Mark a unit referenced by the map while rebuilding at open; `false` if it is out of
     /// range or already claimed (corrupt metadata).

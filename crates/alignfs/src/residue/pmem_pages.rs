@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::ResidueStore;
+use super::{ResidueStore, UnitRequest};
 use crate::device::ByteTier;
 use crate::layout::BitmapAllocator;
 use crate::map::PageNo;
@@ -43,8 +43,9 @@ impl ResidueStore for PmemPages {
     fn peak_used_units(&self) -> u64 {
         self.allocator.peak_used_count()
     }
-    fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
-        self.allocator.allocate(n).map(|ids| ids.into_iter().map(PageNo).collect())
+    /// Numbered pages: the hints do not matter.
+    fn allocate(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>> {
+        self.allocator.allocate(requests.len()).map(|ids| ids.into_iter().map(PageNo).collect())
     }
     fn free(&self, units: &[PageNo]) {
         self.allocator.free(units.iter().map(|p| p.0));

@@ -7,7 +7,7 @@
 //! cap. Nothing here survives the process: the store is volatile and the volume journals a
 //! block only once it has been flushed to the SSD.
 
-use super::{PmemPages, ResidueStore};
+use super::{PmemPages, ResidueStore, UnitRequest};
 use crate::device::PmemRegion;
 use crate::error::{Error, Result};
 use crate::map::PageNo;
@@ -47,8 +47,8 @@ impl ResidueStore for ScrapPages {
     fn peak_used_units(&self) -> u64 {
         self.zones.peak_used_units()
     }
-    fn allocate(&self, n: usize) -> Option<Vec<PageNo>> {
-        self.zones.allocate(n)
+    fn allocate(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>> {
+        self.zones.allocate(requests)
     }
     fn free(&self, units: &[PageNo]) {
         self.zones.free(units);

@@ -8,6 +8,7 @@ use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{now_ns, Ino, Inode, Op};
+use crate::residue::UnitRequest;
 
 /// `fallocate` modes the volume implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,7 +144,9 @@ impl Inner {
             image[within as usize..].fill(0);
             let page = u64::from(self.geometry.page_bytes);
             let npages = within.div_ceil(page) as usize;
-            let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| self.residue.allocate(npages)).flatten();
+            let requests: Vec<UnitRequest> =
+                (0..npages).map(|_| UnitRequest { object: ino, lblock: size / block, bytes: page as u32 }).collect();
+            let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| self.residue.allocate(&requests)).flatten();
             let new_entry = match fast_pages {
                 Some(units) => {
                     for (i, &unit) in units.iter().enumerate() {

@@ -11,7 +11,9 @@ use crate::error::{Error, Result};
 use crate::map::{BlockEntry, PageNo, SsdBlock};
 use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue};
+use crate::residue::UnitRequest;
 use crate::stats::Counter;
+use smallvec::SmallVec;
 
 /// Largest file offset: keeps every block index and byte position far from overflow.
 pub const MAX_FILE_BYTES: u64 = 1 << 52;
@@ -121,11 +123,11 @@ impl Inner {
                 }
                 continue;
             }
-            let needed: usize = plan.blocks.iter().map(|b| b.new_pages_needed()).sum();
-            if needed == 0 {
+            let requests = unit_requests(inode.ino, &plan, self.geometry.page_bytes);
+            if requests.is_empty() {
                 return Ok((plan, Vec::new(), entries));
             }
-            match self.reserve_pages(needed) {
+            match self.reserve_pages(&requests) {
                 Some(pages) => return Ok((plan, pages, entries)),
                 // No room even after migrating: whole blocks go direct, then nothing is
                 // residue (the slow path).
@@ -137,19 +139,19 @@ impl Inner {
 
     /// Fast pages for a write: free ones, or ones the writer frees by migrating other
     /// blocks (it waits for migration); `None` if even that finds nothing.
-    pub(super) fn reserve_pages(&self, n: usize) -> Option<Vec<PageNo>> {
-        if let Some(pages) = self.residue.allocate(n) {
+    pub(super) fn reserve_pages(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>> {
+        if let Some(pages) = self.residue.allocate(requests) {
             if self.residue.used_units() as f64 > self.options.migrate_high * self.residue.capacity_units() as f64 {
                 self.notify_maintenance();
             }
             return Some(pages);
         }
         self.notify_maintenance();
-        let target = n as u64 + self.residue.capacity_units() / 8;
+        let target = requests.len() as u64 + self.residue.capacity_units() / 8;
         if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
             tracing::warn!("migration for a waiting writer: {e}");
         }
-        self.residue.allocate(n)
+        self.residue.allocate(requests)
     }
 
     /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
@@ -305,4 +307,23 @@ impl Inner {
             self.residue.persist(unit, start, bytes.len() as u32);
         }
     }
+}
+
+/// The new units a plan binds, in the order the write path fills them: a whole page for a
+/// new page, the chunk's bytes for a new upage.
+fn unit_requests(object: Ino, plan: &Plan, page_bytes: u32) -> SmallVec<[UnitRequest; 4]> {
+    let mut requests = SmallVec::new();
+    for bp in &plan.blocks {
+        if let BlockAction::Fast(pages) | BlockAction::Overlay(pages) = &bp.action {
+            for p in pages {
+                let bytes = match p.target {
+                    PageTarget::NewPage { .. } => page_bytes,
+                    PageTarget::NewUpage => p.end - p.start,
+                    _ => continue,
+                };
+                requests.push(UnitRequest { object, lblock: bp.lblock, bytes });
+            }
+        }
+    }
+    requests
 }
