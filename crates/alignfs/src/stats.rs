@@ -54,6 +54,7 @@ counters! {
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
     migrations_idle: "blocks filled from the SSD and flushed while it was idle (scrap: stage 1)",
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
+    namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
 }
 
 /// What opening the volume took.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, SimSsd};
 use alignfs::personality::{BlockVolume, ObjectStore};
+use alignfs::stats::Counter;
 use alignfs::test_support::seed;
 use alignfs::{Devices, Error, FormatOptions, Geometry, Profile, VolumeOptions};
 use rand::rngs::StdRng;
@@ -41,6 +42,8 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         let disk = BlockVolume::open(devices.clone(), options.clone()).unwrap();
         assert_eq!(disk.size(), VOLUME_BYTES);
         let mtime = disk.volume().getattr(disk.volume().lookup(alignfs::Ino::ROOT, b"volume").unwrap().ino).unwrap().mtime;
+        let namespace_records = || disk.volume().stats().counters.iter().find(|(c, _)| *c == Counter::namespace_records).map(|(_, v)| *v);
+        let before = namespace_records();
         let mut model = vec![0u8; VOLUME_BYTES as usize];
         for _ in 0..300 {
             let len = if rng.random_bool(0.5) { rng.random_range(1..8192) } else { 4096 * rng.random_range(1..64) };
@@ -61,7 +64,9 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         let mut out = vec![0u8; VOLUME_BYTES as usize];
         disk.read(0, &mut out).unwrap();
         assert!(out == model, "{}: contents differ from the model", profile.name());
-        // Writes journal map edits only: the object's size and times stay as formatted.
+        // Writes journal data records only (map edits): no namespace record, and the
+        // object's size and times stay as formatted.
+        assert_eq!(namespace_records(), before);
         let attr = disk.volume().getattr(disk.volume().lookup(alignfs::Ino::ROOT, b"volume").unwrap().ino).unwrap();
         assert_eq!((attr.size, attr.mtime), (VOLUME_BYTES, mtime));
         // Out of range is refused and changes nothing.

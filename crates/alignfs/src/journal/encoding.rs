@@ -2,7 +2,7 @@
 
 use crate::codec::{Decoder, Encoder, Short};
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
-use crate::meta::{Attr, FileKind, Ino, Op, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::meta::{Attr, DataOp, FileKind, Ino, NamespaceOp, Op, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
 /// Most chunks an encoded upage holds (OrchFS's header). A profile whose upages are
 /// journaled must not make larger ones; its module asserts so at compile time.
@@ -145,21 +145,21 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
     e.u32(ops.len() as u32);
     for op in ops {
         match op {
-            Op::Create { parent, name, attr, target } => {
+            Op::Namespace(NamespaceOp::Create { parent, name, attr, target }) => {
                 e.u8(1).u64(parent.0).blob(name);
                 encode_attr(&mut e, attr);
                 e.blob(target);
             }
-            Op::Link { parent, name, ino, time } => {
+            Op::Namespace(NamespaceOp::Link { parent, name, ino, time }) => {
                 e.u8(2).u64(parent.0).blob(name).u64(ino.0).i64(*time);
             }
-            Op::Unlink { parent, name, time } => {
+            Op::Namespace(NamespaceOp::Unlink { parent, name, time }) => {
                 e.u8(3).u64(parent.0).blob(name).i64(*time);
             }
-            Op::Rename { from_parent, from_name, to_parent, to_name, exchange, time } => {
+            Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, exchange, time }) => {
                 e.u8(4).u64(from_parent.0).blob(from_name).u64(to_parent.0).blob(to_name).u8(u8::from(*exchange)).i64(*time);
             }
-            Op::SetAttr { ino, perm, uid, gid, atime, mtime, ctime } => {
+            Op::Namespace(NamespaceOp::SetAttr { ino, perm, uid, gid, atime, mtime, ctime }) => {
                 e.u8(5).u64(ino.0);
                 opt(&mut e, *perm, |e, v| {
                     e.u16(v);
@@ -178,13 +178,13 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
                 });
                 e.i64(*ctime);
             }
-            Op::SetSize { ino, size, time } => {
+            Op::Data(DataOp::SetSize { ino, size, time }) => {
                 e.u8(6).u64(ino.0).u64(*size).i64(*time);
             }
-            Op::Extend { ino, size, mtime } => {
+            Op::Data(DataOp::Extend { ino, size, mtime }) => {
                 e.u8(7).u64(ino.0).u64(*size).i64(*mtime);
             }
-            Op::Map { ino, lblock, entry } => {
+            Op::Data(DataOp::Map { ino, lblock, entry }) => {
                 e.u8(8).u64(ino.0).u64(*lblock);
                 match entry {
                     Some(entry) => {
@@ -196,10 +196,10 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
                     }
                 }
             }
-            Op::Free { ino } => {
+            Op::Namespace(NamespaceOp::Free { ino }) => {
                 e.u8(9).u64(ino.0);
             }
-            Op::SetXattr { ino, name, value, ctime } => {
+            Op::Namespace(NamespaceOp::SetXattr { ino, name, value, ctime }) => {
                 e.u8(10).u64(ino.0).blob(name);
                 match value {
                     Some(value) => e.u8(1).blob(value),
@@ -238,20 +238,23 @@ pub fn decode_ops(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Resu
     let mut ops = Vec::with_capacity(count);
     for _ in 0..count {
         let op = match d.u8()? {
-            1 => {
-                Op::Create { parent: Ino(d.u64()?), name: name(&mut d)?, attr: decode_attr(&mut d)?, target: d.blob(MAX_TARGET)?.to_vec() }
-            }
-            2 => Op::Link { parent: Ino(d.u64()?), name: name(&mut d)?, ino: Ino(d.u64()?), time: d.i64()? },
-            3 => Op::Unlink { parent: Ino(d.u64()?), name: name(&mut d)?, time: d.i64()? },
-            4 => Op::Rename {
+            1 => Op::Namespace(NamespaceOp::Create {
+                parent: Ino(d.u64()?),
+                name: name(&mut d)?,
+                attr: decode_attr(&mut d)?,
+                target: d.blob(MAX_TARGET)?.to_vec(),
+            }),
+            2 => Op::Namespace(NamespaceOp::Link { parent: Ino(d.u64()?), name: name(&mut d)?, ino: Ino(d.u64()?), time: d.i64()? }),
+            3 => Op::Namespace(NamespaceOp::Unlink { parent: Ino(d.u64()?), name: name(&mut d)?, time: d.i64()? }),
+            4 => Op::Namespace(NamespaceOp::Rename {
                 from_parent: Ino(d.u64()?),
                 from_name: name(&mut d)?,
                 to_parent: Ino(d.u64()?),
                 to_name: name(&mut d)?,
                 exchange: d.u8()? != 0,
                 time: d.i64()?,
-            },
-            5 => Op::SetAttr {
+            }),
+            5 => Op::Namespace(NamespaceOp::SetAttr {
                 ino: Ino(d.u64()?),
                 perm: read_opt(&mut d, |d| d.u16())?,
                 uid: read_opt(&mut d, |d| d.u32())?,
@@ -259,22 +262,22 @@ pub fn decode_ops(bytes: &[u8], pages_per_block: usize, page_bytes: u32) -> Resu
                 atime: read_opt(&mut d, |d| d.i64())?,
                 mtime: read_opt(&mut d, |d| d.i64())?,
                 ctime: d.i64()?,
-            },
-            6 => Op::SetSize { ino: Ino(d.u64()?), size: d.u64()?, time: d.i64()? },
-            7 => Op::Extend { ino: Ino(d.u64()?), size: d.u64()?, mtime: d.i64()? },
+            }),
+            6 => Op::Data(DataOp::SetSize { ino: Ino(d.u64()?), size: d.u64()?, time: d.i64()? }),
+            7 => Op::Data(DataOp::Extend { ino: Ino(d.u64()?), size: d.u64()?, mtime: d.i64()? }),
             8 => {
                 let ino = Ino(d.u64()?);
                 let lblock = d.u64()?;
                 let entry = read_opt(&mut d, |d| decode_entry(d, pages_per_block, page_bytes))?;
-                Op::Map { ino, lblock, entry }
+                Op::Data(DataOp::Map { ino, lblock, entry })
             }
-            9 => Op::Free { ino: Ino(d.u64()?) },
-            10 => Op::SetXattr {
+            9 => Op::Namespace(NamespaceOp::Free { ino: Ino(d.u64()?) }),
+            10 => Op::Namespace(NamespaceOp::SetXattr {
                 ino: Ino(d.u64()?),
                 name: xattr_name(&mut d)?,
                 value: read_opt(&mut d, |d| Ok(d.blob(XATTR_VALUE_MAX)?.to_vec()))?,
                 ctime: d.i64()?,
-            },
+            }),
             other => return d.fail(format!("unknown op tag {other}")),
         };
         ops.push(op);
@@ -305,18 +308,26 @@ mod tests {
             ctime: 3,
         };
         let ops = vec![
-            Op::Create { parent: Ino(1), name: b"a".to_vec(), attr, target: vec![] },
-            Op::Link { parent: Ino(1), name: b"b".to_vec(), ino: Ino(5), time: 9 },
-            Op::Rename {
+            Op::Namespace(NamespaceOp::Create { parent: Ino(1), name: b"a".to_vec(), attr, target: vec![] }),
+            Op::Namespace(NamespaceOp::Link { parent: Ino(1), name: b"b".to_vec(), ino: Ino(5), time: 9 }),
+            Op::Namespace(NamespaceOp::Rename {
                 from_parent: Ino(1),
                 from_name: b"b".to_vec(),
                 to_parent: Ino(1),
                 to_name: b"c".to_vec(),
                 exchange: true,
                 time: 10,
-            },
-            Op::SetAttr { ino: Ino(5), perm: Some(0o600), uid: None, gid: Some(7), atime: None, mtime: Some(4), ctime: 11 },
-            Op::Map {
+            }),
+            Op::Namespace(NamespaceOp::SetAttr {
+                ino: Ino(5),
+                perm: Some(0o600),
+                uid: None,
+                gid: Some(7),
+                atime: None,
+                mtime: Some(4),
+                ctime: 11,
+            }),
+            Op::Data(DataOp::Map {
                 ino: Ino(5),
                 lblock: 3,
                 entry: Some(BlockEntry::Ssd {
@@ -327,13 +338,13 @@ mod tests {
                         (4, Overlay::Upage { page: PageNo(4), chunks: Chunks::single(10, 20).with(30, 40) }),
                     ],
                 }),
-            },
-            Op::Map { ino: Ino(5), lblock: 4, entry: Some(BlockEntry::Fast { pages: vec![(0, PageNo(1)), (7, PageNo(2))] }) },
-            Op::Map { ino: Ino(5), lblock: 5, entry: None },
-            Op::Extend { ino: Ino(5), size: 100, mtime: 12 },
-            Op::SetSize { ino: Ino(5), size: 50, time: 13 },
-            Op::Unlink { parent: Ino(1), name: b"c".to_vec(), time: 14 },
-            Op::Free { ino: Ino(5) },
+            }),
+            Op::Data(DataOp::Map { ino: Ino(5), lblock: 4, entry: Some(BlockEntry::Fast { pages: vec![(0, PageNo(1)), (7, PageNo(2))] }) }),
+            Op::Data(DataOp::Map { ino: Ino(5), lblock: 5, entry: None }),
+            Op::Data(DataOp::Extend { ino: Ino(5), size: 100, mtime: 12 }),
+            Op::Data(DataOp::SetSize { ino: Ino(5), size: 50, time: 13 }),
+            Op::Namespace(NamespaceOp::Unlink { parent: Ino(1), name: b"c".to_vec(), time: 14 }),
+            Op::Namespace(NamespaceOp::Free { ino: Ino(5) }),
         ];
         let bytes = encode_ops(&ops);
         assert_eq!(decode_ops(&bytes, 8, 4096).unwrap(), ops);

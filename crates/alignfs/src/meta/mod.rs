@@ -4,7 +4,7 @@
 
 mod op;
 
-pub use op::{apply, Freed, Op};
+pub use op::{apply, DataOp, Freed, NamespaceOp, Op};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

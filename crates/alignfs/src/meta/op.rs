@@ -6,8 +6,17 @@ use std::sync::Arc;
 use super::{Attr, FileKind, Ino, Inode, InodeData, MetaState, TimeNs};
 use crate::map::{BlockEntry, FileMap, PageNo, SsdBlock};
 
+/// One journal record's op: a namespace record or a data record. A personality without a
+/// namespace (a block volume) journals data records alone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
+    Namespace(NamespaceOp),
+    Data(DataOp),
+}
+
+/// Names, links, attributes and the life of inodes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamespaceOp {
     /// A new inode linked at `parent/name`.
     Create {
         parent: Ino,
@@ -46,25 +55,6 @@ pub enum Op {
         mtime: Option<TimeNs>,
         ctime: TimeNs,
     },
-    /// Truncate or extend to exactly `size` (the map edits ride in the same record).
-    SetSize {
-        ino: Ino,
-        size: u64,
-        time: TimeNs,
-    },
-    /// A write: size grows to at least `size`, mtime to at least `mtime`. Commutative, so
-    /// writes to disjoint blocks of one file may commit in any order.
-    Extend {
-        ino: Ino,
-        size: u64,
-        mtime: TimeNs,
-    },
-    /// One block of a file's map (`None` = hole).
-    Map {
-        ino: Ino,
-        lblock: u64,
-        entry: Option<BlockEntry>,
-    },
     /// Set (`Some`) or remove (`None`) one extended attribute.
     SetXattr {
         ino: Ino,
@@ -78,14 +68,42 @@ pub enum Op {
     },
 }
 
+/// An object's bytes: where its blocks live and how large it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataOp {
+    /// Truncate or extend to exactly `size` (the map edits ride in the same record).
+    SetSize { ino: Ino, size: u64, time: TimeNs },
+    /// A write: size grows to at least `size`, mtime to at least `mtime`. Commutative, so
+    /// writes to disjoint blocks of one file may commit in any order.
+    Extend { ino: Ino, size: u64, mtime: TimeNs },
+    /// One block of a file's map (`None` = hole).
+    Map { ino: Ino, lblock: u64, entry: Option<BlockEntry> },
+}
+
+impl From<NamespaceOp> for Op {
+    fn from(op: NamespaceOp) -> Op {
+        Op::Namespace(op)
+    }
+}
+
+impl From<DataOp> for Op {
+    fn from(op: DataOp) -> Op {
+        Op::Data(op)
+    }
+}
+
 impl Op {
     /// Whether this op can only shrink the state (and so may use the journal's reserve).
     pub fn releases_space(&self) -> bool {
         match self {
-            Op::Unlink { .. } | Op::Free { .. } | Op::SetSize { .. } => true,
-            Op::Map { entry, .. } => entry.is_none(),
-            Op::SetXattr { value, .. } => value.is_none(),
-            Op::Create { .. } | Op::Link { .. } | Op::Rename { .. } | Op::SetAttr { .. } | Op::Extend { .. } => false,
+            Op::Namespace(NamespaceOp::Unlink { .. }) | Op::Namespace(NamespaceOp::Free { .. }) | Op::Data(DataOp::SetSize { .. }) => true,
+            Op::Data(DataOp::Map { entry, .. }) => entry.is_none(),
+            Op::Namespace(NamespaceOp::SetXattr { value, .. }) => value.is_none(),
+            Op::Namespace(NamespaceOp::Create { .. })
+            | Op::Namespace(NamespaceOp::Link { .. })
+            | Op::Namespace(NamespaceOp::Rename { .. })
+            | Op::Namespace(NamespaceOp::SetAttr { .. })
+            | Op::Data(DataOp::Extend { .. }) => false,
         }
     }
 }
@@ -166,7 +184,7 @@ fn touch_dir(dir: &Inode, time: TimeNs) {
 pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
     let mut freed = Freed::default();
     match op {
-        Op::Create { parent, name, attr, target } => {
+        Op::Namespace(NamespaceOp::Create { parent, name, attr, target }) => {
             let dir = need_dir(state, *parent)?;
             if dir.data.lock().entries.contains_key(name) {
                 return Err(Inapplicable(format!("create: name exists in directory {}", parent.0)));
@@ -187,7 +205,7 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             d.attr.mtime = attr.ctime;
             d.attr.ctime = attr.ctime;
         }
-        Op::Link { parent, name, ino, time } => {
+        Op::Namespace(NamespaceOp::Link { parent, name, ino, time }) => {
             let dir = need_dir(state, *parent)?;
             let inode = need(state, *ino)?;
             dir.data.lock().entries.insert(name.clone(), *ino);
@@ -196,7 +214,7 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             data.attr.nlink += 1;
             data.attr.ctime = *time;
         }
-        Op::Unlink { parent, name, time } => {
+        Op::Namespace(NamespaceOp::Unlink { parent, name, time }) => {
             let dir = need_dir(state, *parent)?;
             let removed = dir.data.lock().entries.remove(name);
             let ino = removed.ok_or_else(|| Inapplicable(format!("unlink: no such name in directory {}", parent.0)))?;
@@ -205,10 +223,10 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
                 drop_link(&inode, &dir, *time);
             }
         }
-        Op::Rename { from_parent, from_name, to_parent, to_name, exchange, time } => {
+        Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, exchange, time }) => {
             apply_rename(state, *from_parent, from_name, *to_parent, to_name, *exchange, *time)?;
         }
-        Op::SetAttr { ino, perm, uid, gid, atime, mtime, ctime } => {
+        Op::Namespace(NamespaceOp::SetAttr { ino, perm, uid, gid, atime, mtime, ctime }) => {
             let inode = need(state, *ino)?;
             let mut data = inode.data.lock();
             let a = &mut data.attr;
@@ -219,21 +237,21 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             a.mtime = mtime.unwrap_or(a.mtime);
             a.ctime = *ctime;
         }
-        Op::SetSize { ino, size, time } => {
+        Op::Data(DataOp::SetSize { ino, size, time }) => {
             let inode = need(state, *ino)?;
             let mut data = inode.data.lock();
             data.attr.size = *size;
             data.attr.mtime = *time;
             data.attr.ctime = *time;
         }
-        Op::Extend { ino, size, mtime } => {
+        Op::Data(DataOp::Extend { ino, size, mtime }) => {
             let inode = need(state, *ino)?;
             let mut data = inode.data.lock();
             data.attr.size = data.attr.size.max(*size);
             data.attr.mtime = data.attr.mtime.max(*mtime);
             data.attr.ctime = data.attr.ctime.max(*mtime);
         }
-        Op::Map { ino, lblock, entry } => {
+        Op::Data(DataOp::Map { ino, lblock, entry }) => {
             let inode = need(state, *ino)?;
             let mut map = inode.map.lock();
             let old = match entry {
@@ -248,7 +266,7 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
                 freed.blocks.extend(old.ssd_block().filter(|b| Some(*b) != keep_block));
             }
         }
-        Op::SetXattr { ino, name, value, ctime } => {
+        Op::Namespace(NamespaceOp::SetXattr { ino, name, value, ctime }) => {
             let inode = need(state, *ino)?;
             let mut data = inode.data.lock();
             match value {
@@ -257,7 +275,7 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
             };
             data.attr.ctime = *ctime;
         }
-        Op::Free { ino } => {
+        Op::Namespace(NamespaceOp::Free { ino }) => {
             if let Some(inode) = state.get(*ino) {
                 if inode.data.lock().attr.nlink == 0 {
                     remove_inode(state, &inode, &mut freed);

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::{Inner, Volume};
 use crate::error::{Error, Result};
 use crate::map::BlockEntry;
-use crate::meta::{now_ns, Ino, Inode, Op};
+use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::stats::Counter;
 
 /// Map edits per journal record: a clone of up to this many blocks is atomic across a
@@ -46,15 +46,15 @@ impl Inner {
         self.truncate_locked(target, 0)?;
         let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();
         let time = now_ns();
-        let mut ops = vec![Op::SetSize { ino: target.ino, size: source.size(), time }];
+        let mut ops = vec![Op::Data(DataOp::SetSize { ino: target.ino, size: source.size(), time })];
         let mut shared = Vec::new();
         for (lblock, entry) in blocks {
             let Some(block) = entry.ssd_block() else { continue };
             let marked = BlockEntry::Ssd { block, overlays: Vec::new(), shared: true };
             if !entry.shared() {
-                ops.push(Op::Map { ino: source.ino, lblock, entry: Some(marked.clone()) });
+                ops.push(Op::Data(DataOp::Map { ino: source.ino, lblock, entry: Some(marked.clone()) }));
             }
-            ops.push(Op::Map { ino: target.ino, lblock, entry: Some(marked) });
+            ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock, entry: Some(marked) }));
             shared.push(block);
             if ops.len() >= CLONE_OPS_PER_RECORD {
                 self.commit_shares(&mut ops, &mut shared)?;

@@ -12,7 +12,7 @@ use super::Inner;
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, SsdBlock};
-use crate::meta::{FileKind, Ino, Inode, Op};
+use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
 impl Inner {
     /// Merge one block's residue into a new SSD block. The caller holds the block's range
@@ -211,7 +211,9 @@ impl Inner {
             let mut ops: Vec<Op> = work
                 .iter()
                 .zip(&targets)
-                .map(|(staged, t)| Op::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(*t)) })
+                .map(|(staged, t)| {
+                    Op::Data(DataOp::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(*t)) })
+                })
                 .collect();
             let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
             self.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);

@@ -38,7 +38,7 @@ use crate::geometry::Geometry;
 use crate::journal::{encode_ops, CheckpointSlots, Journal};
 use crate::layout::{BlockRefs, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
-use crate::meta::{apply, Freed, MetaState, Op};
+use crate::meta::{apply, DataOp, Freed, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
 use crate::residue::ResidueStore;
 use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
@@ -325,11 +325,11 @@ impl Inner {
         self.check_writable()?;
         let mut committer = self.committer.lock();
         for op in ops {
-            if let Op::Map { ino, .. }
-            | Op::Extend { ino, .. }
-            | Op::SetSize { ino, .. }
-            | Op::SetAttr { ino, .. }
-            | Op::SetXattr { ino, .. } = op
+            if let Op::Data(DataOp::Map { ino, .. })
+            | Op::Data(DataOp::Extend { ino, .. })
+            | Op::Data(DataOp::SetSize { ino, .. })
+            | Op::Namespace(NamespaceOp::SetAttr { ino, .. })
+            | Op::Namespace(NamespaceOp::SetXattr { ino, .. }) = op
             {
                 if self.meta.get(*ino).is_none() {
                     return Err(Error::NotFound);
@@ -371,6 +371,7 @@ impl Inner {
             assert!(appended, "a record that fits an empty journal fits after a checkpoint");
         }
         self.stats.add(Counter::journal_records, 1);
+        self.stats.add(Counter::namespace_records, u64::from(ops.iter().any(|op| matches!(op, Op::Namespace(_)))));
         self.stats.add(Counter::journal_bytes, payload.len() as u64);
         Ok(())
     }

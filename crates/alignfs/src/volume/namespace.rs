@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Inner, Volume};
 use crate::error::{Error, Result};
-use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
+use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, NamespaceOp, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
 
 pub const MAX_NAME_BYTES: usize = 255;
 pub const MAX_SYMLINK_BYTES: usize = 4096;
@@ -83,7 +83,7 @@ fn check_replaceable(inode: &Inode, as_dir: bool) -> Result<()> {
 /// the decision is journaled, never re-derived.)
 fn free_if_last_name(inode: &Inode) -> Option<Op> {
     let last = inode.kind == FileKind::Dir || inode.data.lock().attr.nlink <= 1;
-    (last && inode.opens.load(Ordering::SeqCst) == 0).then_some(Op::Free { ino: inode.ino })
+    (last && inode.opens.load(Ordering::SeqCst) == 0).then_some(Op::Namespace(NamespaceOp::Free { ino: inode.ino }))
 }
 
 impl Inner {
@@ -178,7 +178,12 @@ impl Volume {
             mtime: now,
             ctime: now,
         };
-        self.inner.commit_namespace(&[Op::Create { parent, name: name.to_vec(), attr: attr.clone(), target: target.to_vec() }])?;
+        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Create {
+            parent,
+            name: name.to_vec(),
+            attr: attr.clone(),
+            target: target.to_vec(),
+        })])?;
         Ok(attr)
     }
 
@@ -232,7 +237,7 @@ impl Volume {
         if self.inner.child(parent, name)?.is_some() {
             return Err(Error::Exists);
         }
-        self.inner.commit_namespace(&[Op::Link { parent, name: name.to_vec(), ino, time: now_ns() }])?;
+        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Link { parent, name: name.to_vec(), ino, time: now_ns() })])?;
         Ok(inode.attr())
     }
 
@@ -256,7 +261,7 @@ impl Volume {
         let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
         let inode = self.inner.get(ino)?;
         check_replaceable(&inode, directory)?;
-        let unlink = Op::Unlink { parent, name: name.to_vec(), time: now_ns() };
+        let unlink = Op::Namespace(NamespaceOp::Unlink { parent, name: name.to_vec(), time: now_ns() });
         let ops: Vec<Op> = std::iter::once(unlink).chain(free_if_last_name(&inode)).collect();
         self.inner.commit_namespace(&ops)
     }
@@ -292,14 +297,14 @@ impl Volume {
             check_replaceable(&replaced, source_dir)?;
             free = free_if_last_name(&replaced);
         }
-        let op = Op::Rename {
+        let op = Op::Namespace(NamespaceOp::Rename {
             from_parent,
             from_name: from_name.to_vec(),
             to_parent,
             to_name: to_name.to_vec(),
             exchange: flags.exchange,
             time: now_ns(),
-        };
+        });
         let ops: Vec<Op> = std::iter::once(op).chain(free).collect();
         self.inner.commit_namespace(&ops)
     }
@@ -313,7 +318,7 @@ impl Volume {
         let changes =
             request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
         if changes {
-            let op = Op::SetAttr {
+            let op = Op::Namespace(NamespaceOp::SetAttr {
                 ino,
                 perm: request.perm.map(|p| p & 0o7777),
                 uid: request.uid,
@@ -321,7 +326,7 @@ impl Volume {
                 atime: request.atime,
                 mtime: request.mtime,
                 ctime: now_ns(),
-            };
+            });
             self.inner.commit_namespace(&[op])?;
         }
         self.getattr(ino)
@@ -339,7 +344,7 @@ impl Volume {
         let previous = inode.opens.fetch_sub(1, Ordering::SeqCst);
         if previous == 1 && inode.data.lock().attr.nlink == 0 && !self.inner.options.read_only {
             let _ns = self.inner.namespace.lock();
-            self.inner.commit_namespace(&[Op::Free { ino }])?;
+            self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Free { ino })])?;
         }
         Ok(())
     }
@@ -383,7 +388,12 @@ impl Volume {
                 return Err(Error::NoSpace);
             }
         }
-        self.inner.commit_namespace(&[Op::SetXattr { ino, name: name.to_vec(), value: Some(value.to_vec()), ctime: now_ns() }])
+        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::SetXattr {
+            ino,
+            name: name.to_vec(),
+            value: Some(value.to_vec()),
+            ctime: now_ns(),
+        })])
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
@@ -392,7 +402,7 @@ impl Volume {
         if !self.inner.get(ino)?.data.lock().xattrs.contains_key(name) {
             return Err(Error::NoAttribute);
         }
-        self.inner.commit_namespace(&[Op::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() }])
+        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() })])
     }
 
     pub fn statfs(&self) -> StatFs {

@@ -7,7 +7,7 @@ use super::{Inner, Volume};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
-use crate::meta::{now_ns, Ino, Inode, Op};
+use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::residue::UnitRequest;
 
 /// `fallocate` modes the volume implements.
@@ -62,7 +62,7 @@ impl Volume {
                     self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
                 }
                 if !keep_size && end > size {
-                    self.inner.release_freed(self.inner.commit(&[Op::Extend { ino, size: end, mtime: now_ns() }])?);
+                    self.inner.release_freed(self.inner.commit(&[Op::Data(DataOp::Extend { ino, size: end, mtime: now_ns() })])?);
                 }
             }
             FallocateMode::PunchHole => {
@@ -73,7 +73,7 @@ impl Volume {
                 let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
                 let drops: Vec<Op> = if first_whole < last_whole {
                     let map = inode.map.lock();
-                    map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+                    map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
                 } else {
                     Vec::new()
                 };
@@ -129,11 +129,11 @@ impl Inner {
         let time = now_ns();
         if size >= old {
             self.zero_beyond_eof(inode, old);
-            return self.commit(&[Op::SetSize { ino, size, time }]).map(|f| self.release_freed(f));
+            return self.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| self.release_freed(f));
         }
         let mut ops: Vec<Op> = {
             let map = inode.map.lock();
-            map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Map { ino, lblock, entry: None }).collect()
+            map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
         };
         let mut fresh_units = (Vec::new(), Vec::new());
         let within = size % block;
@@ -162,9 +162,9 @@ impl Inner {
                     BlockEntry::whole(new_block)
                 }
             };
-            ops.push(Op::Map { ino, lblock: size / block, entry: Some(new_entry) });
+            ops.push(Op::Data(DataOp::Map { ino, lblock: size / block, entry: Some(new_entry) }));
         }
-        ops.push(Op::SetSize { ino, size, time });
+        ops.push(Op::Data(DataOp::SetSize { ino, size, time }));
         match self.commit(&ops) {
             Ok(freed) => {
                 self.release_freed(freed);

@@ -9,7 +9,7 @@ use super::{Inner, Volume};
 use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, PageNo, SsdBlock};
-use crate::meta::{now_ns, FileKind, Ino, Inode, Op};
+use crate::meta::{now_ns, DataOp, FileKind, Ino, Inode, Op};
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue};
 use crate::residue::UnitRequest;
 use crate::stats::Counter;
@@ -91,7 +91,7 @@ impl Inner {
         }
         let mut ops = result?;
         if extend {
-            ops.push(Op::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() });
+            ops.push(Op::Data(DataOp::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() }));
         }
         let freed = self.commit(&ops)?;
         self.release_freed(freed);
@@ -195,7 +195,7 @@ impl Inner {
             .map(|((bp, current), bound)| {
                 let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));
                 let next = next_entry(current.as_ref(), bp, block, bound);
-                Op::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) }
+                Op::Data(DataOp::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) })
             })
             .collect();
         full.dedup();

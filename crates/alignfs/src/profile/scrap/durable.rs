@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use super::ScrapState;
 use crate::journal::DurableView;
 use crate::map::BlockEntry;
-use crate::meta::{Ino, Op};
+use crate::meta::{DataOp, Ino, Op};
 use crate::profile::Projection;
 use crate::volume::Inner;
 
@@ -45,7 +45,7 @@ impl ScrapState {
         let mut sizes: Vec<(Ino, u64)> = Vec::new();
         for op in ops {
             match op {
-                Op::Map { ino, lblock, entry } => {
+                Op::Data(DataOp::Map { ino, lblock, entry }) => {
                     let before = match projected.get(&(*ino, *lblock)) {
                         Some(p) => p.clone(),
                         None => engine.meta.get(*ino).and_then(|i| i.map.lock().get(lblock).and_then(durable_entry)),
@@ -56,21 +56,21 @@ impl ScrapState {
                             let end = durable_end.entry(*ino).or_default();
                             *end = (*end).max((lblock + 1) * block);
                         }
-                        journal.push(Op::Map { ino: *ino, lblock: *lblock, entry: after.clone() });
+                        journal.push(Op::Data(DataOp::Map { ino: *ino, lblock: *lblock, entry: after.clone() }));
                         projected.insert((*ino, *lblock), after);
                     }
                 }
-                Op::SetSize { ino, size, .. } => {
+                Op::Data(DataOp::SetSize { ino, size, .. }) => {
                     sizes.push((*ino, *size));
                     journal.push(op.clone());
                 }
-                Op::Extend { .. } => {}
+                Op::Data(DataOp::Extend { .. }) => {}
                 other => journal.push(other.clone()),
             }
         }
         // Sizes last: they depend on every block edit of the commit.
         for op in ops {
-            let Op::Extend { ino, size, mtime } = op else { continue };
+            let Op::Data(DataOp::Extend { ino, size, mtime }) = op else { continue };
             let Some(inode) = engine.meta.get(*ino) else { continue };
             let before = match sizes.iter().rev().find(|(i, _)| i == ino) {
                 Some(&(_, size)) => size,
@@ -79,7 +79,7 @@ impl ScrapState {
             let reach = durable_end.get(ino).copied().unwrap_or(0).max(self.first_volatile_byte(engine, *ino, ops, before));
             let floor = (*size).min(reach);
             if floor > before {
-                journal.push(Op::Extend { ino: *ino, size: floor, mtime: *mtime });
+                journal.push(Op::Data(DataOp::Extend { ino: *ino, size: floor, mtime: *mtime }));
             }
             sizes.push((*ino, floor.max(before)));
         }
@@ -94,7 +94,7 @@ impl ScrapState {
         let mut first = u64::MAX;
         let mut edited = Vec::new();
         for op in ops {
-            if let Op::Map { ino: i, lblock, entry } = op {
+            if let Op::Data(DataOp::Map { ino: i, lblock, entry }) = op {
                 if *i == ino {
                     edited.push(*lblock);
                     if entry.as_ref().is_some_and(|e| e.fast_page_count() > 0) && *lblock >= from_block {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::ScrapState;
 use crate::error::Result;
 use crate::map::BlockEntry;
-use crate::meta::{FileKind, Ino, Inode, Op};
+use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
 use crate::volume::Inner;
 
@@ -73,7 +73,7 @@ impl ScrapState {
         }
         let attr = inode.attr();
         if self.durable_size(engine, inode.ino, attr.size) < attr.size {
-            let freed = engine.commit(&[Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime }])?;
+            let freed = engine.commit(&[Op::Data(DataOp::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime })])?;
             engine.release_freed(freed);
         }
         Ok(())

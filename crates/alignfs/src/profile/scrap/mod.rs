@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
 use crate::journal::checkpoint_payload;
 use crate::layout::MAX_SSDS;
-use crate::meta::{Freed, Ino, Inode, Op};
+use crate::meta::{DataOp, Freed, Ino, Inode, Op};
 use crate::partition::{Plan, Residue, Rules};
 use crate::residue::{ResidueStore, ScrapPages};
 use crate::volume::{Inner, VolumeOptions, Wakeup};
@@ -189,7 +189,7 @@ impl Policy for ScrapPolicy {
     fn merge_ops(&self, files: &[&Arc<Inode>], ops: &mut Vec<Op>) {
         for inode in files {
             let attr = inode.attr();
-            ops.push(Op::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime });
+            ops.push(Op::Data(DataOp::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime }));
         }
     }
 }
