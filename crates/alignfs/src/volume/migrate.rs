@@ -40,8 +40,10 @@ impl Inner {
     /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
     /// unused): those blocks are returned with the count of blocks that moved.
     pub(crate) fn migrate_blocks_watched(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
-        let merging = self.start_watched_merge(blocks)?;
-        self.finish_watched_merge(merging, cause)
+        self.merges_in_flight.fetch_add(1, Ordering::SeqCst);
+        let result = self.start_watched_merge(blocks).and_then(|merging| self.finish_watched_merge(merging, cause));
+        self.merges_in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// The first half of [`Inner::migrate_blocks_watched`]: copy out, write, flush.

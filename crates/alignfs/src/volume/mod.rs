@@ -155,6 +155,8 @@ pub(crate) struct Inner {
     /// Wakes the maintenance thread (migration, checkpoints).
     maintenance_due: Wakeup,
     shutdown: AtomicBool,
+    /// Background merges between their first allocation and their commit.
+    merges_in_flight: AtomicU64,
     recovery: RecoveryReport,
     /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
     ssd_in_flight: Vec<AtomicU64>,
@@ -214,6 +216,15 @@ impl Volume {
     /// Write a checkpoint now (the journal restarts empty).
     pub fn checkpoint(&self) -> Result<()> {
         self.inner.checkpoint()
+    }
+
+    /// Wait until no background merge is in flight, so space counters show only blocks
+    /// the maps hold (tests and benchmarks that compare them). Returns at once when no
+    /// background work runs.
+    pub fn settle(&self) {
+        while self.inner.merges_in_flight.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).

@@ -228,6 +228,7 @@ impl Volume {
             buffers: BufferPool::new(64 << 20),
             maintenance_due: Wakeup::default(),
             shutdown: AtomicBool::new(false),
+            merges_in_flight: AtomicU64::new(0),
             recovery,
             ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
             #[cfg(debug_assertions)]
