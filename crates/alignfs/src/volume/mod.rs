@@ -369,6 +369,16 @@ impl Inner {
     /// Append one record holding `ops`, checkpointing first when the journal is full.
     fn append_record(&self, committer: &mut Committer, ops: &[Op]) -> Result<()> {
         let payload = encode_ops(ops);
+        // Replay must read back exactly these ops under this geometry's rules (a segment
+        // limit or a page index the decoder refuses would make the volume unopenable).
+        // Checked in debug builds, where every test runs: decoding costs a tenth of a
+        // durable 4 KiB write.
+        #[cfg(debug_assertions)]
+        {
+            let (ppb, page_bytes) = (self.geometry.pages_per_block(), self.geometry.page_bytes);
+            let decoded = crate::journal::decode_ops(&payload, ppb, page_bytes);
+            assert!(decoded.as_deref() == Ok(ops), "journal record does not read back: {decoded:?} for {ops:?}");
+        }
         // The journal's last eighth is kept for records that only release space, so that
         // when the state has outgrown its checkpoint slot (nothing new fits) files can
         // still be deleted and truncated until a checkpoint fits again.
