@@ -25,6 +25,23 @@ pub enum Error {
     Geometry(String),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The devices named do not make up the volume or suit its profile: a fast tier given
+    /// or missing, too many SSDs, a member missing or named twice.
+    #[error("{0}")]
+    WrongDevices(String),
+    #[error("{0}")]
+    UnknownProfile(String),
+    #[error("{0}")]
+    BadSize(String),
+    /// A file, object or extended-attribute name the volume cannot hold.
+    #[error("{0}")]
+    InvalidName(String),
+    #[error("not a regular file")]
+    NotAFile,
+    /// The volume holds another personality's layout (a block volume opened as an
+    /// object store, or none at all).
+    #[error("{0}")]
+    WrongPersonality(String),
     #[error("no space left on the SSD")]
     NoSpace,
     #[error("metadata does not fit: {0}")]
@@ -88,6 +105,8 @@ impl Error {
             Error::AlreadyFormatted { .. } | Error::Exists => libc::EEXIST,
             Error::NotFormatted(_) | Error::VolumeMismatch { .. } => libc::EINVAL,
             Error::Geometry(_) | Error::InvalidArgument(_) | Error::BadPath(..) => libc::EINVAL,
+            Error::WrongDevices(_) | Error::UnknownProfile(_) | Error::BadSize(_) | Error::WrongPersonality(_) => libc::EINVAL,
+            Error::InvalidName(_) | Error::NotAFile => libc::EINVAL,
             Error::NoSpace | Error::MetadataFull(_) => libc::ENOSPC,
             Error::NotFound => libc::ENOENT,
             Error::NotDir => libc::ENOTDIR,

@@ -154,7 +154,7 @@ pub fn parse_size(text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let bad = || Error::InvalidArgument(format!("cannot parse size {text:?} (examples: 4096, 32K, 8G)"));
+    let bad = || Error::BadSize(format!("cannot parse size {text:?} (examples: 4096, 32K, 8G)"));
     let value: f64 = number.parse().map_err(|_| bad())?;
     let multiplier = match unit.trim().to_ascii_uppercase().as_str() {
         "" | "B" => 1,

@@ -84,7 +84,7 @@ fn rename_rules() {
     assert!(matches!(volume.rmdir(Ino::ROOT, b"a"), Err(Error::NotEmpty)));
     assert!(matches!(volume.create_file(Ino::ROOT, b"a", 0o644, 0, 0), Err(Error::Exists)));
     assert!(matches!(volume.create_file(Ino::ROOT, &[b'n'; 256], 0o644, 0, 0), Err(Error::NameTooLong)));
-    assert!(matches!(volume.create_file(Ino::ROOT, b"a/b", 0o644, 0, 0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(volume.create_file(Ino::ROOT, b"a/b", 0o644, 0, 0), Err(Error::InvalidName(_))));
     assert!(matches!(volume.link(a, Ino::ROOT, b"dirlink"), Err(Error::NotPermitted(_))));
 }
 

@@ -87,7 +87,7 @@ fn a_block_volume_needs_a_sector_multiple_and_a_formatted_volume() {
     let (devices, format, options) = devices(Profile::ORCH);
     assert!(matches!(BlockVolume::format(&devices, &format, 1000), Err(Error::InvalidArgument(_))));
     alignfs::Volume::format(&devices, &format).unwrap();
-    assert!(matches!(BlockVolume::open(devices, options), Err(Error::InvalidArgument(m)) if m.contains("no block volume")));
+    assert!(matches!(BlockVolume::open(devices, options), Err(Error::WrongPersonality(m)) if m.contains("no block volume")));
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn an_object_store_keeps_objects_and_clones_across_reopen() {
         store.write(b"logs.2.copy", 10, b"changed in the copy only").unwrap();
         let mut copy = big.clone();
         copy[10..34].copy_from_slice(b"changed in the copy only");
-        assert!(matches!(store.put(b"a/b", b"x"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(store.put(b"a/b", b"x"), Err(Error::InvalidName(_))));
         assert!(matches!(store.get(b"missing"), Err(Error::NotFound)));
         store.remove(b"logs.2").unwrap();
         store.close().unwrap();

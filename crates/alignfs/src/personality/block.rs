@@ -55,7 +55,7 @@ impl BlockVolume {
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<BlockVolume> {
         let volume = Volume::open(devices, options)?;
         let attr = volume.lookup(Ino::ROOT, OBJECT_NAME).map_err(|e| match e {
-            Error::NotFound => Error::InvalidArgument("the volume holds no block volume (format it with BlockVolume::format)".into()),
+            Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),
             other => other,
         })?;
         let object = volume.inner().file(attr.ino)?;

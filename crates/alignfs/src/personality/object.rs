@@ -65,7 +65,7 @@ impl ObjectStore {
         let volume = Volume::open(devices, options)?;
         let dir = |name: &[u8]| {
             volume.lookup(Ino::ROOT, name).map(|a| a.ino).map_err(|e| match e {
-                Error::NotFound => Error::InvalidArgument("the volume holds no object store (format it with ObjectStore::format)".into()),
+                Error::NotFound => Error::WrongPersonality("the volume holds no object store (format it with ObjectStore::format)".into()),
                 other => other,
             })
         };
@@ -80,7 +80,7 @@ impl ObjectStore {
 
     fn check_name(name: &[u8]) -> Result<()> {
         if name.is_empty() || name.len() > 255 || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::InvalidName(format!(
                 "object name {:?} must be 1-255 bytes without '/' or NUL, and not . or ..",
                 String::from_utf8_lossy(name)
             )));

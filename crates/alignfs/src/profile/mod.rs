@@ -72,9 +72,9 @@ impl Profile {
         }
         let known = Profile::all().map(|p| format!("{:?}", p.name())).collect::<Vec<_>>().join(" or ");
         if PLANNED.contains(&name) {
-            return Err(Error::InvalidArgument(format!("profile {name:?} is planned but not implemented yet; use {known}")));
+            return Err(Error::UnknownProfile(format!("profile {name:?} is planned but not implemented yet; use {known}")));
         }
-        Err(Error::InvalidArgument(format!("unknown profile {name:?} (known: {known})")))
+        Err(Error::UnknownProfile(format!("unknown profile {name:?} (known: {known})")))
     }
 
     /// One line for `--help`: the seed design and where its residue lives.
@@ -244,7 +244,7 @@ mod tests {
             a.default_geometry().validate(*a).unwrap();
         }
         assert!(Profile::from_code(0).is_none());
-        assert!(matches!(Profile::parse("uhs"), Err(Error::InvalidArgument(m)) if m.contains("planned")));
-        assert!(matches!(Profile::parse("ext4"), Err(Error::InvalidArgument(m)) if m.contains("unknown")));
+        assert!(matches!(Profile::parse("uhs"), Err(Error::UnknownProfile(m)) if m.contains("planned")));
+        assert!(matches!(Profile::parse("ext4"), Err(Error::UnknownProfile(m)) if m.contains("unknown")));
     }
 }

@@ -62,7 +62,7 @@ impl ProfileSpec for Orch {
         geometry: &Geometry,
         _options: &VolumeOptions,
     ) -> Result<Arc<dyn ResidueStore>> {
-        let fast = fast.ok_or_else(|| Error::InvalidArgument("profile orch needs a fast tier (--fast)".into()))?;
+        let fast = fast.ok_or_else(|| Error::WrongDevices("profile orch needs a fast tier (--fast)".into()))?;
         Ok(Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, geometry.page_bytes)))
     }
     fn policy(&self, _options: &VolumeOptions) -> Box<dyn Policy> {

@@ -62,7 +62,7 @@ fn check_name(name: &[u8]) -> Result<()> {
         return Err(Error::NameTooLong);
     }
     if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
-        return Err(Error::InvalidArgument(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
+        return Err(Error::InvalidName(format!("invalid file name {:?}", String::from_utf8_lossy(name))));
     }
     Ok(())
 }
@@ -365,7 +365,7 @@ impl Volume {
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
         self.inner.check_writable()?;
         if name.is_empty() || name.contains(&0) {
-            return Err(Error::InvalidArgument("an extended attribute name must be non-empty and hold no NUL byte".into()));
+            return Err(Error::InvalidName("an extended attribute name must be non-empty and hold no NUL byte".into()));
         }
         if name.len() > XATTR_NAME_MAX {
             return Err(Error::NameTooLong);

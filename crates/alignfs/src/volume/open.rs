@@ -102,7 +102,7 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
     let ssd_count = u32::try_from(ssd.member_count()).unwrap_or(u32::MAX);
     let max_ssds = options.profile.devices().max_ssds;
     if ssd_count > max_ssds {
-        return Err(Error::InvalidArgument(format!("profile {} takes {max_ssds} SSDs at most, not {ssd_count}", options.profile.name())));
+        return Err(Error::WrongDevices(format!("profile {} takes {max_ssds} SSDs at most, not {ssd_count}", options.profile.name())));
     }
     if ssd_bytes / geometry.block() < 2 {
         return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
@@ -146,9 +146,9 @@ impl Volume {
         match (&devices.fast, profile.devices().fast_tier) {
             (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
             (None, false) => format_on_ssd(&devices.ssd, options),
-            (None, true) => Err(Error::InvalidArgument(format!("profile {} needs a fast tier", profile.name()))),
+            (None, true) => Err(Error::WrongDevices(format!("profile {} needs a fast tier", profile.name()))),
             (Some(_), false) => {
-                Err(Error::InvalidArgument(format!("profile {} keeps no data in a fast tier; name only the SSDs", profile.name())))
+                Err(Error::WrongDevices(format!("profile {} keeps no data in a fast tier; name only the SSDs", profile.name())))
             }
         }
     }
@@ -347,13 +347,13 @@ fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     let ssd_name = format!("SSD {}", ssd.describe());
     let superblock = Superblock::decode(&read_ssd_superblock(ssd, 0)?, &ssd_name)?;
     if superblock.profile.devices().fast_tier {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::WrongDevices(format!(
             "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
             superblock.profile.name()
         )));
     }
     if ssd.member_count() != superblock.ssd_count as usize || superblock.ssd_index != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::WrongDevices(format!(
             "the volume spans {} SSDs; name them all, in any order ({} given, the first holding SSD {})",
             superblock.ssd_count,
             ssd.member_count(),

@@ -57,12 +57,12 @@ pub fn format_paths(
     options.geometry.validate(options.profile)?;
     let (profile, needs) = (options.profile.name(), options.profile.devices());
     match (fast, needs.fast_tier, ssds.len()) {
-        (_, _, 0) => return Err(Error::InvalidArgument("no SSD named".into())),
-        (None, true, _) => return Err(Error::InvalidArgument(format!("profile {profile} needs a fast tier"))),
-        (Some(_), false, _) => return Err(Error::InvalidArgument(format!("profile {profile} has no fast tier; name only the SSDs"))),
+        (_, _, 0) => return Err(Error::WrongDevices("no SSD named".into())),
+        (None, true, _) => return Err(Error::WrongDevices(format!("profile {profile} needs a fast tier"))),
+        (Some(_), false, _) => return Err(Error::WrongDevices(format!("profile {profile} has no fast tier; name only the SSDs"))),
         (_, _, n) if n as u64 > u64::from(needs.max_ssds) => {
             let most = if needs.max_ssds == 1 { "one SSD".to_string() } else { format!("{} SSDs at most", needs.max_ssds) };
-            return Err(Error::InvalidArgument(format!("profile {profile} takes {most}, not {n}")));
+            return Err(Error::WrongDevices(format!("profile {profile} takes {most}, not {n}")));
         }
         _ => {}
     }
@@ -127,7 +127,7 @@ pub fn open_paths_with_faults(
     if let Some(absent) = ssds.iter().find(|p| !p.exists()) {
         return Err(missing(absent));
     }
-    let Some(first) = ssds.first() else { return Err(Error::InvalidArgument("no SSD named".into())) };
+    let Some(first) = ssds.first() else { return Err(Error::WrongDevices("no SSD named".into())) };
     let with_faults = |device: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
         match &faults {
             Some(plan) => Arc::new(FaultyDevice::new(device, Arc::clone(plan))),
@@ -144,7 +144,7 @@ pub fn open_paths_with_faults(
         return Volume::open(Devices::ssd_only(with_faults(device)), options);
     }
     if ssds.len() > 1 {
-        return Err(Error::InvalidArgument(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
+        return Err(Error::WrongDevices(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
     }
     if !fast.exists() {
         return Err(missing(fast));
@@ -162,7 +162,7 @@ pub fn open_paths_with_faults(
 fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
     let count = first.ssd_count as usize;
     if ssds.len() != count {
-        return Err(Error::InvalidArgument(format!("the volume spans {count} SSDs, not {}; name each once", ssds.len())));
+        return Err(Error::WrongDevices(format!("the volume spans {count} SSDs, not {}; name each once", ssds.len())));
     }
     let mut ordered: Vec<Option<PathBuf>> = vec![None; count];
     for path in ssds {
@@ -174,7 +174,7 @@ fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
             Some(sb) if ordered.get(sb.ssd_index as usize).is_some_and(Option::is_none) => {
                 ordered[sb.ssd_index as usize] = Some(path.clone())
             }
-            Some(sb) => return Err(Error::InvalidArgument(format!("{name} is SSD {} of the volume, which was named twice", sb.ssd_index))),
+            Some(sb) => return Err(Error::WrongDevices(format!("{name} is SSD {} of the volume, which was named twice", sb.ssd_index))),
             None => return Err(Error::BadPath(path.clone(), format!("holds no readable superblock of volume {}", first.uuid_string()))),
         }
     }
@@ -233,7 +233,7 @@ mod tests {
         let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
         let geometry = Geometry::for_profile(crate::Profile::SCRAP);
         let options = FormatOptions { geometry, profile: crate::Profile::SCRAP, force: false };
-        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &options, None), Err(Error::InvalidArgument(_))));
+        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &options, None), Err(Error::WrongDevices(_))));
         let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();

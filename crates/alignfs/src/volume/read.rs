@@ -65,7 +65,7 @@ impl Inner {
         match inode.kind {
             FileKind::File => Ok(inode),
             FileKind::Dir => Err(Error::IsDir),
-            _ => Err(Error::InvalidArgument("not a regular file".into())),
+            _ => Err(Error::NotAFile),
         }
     }
 
