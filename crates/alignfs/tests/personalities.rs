@@ -45,6 +45,7 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         let namespace_records = || disk.volume().stats().counters.iter().find(|(c, _)| *c == Counter::namespace_records).map(|(_, v)| *v);
         let before = namespace_records();
         let mut model = vec![0u8; VOLUME_BYTES as usize];
+        let (mut writes, mut written) = (0, 0);
         for _ in 0..300 {
             let len = if rng.random_bool(0.5) { rng.random_range(1..8192) } else { 4096 * rng.random_range(1..64) };
             let offset = rng.random_range(0..VOLUME_BYTES - len);
@@ -58,12 +59,14 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
                     let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
                     disk.write(offset, &data).unwrap();
                     model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                    (writes, written) = (writes + 1, written + len);
                 }
             }
         }
         let mut out = vec![0u8; VOLUME_BYTES as usize];
         disk.read(0, &mut out).unwrap();
         assert!(out == model, "{}: contents differ from the model", profile.name());
+        assert_eq!(disk.io(), (writes, written, 1, VOLUME_BYTES), "{}: the object's own counters", profile.name());
         // Writes journal data records only (map edits): no namespace record, and the
         // object's size and times stay as formatted.
         assert_eq!(namespace_records(), before);

@@ -103,6 +103,35 @@ pub struct Inode {
     pub range: RangeLock,
     /// Open handles (live only): an unlinked file keeps its data until the last closes.
     pub opens: AtomicU32,
+    /// What the application asked of this object since the volume opened (live only).
+    pub io: ObjectIo,
+}
+
+/// Per-object IO counters: what a personality's callers read and wrote.
+#[derive(Debug, Default)]
+pub struct ObjectIo {
+    pub writes: AtomicU64,
+    pub write_bytes: AtomicU64,
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+}
+
+impl ObjectIo {
+    pub fn wrote(&self, bytes: u64) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn read(&self, bytes: u64) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// (writes, bytes written, reads, bytes read).
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        (get(&self.writes), get(&self.write_bytes), get(&self.reads), get(&self.read_bytes))
+    }
 }
 
 impl Inode {
@@ -114,6 +143,7 @@ impl Inode {
             map: Mutex::new(map),
             range: RangeLock::default(),
             opens: AtomicU32::new(0),
+            io: ObjectIo::default(),
         }
     }
 

@@ -148,6 +148,8 @@ fn execute(store: &mut Store, rng: &mut StdRng, g: &Geometry, current: Option<&B
     next_entry(current, plan, new_block, &new_pages)
 }
 
+/// One random case, checked step by step against the model; longer than 80 lines because
+/// the steps read best as one sequence.
 fn check_case(rng: &mut StdRng, g: &Geometry, rules: Rules) {
     let block = g.block();
     let nblocks = rng.random_range(1..=5u64);

@@ -104,6 +104,12 @@ impl BlockVolume {
         self.volume.fallocate(self.object.ino, offset, len, FallocateMode::PunchHole)
     }
 
+    /// What this volume's callers did since it opened: (writes, bytes written, reads,
+    /// bytes read).
+    pub fn io(&self) -> (u64, u64, u64, u64) {
+        self.object.io.snapshot()
+    }
+
     /// The engine underneath: counters, `check`, `report`.
     pub fn volume(&self) -> &Volume {
         &self.volume

@@ -44,9 +44,16 @@ impl Volume {
     }
 
     /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
+    /// What has been read from and written to a file (object) since the volume opened:
+    /// (writes, bytes written, reads, bytes read).
+    pub fn object_io(&self, ino: Ino) -> Result<(u64, u64, u64, u64)> {
+        Ok(self.inner.get(ino)?.io.snapshot())
+    }
+
     pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let inode = self.inner.file(ino)?;
         let n = self.inner.read_file(&inode, offset, buf)?;
+        inode.io.read(n as u64);
         self.inner.stats.add(Counter::app_reads, 1);
         self.inner.stats.add(Counter::app_read_bytes, n as u64);
         Ok(n)

@@ -72,6 +72,7 @@ impl Inner {
                 continue;
             }
             self.write_locked(inode, offset, data, extend)?;
+            inode.io.wrote(data.len() as u64);
             self.stats.add(Counter::app_writes, 1);
             self.stats.add(Counter::app_write_bytes, data.len() as u64);
             return Ok(data.len());
