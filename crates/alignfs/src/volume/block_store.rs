@@ -1,6 +1,7 @@
 //! The block store: SSD IO submission and in-flight accounting, block allocation across
 //! the SSDs of a volume, and shared (group) flushes.
 
+#[cfg(debug_assertions)]
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
