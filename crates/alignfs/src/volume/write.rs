@@ -255,10 +255,11 @@ impl Inner {
     /// Returns the new units bound to each planned block, and the blocks one of whose
     /// units was written to its end: whole, or a block's tail. Such a unit needs no read to
     /// be merged (WSBuffer's stage 2 takes it at once).
-    fn store_plan_residue(&self, plan: &Plan, pages: &[PageNo], data: &[u8]) -> (Vec<Vec<PageNo>>, Vec<u64>) {
+    fn store_plan_residue(&self, plan: &Plan, pages: &[PageNo], data: &[u8]) -> (Vec<Vec<PageNo>>, SmallVec<[u64; 4]>) {
         let mut fresh = pages.iter();
         let mut bound_pages: Vec<Vec<PageNo>> = Vec::with_capacity(plan.blocks.len());
-        let mut full: Vec<u64> = Vec::new();
+        // Inline: most writes fill few units, and this runs on every small write.
+        let mut full: SmallVec<[u64; 4]> = SmallVec::new();
         for bp in &plan.blocks {
             let mut bound = Vec::new();
             if let BlockAction::Fast(page_plans) | BlockAction::Overlay(page_plans) = &bp.action {
