@@ -83,6 +83,10 @@ cc -Wall -Wextra -Werror -Icrates/alignfs-c/include crates/alignfs-c/examples/he
 
 suites=0
 scripts/suites.sh || suites=$?
+# An option the volume's profile does not use is named, and the mount goes ahead.
+"$bin" mount --fast "$shm/c-fast" --ssd "$work/c-ssd.img" --scrap-mem 64M --log "$work/c-mount.log" "$work/c-mnt" >"$work/out"
+grep -q "scrap-mem has no effect: profile orch" "$work/out"
+"$bin" umount "$work/c-mnt" >/dev/null
 scripts/crash.sh
 # Injected SSD faults and full devices through a mount.
 mkdir -p "$work/faults"

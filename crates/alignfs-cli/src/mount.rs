@@ -318,7 +318,8 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     }
 }
 
-/// Say so when an option was given that the volume's profile does not read.
+/// Say so when an option was given that the volume's profile does not read (on stdout,
+/// which the parent of a daemon relays until the mount is ready).
 fn warn_unused_options(args: &MountArgs, profile: Profile) {
     let given = [
         (args.scrap_mem.is_some(), Tunable::ResidueMemory, "--scrap-mem"),
@@ -326,8 +327,8 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
     ];
     for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {
-        eprintln!("note: {flag} has no effect on a {} volume", profile.name());
-        tracing::warn!("{flag} has no effect on a {} volume", profile.name());
+        println!("note: {flag} has no effect: profile {} does not use it", profile.name());
+        tracing::warn!("{flag} has no effect: profile {} does not use it", profile.name());
     }
 }
 
