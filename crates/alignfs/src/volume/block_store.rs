@@ -13,6 +13,7 @@ use crate::stats::Counter;
 
 /// In-flight SSD bytes at which the SSD counts as busy (WSBuffer's threshold).
 const SSD_BUSY_BYTES: u64 = 4 << 20;
+
 impl Inner {
     /// Count completed SSD writes; [`Inner::flush_ssd`] makes them durable.
     pub(super) fn ssd_written(&self) {
@@ -129,6 +130,7 @@ pub(super) fn wait_all(batches: Vec<InFlight<'_>>) -> Result<Vec<AlignedBuf>> {
     }
     first_error.map_or(Ok(buffers), Err)
 }
+
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         #[cfg(debug_assertions)]

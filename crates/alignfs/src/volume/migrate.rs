@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
+
 impl Inner {
     /// Merge one block's residue into a new SSD block. The caller holds the block's range
     /// lock. Returns whether anything moved.

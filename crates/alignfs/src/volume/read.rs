@@ -17,6 +17,7 @@ pub enum SeekTarget {
     Data,
     Hole,
 }
+
 impl Volume {
     /// The first offset at or after `offset` that starts data or a hole, at block
     /// granularity; the end of the file counts as a hole. `BeyondEnd` past EOF.
@@ -62,6 +63,7 @@ impl Volume {
 
 /// One piece of a read served from a fast page: (page, offset in page, offset in output, length).
 type PageCopy = (PageNo, u32, usize, usize);
+
 impl Inner {
     pub(crate) fn get(&self, ino: Ino) -> Result<Arc<Inode>> {
         self.meta.get(ino).ok_or(Error::NotFound)

@@ -18,6 +18,7 @@ pub enum FallocateMode {
     /// Deallocate and zero the range; the size never changes.
     PunchHole,
 }
+
 impl Volume {
     /// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
     pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {

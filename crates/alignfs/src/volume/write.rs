@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 
 /// Largest file offset: keeps every block index and byte position far from overflow.
 pub const MAX_FILE_BYTES: u64 = 1 << 52;
+
 impl Volume {
     /// Write `data` at `offset`. Returns when the write is as durable as the profile
     /// promises ([`crate::profile::Promise`]): for `orch`, residue persisted, SSD IOs
