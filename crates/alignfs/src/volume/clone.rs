@@ -102,6 +102,8 @@ mod tests {
         data[7..14].copy_from_slice(b"residue");
         v.write(b, 0, b"old contents of b").unwrap();
         let used = v.inner.blocks.used_count();
+        assert!(matches!(v.clone_file(a, a), Err(crate::Error::InvalidArgument(_))));
+        assert!(matches!(v.clone_file(a, Ino::ROOT), Err(crate::Error::IsDir)));
         v.clone_file(a, b).unwrap();
         // The tail block held only residue and became an SSD block; no data was copied.
         assert_eq!(v.inner.blocks.used_count(), used + 1);
