@@ -39,10 +39,7 @@ impl Volume {
 impl Inner {
     /// [`Volume::clone_file`] with both files' whole ranges locked.
     fn clone_locked(&self, source: &Arc<Inode>, target: &Arc<Inode>) -> Result<()> {
-        let held: Vec<u64> = source.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for batch in held.chunks(self.migration_batch()) {
-            self.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(source), lb)).collect(), Counter::migrations_sync)?;
-        }
+        self.merge_file_locked(source, Counter::migrations_sync)?;
         self.truncate_locked(target, 0)?;
         let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();
         let time = now_ns();

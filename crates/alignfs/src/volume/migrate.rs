@@ -35,6 +35,16 @@ impl Inner {
         self.commit_merged(work, targets, cause)
     }
 
+    /// Merge every block of `inode` that holds residue, a batch at a time. The caller holds
+    /// the whole file's range lock.
+    pub(crate) fn merge_file_locked(&self, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
+        let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
+        for batch in held.chunks(self.migration_batch()) {
+            self.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), cause)?;
+        }
+        Ok(())
+    }
+
     /// [`Inner::migrate_blocks_locked`] for blocks the caller does not hold. Each block is
     /// locked only while its residue is copied out and while its merge is committed, so
     /// writers are not held up by the IO and the flush in between. A block a writer holds

@@ -67,10 +67,7 @@ impl ScrapState {
     /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
     /// lock.
     pub(crate) fn sync_file_locked(&self, engine: &Inner, inode: &Arc<Inode>) -> Result<()> {
-        let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for batch in held.chunks(engine.migration_batch()) {
-            engine.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), Counter::migrations_sync)?;
-        }
+        engine.merge_file_locked(inode, Counter::migrations_sync)?;
         let attr = inode.attr();
         if self.durable_size(engine, inode.ino, attr.size) < attr.size {
             let freed = engine.commit(&[Op::Data(DataOp::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime })])?;
