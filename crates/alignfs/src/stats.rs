@@ -52,7 +52,7 @@ counters! {
     checkpoints: "checkpoints written",
     migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
-    migrations_idle: "blocks filled from the SSD and flushed while it was idle (scrap: stage 1)",
+    migrations_idle: "blocks merged while the volume was idle (scrap: stage 1, filled from the SSD; uhs: the NVM buffer drained)",
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
     namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
 }

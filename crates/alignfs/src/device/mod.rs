@@ -27,6 +27,8 @@ pub use set::DeviceSet;
 pub use sim::SimSsd;
 pub use throttle::Throttled;
 
+use std::sync::Arc;
+
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::error::{Error, Result};
@@ -192,6 +194,49 @@ pub trait ByteTier: Send + Sync {
     fn write_persist(&self, offset: u64, data: &[u8]) {
         self.write(offset, data);
         self.persist(offset, data.len());
+    }
+}
+
+/// The first `len` bytes of a byte tier as a tier of its own: a block volume's engine
+/// formats this much and leaves the rest to its NVM zone.
+pub struct TierPrefix {
+    tier: Arc<dyn ByteTier>,
+    len: u64,
+}
+
+impl TierPrefix {
+    pub fn new(tier: Arc<dyn ByteTier>, len: u64) -> TierPrefix {
+        assert!(len <= tier.len_bytes(), "a prefix lies within its tier");
+        TierPrefix { tier, len }
+    }
+
+    fn check(&self, offset: u64, len: usize) {
+        assert!(offset + len as u64 <= self.len, "access at {offset}+{len} beyond the {}-byte prefix", self.len);
+    }
+}
+
+impl ByteTier for TierPrefix {
+    fn len_bytes(&self) -> u64 {
+        self.len
+    }
+    fn describe(&self) -> String {
+        format!("the first {} bytes of {}", self.len, self.tier.describe())
+    }
+    fn write(&self, offset: u64, data: &[u8]) {
+        self.check(offset, data.len());
+        self.tier.write(offset, data);
+    }
+    fn zero(&self, offset: u64, len: usize) {
+        self.check(offset, len);
+        self.tier.zero(offset, len);
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        self.check(offset, out.len());
+        self.tier.read(offset, out);
+    }
+    fn persist(&self, offset: u64, len: usize) {
+        self.check(offset, len);
+        self.tier.persist(offset, len);
     }
 }
 

@@ -1,15 +1,16 @@
 //! The block-volume personality: a volume holding one object of a fixed size, read and
 //! written at byte offsets. Its writes journal map edits only (no size, no inode record),
-//! its flush is the engine's fsync, and trimmed ranges become holes.
+//! its flush is the engine's fsync, and trimmed ranges become holes. Ranges of UHS's
+//! static map bypass the engine for the NVM zone (`nvm_zone.rs`).
 //!
 //! ```
 //! use std::sync::Arc;
 //! use alignfs::device::{PmemRegion, SimSsd};
-//! use alignfs::personality::BlockVolume;
+//! use alignfs::personality::{BlockLayout, BlockVolume};
 //! use alignfs::{Devices, FormatOptions, VolumeOptions};
 //!
 //! let devices = Devices::new(Arc::new(PmemRegion::anonymous(4 << 20).unwrap()), Arc::new(SimSsd::new(32 << 20)));
-//! BlockVolume::format(&devices, &FormatOptions::default(), 8 << 20).unwrap();
+//! BlockVolume::format(&devices, &FormatOptions::default(), BlockLayout::new(8 << 20)).unwrap();
 //! let disk = BlockVolume::open(devices, VolumeOptions::default()).unwrap();
 //! disk.write(4096, b"sector").unwrap();
 //! let mut out = [0u8; 6];
@@ -20,73 +21,141 @@
 
 use std::sync::Arc;
 
+use super::nvm_zone::{BlockLayout, NvmZone, Place, LAYOUT_XATTR};
+use crate::device::TierPrefix;
 use crate::error::{Error, Result};
+use crate::geometry::MetaLayout;
 use crate::layout::Superblock;
 use crate::meta::{Ino, Inode};
-use crate::volume::{Devices, FallocateMode, FormatOptions, Volume, VolumeOptions};
+use crate::volume::{Devices, FallocateMode, FormatOptions, Volume, VolumeOptions, XattrSet};
 
 /// The object's name in the volume's root directory: how `open` finds it. Nothing on the
 /// block data path touches the namespace.
 const OBJECT_NAME: &[u8] = b"volume";
 
-/// The volume's logical sector: sizes are multiples of it.
-pub const SECTOR_BYTES: u64 = 512;
-
 pub struct BlockVolume {
     volume: Volume,
     object: Arc<Inode>,
-    size: u64,
+    layout: BlockLayout,
+    zone: NvmZone,
 }
 
 impl BlockVolume {
-    /// Format the devices as a block volume of `size` bytes (a multiple of 512).
-    pub fn format(devices: &Devices, options: &FormatOptions, size: u64) -> Result<Superblock> {
-        if size == 0 || size % SECTOR_BYTES != 0 {
-            return Err(Error::InvalidArgument(format!("a block volume's size must be a non-zero multiple of {SECTOR_BYTES}, not {size}")));
+    /// Format the devices as a block volume. The static ranges' NVM zone takes the end of
+    /// the fast tier; the engine formats the rest.
+    pub fn format(devices: &Devices, options: &FormatOptions, mut layout: BlockLayout) -> Result<Superblock> {
+        layout.validate()?;
+        let zone_bytes = layout.zone_bytes();
+        let engine_devices = match (&devices.fast, zone_bytes) {
+            (_, 0) => devices.clone(),
+            (None, _) => return Err(Error::WrongDevices("NVM ranges need a fast tier (--fast) to hold them".into())),
+            (Some(fast), _) if fast.len_bytes() <= zone_bytes => {
+                return Err(Error::WrongDevices(format!(
+                    "the NVM ranges take {zone_bytes} bytes; the fast tier holds only {}",
+                    fast.len_bytes()
+                )))
+            }
+            (Some(fast), _) => Devices {
+                fast: Some(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes))),
+                ssd: Arc::clone(&devices.ssd),
+            },
+        };
+        let block = options.geometry.block();
+        let reserved = match &devices.fast {
+            Some(_) => 1,
+            None => MetaLayout::on_ssd(devices.ssd.len_bytes(), &options.geometry)?.reserved_ssd_blocks(&options.geometry),
+        };
+        let room = (devices.ssd.len_bytes() / block).saturating_sub(reserved) * block;
+        // Out of place: an overwrite takes a new block before the old one is freed.
+        let needed = layout.engine_bytes() + (room / 32).max(64 * block);
+        if needed > room {
+            return Err(Error::InvalidArgument(format!(
+                "a block volume of {} bytes needs {needed} bytes of SSD data space (its data plus 1/32 for out-of-place writes); the SSD holds {room}",
+                layout.size
+            )));
         }
-        let superblock = Volume::format(devices, options)?;
-        let volume = Volume::open(devices.clone(), VolumeOptions { background: false, ..VolumeOptions::default() })?;
+        let superblock = Volume::format(&engine_devices, options)?;
+        let volume = Volume::open(engine_devices, VolumeOptions { background: false, ..VolumeOptions::default() })?;
         let object = volume.create_file(Ino::ROOT, OBJECT_NAME, 0o600, 0, 0)?;
-        volume.truncate(object.ino, size)?;
+        volume.setxattr(object.ino, LAYOUT_XATTR, &layout.encode(superblock.fast_bytes), XattrSet::CreateOnly)?;
+        volume.truncate(object.ino, layout.size)?;
         volume.close()?;
         Ok(superblock)
     }
 
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<BlockVolume> {
+        let fast = devices.fast.clone();
         let volume = Volume::open(devices, options)?;
         let attr = volume.lookup(Ino::ROOT, OBJECT_NAME).map_err(|e| match e {
             Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),
             other => other,
         })?;
         let object = volume.inner().file(attr.ino)?;
-        Ok(BlockVolume { volume, object, size: attr.size })
+        let device = volume.superblock().uuid_string();
+        let (layout, zone_offset) = match volume.getxattr(attr.ino, LAYOUT_XATTR) {
+            Ok(bytes) => BlockLayout::decode(&bytes).map_err(|e| Error::corrupt("block layout", &device, 0, e))?,
+            Err(Error::NoAttribute) => (BlockLayout::new(attr.size), 0),
+            Err(e) => return Err(e),
+        };
+        if layout.size != attr.size {
+            return Err(Error::corrupt(
+                "block layout",
+                &device,
+                0,
+                format!("the layout says {} bytes, the object holds {}", layout.size, attr.size),
+            ));
+        }
+        let zone = NvmZone::new(&layout, fast, zone_offset)?;
+        Ok(BlockVolume { volume, object, layout, zone })
     }
 
     /// Bytes the volume holds.
     pub fn size(&self) -> u64 {
-        self.size
+        self.layout.size
+    }
+
+    /// What the volume was formatted with.
+    pub fn layout(&self) -> &BlockLayout {
+        &self.layout
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
-            _ => Err(Error::OutOfRange { offset, len, size: self.size }),
+            Some(end) if end <= self.layout.size => Ok(()),
+            _ => Err(Error::OutOfRange { offset, len, size: self.layout.size }),
         }
     }
 
     /// Read `buf.len()` bytes at `offset`; never-written ranges read as zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        let n = self.volume.read(self.object.ino, offset, buf)?;
-        debug_assert_eq!(n, buf.len(), "the object's size is the volume's");
+        for (place, at, len) in self.zone.pieces(offset, buf.len() as u64) {
+            let out = &mut buf[(at - offset) as usize..(at - offset + len) as usize];
+            match place {
+                Place::Engine => {
+                    let n = self.volume.read(self.object.ino, at, out)?;
+                    debug_assert_eq!(n, out.len(), "the object's size is the volume's");
+                }
+                Place::Zone(z) => self.zone.read(z, out),
+            }
+        }
         Ok(())
     }
 
     /// Write `data` at `offset`, durable as the profile promises (until [`Self::flush`]
-    /// where it promises less).
+    /// where it promises less); the NVM zone's pieces are durable on return.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
-        self.volume.inner().write_object(&self.object, offset, data, false).map(drop)
+        for (place, at, len) in self.zone.pieces(offset, data.len() as u64) {
+            let piece = &data[(at - offset) as usize..(at - offset + len) as usize];
+            match place {
+                Place::Engine => {
+                    self.volume.inner().write_object(&self.object, at, piece, false)?;
+                }
+                Place::Zone(z) => self.zone.write(z, piece),
+            }
+        }
+        Ok(())
     }
 
     /// Make every acknowledged write durable (NBD `FLUSH`).
@@ -98,14 +167,17 @@ impl BlockVolume {
     /// `WRITE_ZEROES`).
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
         self.check_range(offset, len)?;
-        if len == 0 {
-            return Ok(());
+        for (place, at, len) in self.zone.pieces(offset, len) {
+            match place {
+                Place::Engine => self.volume.fallocate(self.object.ino, at, len, FallocateMode::PunchHole)?,
+                Place::Zone(z) => self.zone.zero(z, len),
+            }
         }
-        self.volume.fallocate(self.object.ino, offset, len, FallocateMode::PunchHole)
+        Ok(())
     }
 
     /// What this volume's callers did since it opened: (writes, bytes written, reads,
-    /// bytes read).
+    /// bytes read) through the engine (the NVM zone's requests are not counted).
     pub fn io(&self) -> (u64, u64, u64, u64) {
         self.object.io.snapshot()
     }

@@ -5,12 +5,14 @@
 //!
 //! - the POSIX namespace: `Volume`'s namespace operations (`volume/namespace.rs`), which
 //!   the mount, the C API and the LD_PRELOAD shim speak;
-//! - [`BlockVolume`]: one fixed-size object, no namespace on its data path (the `uhs`
-//!   profile serves it over NBD);
+//! - [`BlockVolume`]: one fixed-size object, no namespace on its data path, and UHS's
+//!   static NVM zone beside it (the `uhs` profile; `alignfs nbd` serves it);
 //! - [`ObjectStore`]: named objects with clones (the `nvstore` profile serves it over S3).
 
 mod block;
+mod nvm_zone;
 mod object;
 
 pub use block::BlockVolume;
+pub use nvm_zone::{BlockLayout, MAX_NVM_RANGES};
 pub use object::{ObjectInfo, ObjectStore};

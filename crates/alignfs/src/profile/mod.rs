@@ -13,6 +13,7 @@
 
 mod orch;
 mod scrap;
+mod uhs;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -27,10 +28,10 @@ use crate::volume::{Inner, VolumeOptions};
 
 /// Every profile this build implements, in the order `--help` lists them. The one line a
 /// new profile adds.
-const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap];
+const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs];
 
 /// Profiles named by the project's plan that are not built yet.
-const PLANNED: &[&str] = &["byte", "uhs", "nvstore"];
+const PLANNED: &[&str] = &["byte", "nvstore"];
 
 /// The named configuration a volume was formatted with: a registered profile's on-media
 /// code. Only registered codes can be held, so [`Profile::spec`] always finds one.
@@ -92,6 +93,11 @@ impl Profile {
         self.spec().max_segments()
     }
 
+    /// The front end its volumes are made for.
+    pub fn personality(self) -> Personality {
+        self.spec().personality()
+    }
+
     /// The devices a volume of this profile is made of.
     pub fn devices(self) -> DeviceNeeds {
         self.spec().devices()
@@ -105,6 +111,15 @@ impl Profile {
     pub fn default_geometry(self) -> Geometry {
         self.spec().default_geometry()
     }
+}
+
+/// The front end a profile's volumes are made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Personality {
+    /// Files and directories: the mount, the C API, the shim.
+    Files,
+    /// One fixed-size block volume ([`crate::personality::BlockVolume`]), served over NBD.
+    Block,
 }
 
 /// The devices a profile's volume is made of.
@@ -139,6 +154,10 @@ pub enum Tunable {
     RequestThreshold,
     /// `--flush-workers`: threads writing residue back.
     FlushWorkers,
+    /// `--segment-size`: bytes of one NVM buffer segment.
+    SegmentSize,
+    /// `--no-nvm-buffer`: run without the residue store (UHS-NB).
+    NvmBuffer,
 }
 
 /// The static half of a profile.
@@ -148,6 +167,9 @@ pub(crate) trait ProfileSpec: Sync {
     fn name(&self) -> &'static str;
     /// One line for `--help`: the seed design and where its residue lives.
     fn summary(&self) -> &'static str;
+    fn personality(&self) -> Personality {
+        Personality::Files
+    }
     fn devices(&self) -> DeviceNeeds;
     fn promise(&self) -> Promise;
     /// The options this profile reads.
@@ -244,7 +266,7 @@ mod tests {
             a.default_geometry().validate(*a).unwrap();
         }
         assert!(Profile::from_code(0).is_none());
-        assert!(matches!(Profile::parse("uhs"), Err(Error::UnknownProfile(m)) if m.contains("planned")));
+        assert!(matches!(Profile::parse("byte"), Err(Error::UnknownProfile(m)) if m.contains("planned")));
         assert!(matches!(Profile::parse("ext4"), Err(Error::UnknownProfile(m)) if m.contains("unknown")));
     }
 }

@@ -5,7 +5,7 @@
 //! write asks for ([`UnitRequest`]: the block a unit will belong to and the bytes the
 //! write puts in it), stores bytes into them at any offset, and makes them durable
 //! according to its profile's promise. The stores so far hand out numbered units of
-//! `unit_bytes` and ignore both hints; a hashed segment buffer places a unit by its block,
+//! `unit_bytes` and ignore both hints; `uhs`'s hashed segments place a unit by its block,
 //! an append-only log sizes it by its bytes. The map
 //! records which unit holds which part of which block, so every store shares the
 //! partitioner, the map, the journal and migration. `orch` keeps units in persistent
@@ -13,9 +13,11 @@
 //! `byte`, the hashed segments of `uhs` and the KV fragments of `nvstore` implement the
 //! same trait.
 
+mod hashed_segments;
 mod pmem_pages;
 mod scrap_pages;
 
+pub use hashed_segments::HashedSegments;
 pub use pmem_pages::PmemPages;
 pub use scrap_pages::ScrapPages;
 
@@ -42,13 +44,19 @@ pub trait ResidueStore: Send + Sync {
     /// A unit for each request, in order; all or none.
     fn allocate(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>>;
     fn free(&self, units: &[PageNo]);
-    /// Mark a unit referenced by the map while rebuilding at open; `false` if it is out of
-    /// range or already claimed (corrupt metadata).
-    fn claim(&self, unit: PageNo) -> bool;
+    /// Mark a unit that the map names for `object`'s block `lblock` while rebuilding at
+    /// open; `false` if it is out of range or already claimed (corrupt metadata).
+    fn claim(&self, unit: PageNo, object: Ino, lblock: u64) -> bool;
     /// Store bytes; durable only after [`ResidueStore::persist`].
     fn write(&self, unit: PageNo, offset: u32, data: &[u8]);
     fn zero(&self, unit: PageNo, offset: u32, len: u32);
     fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]);
     /// Make `offset..offset+len` of `unit` durable per the profile's promise.
     fn persist(&self, unit: PageNo, offset: u32, len: u32);
+    /// After [`ResidueStore::allocate`] refused `requests`: the blocks whose migration
+    /// would make room for them, when room is not just any free unit (a full segment);
+    /// empty to let the engine choose.
+    fn blocks_to_drain(&self, _requests: &[UnitRequest]) -> Vec<(Ino, u64)> {
+        Vec::new()
+    }
 }

@@ -7,6 +7,7 @@ use super::{ResidueStore, UnitRequest};
 use crate::device::ByteTier;
 use crate::layout::BitmapAllocator;
 use crate::map::PageNo;
+use crate::meta::Ino;
 
 pub struct PmemPages {
     region: Arc<dyn ByteTier>,
@@ -50,7 +51,7 @@ impl ResidueStore for PmemPages {
     fn free(&self, units: &[PageNo]) {
         self.allocator.free(units.iter().map(|p| p.0));
     }
-    fn claim(&self, unit: PageNo) -> bool {
+    fn claim(&self, unit: PageNo, _object: Ino, _lblock: u64) -> bool {
         self.allocator.claim(unit.0)
     }
     fn write(&self, unit: PageNo, offset: u32, data: &[u8]) {

@@ -11,6 +11,7 @@ use super::{PmemPages, ResidueStore, UnitRequest};
 use crate::device::PmemRegion;
 use crate::error::{Error, Result};
 use crate::map::PageNo;
+use crate::meta::Ino;
 use std::sync::Arc;
 
 pub struct ScrapPages {
@@ -53,8 +54,8 @@ impl ResidueStore for ScrapPages {
     fn free(&self, units: &[PageNo]) {
         self.zones.free(units);
     }
-    fn claim(&self, unit: PageNo) -> bool {
-        self.zones.claim(unit)
+    fn claim(&self, unit: PageNo, object: Ino, lblock: u64) -> bool {
+        self.zones.claim(unit, object, lblock)
     }
     fn write(&self, unit: PageNo, offset: u32, data: &[u8]) {
         self.zones.write(unit, offset, data);

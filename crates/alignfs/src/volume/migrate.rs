@@ -260,6 +260,19 @@ impl Inner {
         Ok(work.len() as u64)
     }
 
+    /// Migrate every block holding residue (UHS's light-load migration).
+    pub(crate) fn drain_residue(&self, cause: Counter) -> Result<u64> {
+        if self.residue.used_units() == 0 {
+            return Ok(0);
+        }
+        self.migrate_some(self.residue.capacity_units(), cause)
+    }
+
+    /// Writes the volume's callers made since it opened: unchanged means idle.
+    pub(crate) fn writes_so_far(&self) -> u64 {
+        self.stats.get(Counter::app_writes)
+    }
+
     /// Blocks one migration batch merges: 8 MiB of them.
     pub(crate) fn migration_batch(&self) -> usize {
         ((8 << 20) / self.geometry.block()).max(1) as usize

@@ -65,11 +65,17 @@ pub struct VolumeOptions {
     pub background: bool,
     /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`).
     pub scrap_mem_bytes: u64,
-    /// `scrap`: writes this large or larger send their whole blocks straight to the SSD;
-    /// smaller ones go whole to the scrap buffer (WSBuffer's request-size threshold).
-    pub request_threshold: u64,
+    /// `scrap`, `uhs`: writes below this size go whole to the residue store (WSBuffer's
+    /// request-size threshold, UHS's small-write threshold); larger ones send their whole
+    /// blocks straight to the SSD. `None`: the profile's default.
+    pub request_threshold: Option<u64>,
     /// `scrap`: threads writing scrap pages back (WSBuffer runs two).
     pub flush_workers: usize,
+    /// `uhs`: bytes of one NVM buffer segment (UHS: 4 MiB).
+    pub segment_bytes: u64,
+    /// `uhs`: `false` runs without the NVM buffer (the paper's UHS-NB): whole blocks go to
+    /// the SSD and a partly written block is read, merged and rewritten.
+    pub nvm_buffer: bool,
 }
 
 impl Default for VolumeOptions {
@@ -81,8 +87,10 @@ impl Default for VolumeOptions {
             migrate_low: 0.6,
             background: true,
             scrap_mem_bytes: 1 << 30,
-            request_threshold: 1 << 20,
+            request_threshold: None,
             flush_workers: 2,
+            segment_bytes: 4 << 20,
+            nvm_buffer: true,
         }
     }
 }

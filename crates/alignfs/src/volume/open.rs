@@ -380,7 +380,7 @@ fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BlockRefs,
         for (lblock, entry) in inode.map.lock().iter() {
             let problem = |what: String| Error::corrupt("map", device, 0, format!("inode {} block {lblock}: {what}", inode.ino.0));
             for page in entry.fast_pages() {
-                if !residue.claim(page) {
+                if !residue.claim(page, inode.ino, *lblock) {
                     return Err(problem(format!("fast page {} is out of range or used twice", page.0)));
                 }
             }

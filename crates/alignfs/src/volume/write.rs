@@ -149,8 +149,15 @@ impl Inner {
             return Some(pages);
         }
         self.notify_maintenance();
-        let target = requests.len() as u64 + self.residue.capacity_units() / 8;
-        if let Err(e) = self.migrate_some(target, Counter::migrations_fast_full) {
+        let drain: Vec<(Arc<Inode>, u64)> =
+            self.residue.blocks_to_drain(requests).into_iter().filter_map(|(ino, lblock)| Some((self.meta.get(ino)?, lblock))).collect();
+        let migrated = if drain.is_empty() {
+            let target = requests.len() as u64 + self.residue.capacity_units() / 8;
+            self.migrate_some(target, Counter::migrations_fast_full)
+        } else {
+            self.migrate_blocks_watched(drain, Counter::migrations_fast_full).map(|(moved, _)| moved)
+        };
+        if let Err(e) = migrated {
             tracing::warn!("migration for a waiting writer: {e}");
         }
         self.residue.allocate(requests)

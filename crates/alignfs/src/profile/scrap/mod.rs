@@ -30,6 +30,9 @@ impl Profile {
 // Scrap page headers hold one more segment than the journal's upage encoding; they never
 // reach the journal, whose records carry only what a crash keeps (durable::durable_entry).
 
+/// WSBuffer's request-size threshold: below 1 MiB, a write is buffered whole.
+const DEFAULT_REQUEST_THRESHOLD: u64 = MIB;
+
 pub(super) struct Scrap;
 
 impl ProfileSpec for Scrap {
@@ -78,7 +81,7 @@ impl ProfileSpec for Scrap {
     }
     fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy> {
         Box::new(ScrapPolicy(Arc::new(ScrapState {
-            request_threshold: options.request_threshold,
+            request_threshold: options.request_threshold.unwrap_or(DEFAULT_REQUEST_THRESHOLD),
             flush_workers: options.flush_workers.max(1),
             unsynced_sizes: Mutex::new(HashMap::new()),
             full_units: Mutex::new(Vec::new()),

@@ -1,0 +1,156 @@
+//! `uhs` — UHS (DATE'23): a block volume over a persistent fast tier (NVM) and one SSD.
+//! Small writes go whole to a hashed NVM buffer ([`HashedSegments`]), large ones send
+//! their whole blocks straight to the SSD; ranges fixed at format time live in an NVM zone
+//! (`personality::block`). Every write is durable when it returns (docs/UHS.md).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::{spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
+use crate::device::ByteTier;
+use crate::error::{Error, Result};
+use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
+use crate::journal::{checkpoint_payload, AsIs};
+use crate::meta::Op;
+use crate::partition::{Residue, Rules};
+use crate::residue::{HashedSegments, ResidueStore};
+use crate::stats::Counter;
+use crate::volume::{Inner, VolumeOptions};
+
+impl Profile {
+    pub const UHS: Profile = Profile(3);
+}
+
+/// Writes below this go to the NVM buffer whole (UHS buffers 4 KiB writes and sends
+/// larger ones to the SSD; docs/UHS.md has the measurement behind the value).
+pub const DEFAULT_SMALL_WRITE: u64 = 16 * KIB;
+
+/// How long the volume must see no write before migration drains the buffer ("under
+/// light load").
+const IDLE_BEFORE_DRAIN: Duration = Duration::from_millis(200);
+
+pub(super) struct Uhs;
+
+impl ProfileSpec for Uhs {
+    fn profile(&self) -> Profile {
+        Profile::UHS
+    }
+    fn name(&self) -> &'static str {
+        "uhs"
+    }
+    fn summary(&self) -> &'static str {
+        "UHS: a block volume (serve it with `alignfs nbd`); small writes in a hashed NVM buffer (--fast), durable on every write"
+    }
+    fn personality(&self) -> Personality {
+        Personality::Block
+    }
+    fn devices(&self) -> DeviceNeeds {
+        DeviceNeeds { fast_tier: true, max_ssds: 1 }
+    }
+    fn promise(&self) -> Promise {
+        Promise::OnWrite
+    }
+    fn tunables(&self) -> &'static [Tunable] {
+        &[Tunable::Watermarks, Tunable::RequestThreshold, Tunable::SegmentSize, Tunable::NvmBuffer]
+    }
+    /// UHS buffers SSD blocks of 4 KiB, one slot each.
+    fn default_geometry(&self) -> Geometry {
+        Geometry { block_bytes: 4 * 1024, page_bytes: 4 * 1024, ..Geometry::default() }
+    }
+    fn validate_geometry(&self, geometry: &Geometry) -> Result<()> {
+        let (b, p) = (geometry.block(), geometry.page());
+        if p != b || !p.is_power_of_two() || !(4 * KIB..=64 * KIB).contains(&p) {
+            return Err(Error::Geometry(format!(
+                "a uhs buffer slot is one block: block and page size ({b}, {p}) must be equal, a power of two between 4 KiB and 64 KiB"
+            )));
+        }
+        Ok(())
+    }
+    fn max_segments(&self) -> usize {
+        UPAGE_MAX_CHUNKS
+    }
+    fn residue_store(
+        &self,
+        fast: Option<&Arc<dyn ByteTier>>,
+        layout: &MetaLayout,
+        geometry: &Geometry,
+        options: &VolumeOptions,
+    ) -> Result<Arc<dyn ResidueStore>> {
+        let fast = fast.ok_or_else(|| Error::WrongDevices("profile uhs needs an NVM device (--fast)".into()))?;
+        if options.segment_bytes < geometry.page() {
+            return Err(Error::InvalidArgument(format!(
+                "an NVM buffer segment of {} bytes holds no {}-byte slot",
+                options.segment_bytes,
+                geometry.page()
+            )));
+        }
+        Ok(Arc::new(HashedSegments::new(
+            Arc::clone(fast),
+            layout.pages_offset,
+            layout.page_count,
+            geometry.page_bytes,
+            options.segment_bytes,
+        )))
+    }
+    fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy> {
+        Box::new(UhsPolicy { small_write: options.request_threshold.unwrap_or(DEFAULT_SMALL_WRITE), buffered: options.nvm_buffer })
+    }
+}
+
+struct UhsPolicy {
+    small_write: u64,
+    /// `false`: UHS-NB.
+    buffered: bool,
+}
+
+impl Policy for UhsPolicy {
+    /// UHS Algorithm 1: a small write goes to the buffer whole; a large one sends its whole
+    /// blocks to the SSD (the map edit invalidates what the buffer held for them) and its
+    /// partial end blocks to the buffer. Without the buffer, partial blocks are rewritten.
+    fn write_rules(&self, len: u64) -> Rules {
+        let residue = match (self.buffered, len < self.small_write) {
+            (false, _) => Residue::Forbidden,
+            (true, true) => Residue::All,
+            (true, false) => Residue::Partial,
+        };
+        Rules { residue, max_segments: UPAGE_MAX_CHUNKS }
+    }
+
+    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
+        None
+    }
+
+    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
+        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
+    }
+
+    /// The maintenance thread (watermark migration, checkpoints) and UHS's light-load
+    /// migration: once no write came for [`IDLE_BEFORE_DRAIN`], the buffer is drained.
+    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
+        let worker = Arc::clone(engine);
+        let drain = spawn("alignfs-uhs-drain".into(), move || drain_when_idle(&worker))?;
+        Ok(vec![engine.start_maintenance()?, drain])
+    }
+
+    fn merge_commit_batch(&self) -> usize {
+        32
+    }
+}
+
+fn drain_when_idle(engine: &Inner) {
+    let mut writes = engine.writes_so_far();
+    let mut quiet_since = Instant::now();
+    while !engine.shutting_down() {
+        std::thread::sleep(IDLE_BEFORE_DRAIN / 4);
+        let now = engine.writes_so_far();
+        if now != writes {
+            (writes, quiet_since) = (now, Instant::now());
+        } else if quiet_since.elapsed() >= IDLE_BEFORE_DRAIN {
+            if let Err(e) = engine.drain_residue(Counter::migrations_idle) {
+                tracing::warn!("idle migration: {e}");
+            }
+            quiet_since = Instant::now();
+        }
+    }
+}
