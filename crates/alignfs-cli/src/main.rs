@@ -4,13 +4,17 @@ mod bench;
 mod defaults;
 mod health;
 mod mount;
+mod nbd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use alignfs::device::IoBackend;
+use alignfs::geometry::MIB;
+use alignfs::personality::BlockLayout;
+use alignfs::profile::Personality;
 use alignfs::stats::{Counter, VolumeReport};
-use alignfs::volume::{format_paths, open_paths_with_faults, DeviceSpec};
+use alignfs::volume::{format_block_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -25,7 +29,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Format a new volume: a fast tier and an SSD (`orch`), or an SSD alone (`scrap`).
+    /// Format a new volume: a fast tier and an SSD (`orch`, `uhs`), or SSDs alone (`scrap`).
     Mkfs(MkfsArgs),
     /// Mount a volume through FUSE (the default devices are formatted on first use).
     Mount(mount::MountArgs),
@@ -37,6 +41,9 @@ enum Command {
     /// Check an unmounted volume: superblocks, checkpoint, journal, maps against allocators,
     /// namespace connectivity and link counts. Reports problems; writes nothing.
     Fsck(FsckArgs),
+    /// Serve a block volume (`uhs`) over NBD until interrupted: qemu, nbdinfo, nbdcopy,
+    /// nbdfuse, fio's nbd engine or the kernel's nbd module can use it.
+    Nbd(nbd::NbdArgs),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
     /// Probe a mount: exit 0 if its daemon answers, 1 if it died or hangs (for watchdogs).
@@ -79,6 +86,24 @@ impl DeviceArgs {
         ssds.iter().map(|s| s.path.clone()).collect()
     }
 
+    /// The device options as they would be typed again (for hints).
+    fn as_args(&self) -> String {
+        let mut out: Vec<String> = Vec::new();
+        if let Some(fast) = &self.fast {
+            out.push(format!(
+                "--fast {}",
+                fast.rsplit_once(':').filter(|(_, s)| alignfs::geometry::parse_size(s).is_ok()).map_or(fast.as_str(), |(p, _)| p)
+            ));
+        }
+        for ssd in &self.ssd {
+            out.push(format!(
+                "--ssd {}",
+                ssd.rsplit_once(':').filter(|(_, s)| alignfs::geometry::parse_size(s).is_ok()).map_or(ssd.as_str(), |(p, _)| p)
+            ));
+        }
+        out.join(" ")
+    }
+
     fn backend(&self) -> Option<IoBackend> {
         self.io_backend.map(|b| match b {
             BackendArg::Uring => IoBackend::Uring,
@@ -91,10 +116,22 @@ impl DeviceArgs {
 struct MkfsArgs {
     #[command(flatten)]
     devices: DeviceArgs,
-    /// Profile: `orch` (OrchFS: persistent fast tier + SSD, durable on every write) or
-    /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync).
+    /// Profile: `orch` (OrchFS: persistent fast tier + SSD, durable on every write),
+    /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync) or
+    /// `uhs` (UHS: a block volume over NVM + SSD, served with `alignfs nbd`).
     #[arg(long, default_value = "orch")]
     profile: String,
+    /// Block volumes (`uhs`): the volume's size (default: as large as the SSD allows).
+    #[arg(long, value_name = "SIZE")]
+    size: Option<String>,
+    /// Block volumes: the logical block size clients must align to, 512 or 4096.
+    #[arg(long, value_name = "BYTES", default_value = "512")]
+    sector_size: u32,
+    /// Block volumes: keep bytes START..END of the volume in the NVM zone for good (UHS's
+    /// static map, e.g. a file system's metadata; END exclusive; sizes like 64M). Repeat
+    /// for several ranges.
+    #[arg(long, value_name = "START-END")]
+    nvm_range: Vec<String>,
     /// SSD block size: the unit of every SSD write (default 32K; for `scrap` it is the
     /// scrap page, default 256K).
     #[arg(long)]
@@ -160,7 +197,18 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         None
     };
     let options = FormatOptions { geometry, profile, force: args.force };
-    let (sb, volume) = format_paths(fast.as_ref(), &ssds, &options, args.devices.backend())?;
+    let block_layout = block_layout(args, profile)?;
+    let (sb, volume, block) = match block_layout {
+        Some(layout) => {
+            let (sb, block) = format_block_paths(fast.as_ref(), &ssds, &options, layout, args.devices.backend())?;
+            let layout = block.layout().clone();
+            (sb, block.into_volume(), Some(layout))
+        }
+        None => {
+            let (sb, volume) = format_paths(fast.as_ref(), &ssds, &options, args.devices.backend())?;
+            (sb, volume, None)
+        }
+    };
     let (fast_desc, ssd_desc, residue) = volume.describe_devices();
     println!("formatted alignfs volume {} (profile {})", sb.uuid_string(), sb.profile.name());
     println!("  fast tier: {fast_desc}");
@@ -178,8 +226,51 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         bytesize::ByteSize(sb.layout.journal_bytes),
         bytesize::ByteSize(sb.layout.checkpoint_bytes)
     );
+    if let Some(layout) = block {
+        println!("  block volume: {} bytes ({}), {}-byte sectors", layout.size, bytesize::ByteSize(layout.size), layout.sector_bytes);
+        for r in &layout.nvm_ranges {
+            println!("  NVM zone:  bytes {}-{} ({})", r.start, r.end, bytesize::ByteSize(r.end - r.start));
+        }
+        println!("  serve it:  alignfs nbd {}", args.devices.as_args());
+    }
     volume.close()?;
     Ok(())
+}
+
+/// The block layout `mkfs` formats a block-volume profile with; `None` for the others
+/// (which refuse the block-volume options).
+fn block_layout(args: &MkfsArgs, profile: Profile) -> Result<Option<BlockLayout>> {
+    if profile.personality() != Personality::Block {
+        if args.size.is_some() || !args.nvm_range.is_empty() || args.sector_size != 512 {
+            anyhow::bail!("--size, --sector-size and --nvm-range format block volumes; profile {} is a file system", profile.name());
+        }
+        return Ok(None);
+    }
+    let parse = |text: &str, what: &str| alignfs::geometry::parse_size(text).with_context(|| format!("--{what} {text}"));
+    let mut nvm_ranges = Vec::new();
+    for text in &args.nvm_range {
+        let (start, end) = text.split_once('-').with_context(|| format!("--nvm-range {text}: expected START-END"))?;
+        nvm_ranges.push(parse(start, "nvm-range")?..parse(end, "nvm-range")?);
+    }
+    let size = match &args.size {
+        Some(text) => parse(text, "size")?,
+        None => largest_block_volume(args)?,
+    };
+    Ok(Some(BlockLayout { size, sector_bytes: args.sector_size, nvm_ranges }))
+}
+
+/// The largest volume the SSD holds with room for out-of-place writes, in whole MiB.
+fn largest_block_volume(args: &MkfsArgs) -> Result<u64> {
+    let (_, ssds) = args.devices.specs()?;
+    let ssd = &ssds[0];
+    let bytes = match ssd.size {
+        Some(size) => size,
+        None => std::fs::metadata(&ssd.path)
+            .with_context(|| format!("{} (name its size: --ssd PATH:SIZE, or give --size)", ssd.path.display()))?
+            .len(),
+    };
+    let room = bytes.saturating_sub(bytes / 32 + (2 << 20));
+    Ok(room / MIB * MIB)
 }
 
 fn stat(args: &StatArgs) -> Result<()> {
@@ -313,6 +404,7 @@ fn main() -> ExitCode {
             Ok(code) => return code,
             Err(e) => Err(e),
         },
+        Command::Nbd(args) => nbd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Health(args) => match health::run(args) {
             Ok(true) => return ExitCode::SUCCESS,

@@ -221,12 +221,21 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let options = VolumeOptions {
         read_only: parsed.read_only,
         scrap_mem_bytes: size(&args.scrap_mem, "scrap-mem", defaults.scrap_mem_bytes)?,
-        request_threshold: size(&args.request_threshold, "request-threshold", defaults.request_threshold)?,
+        request_threshold: args
+            .request_threshold
+            .as_deref()
+            .map(|t| alignfs::geometry::parse_size(t).context("--request-threshold"))
+            .transpose()?,
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
         ..defaults
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
-    warn_unused_options(args, volume.superblock().profile);
+    let profile = volume.superblock().profile;
+    if profile.personality() == alignfs::profile::Personality::Block {
+        volume.close()?;
+        bail!("the volume is a {} block volume, not a file system: serve it with `alignfs nbd`", profile.name());
+    }
+    warn_unused_options(args, profile);
     let recovery = volume.recovery().clone();
     tracing::info!(
         "volume {} opened in {:?}: {} journal records replayed{}",

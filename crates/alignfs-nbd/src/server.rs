@@ -1,7 +1,7 @@
 //! Connections: negotiation, then requests served by a few worker threads per
 //! connection, overlapping requests in the order they arrived.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -89,11 +89,18 @@ pub struct ServerStats {
     pub errors_returned: AtomicU64,
 }
 
+/// Hangs up one connection.
+type HangUp = Box<dyn Fn() + Send>;
+
+/// The bytes a request touches and whether it changes them; `None`: no data.
+type Footprint = Option<(u64, u64, bool)>;
+
 /// A running server: listeners and connections, until [`Server::shutdown`].
 pub struct Server {
     config: Arc<ServerConfig>,
     stop: Arc<AtomicBool>,
-    live: Arc<Mutex<Vec<Box<dyn Fn() + Send>>>>,
+    /// Each open connection's way to hang it up, by connection number.
+    live: Arc<Mutex<HashMap<u64, HangUp>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     pub stats: Arc<ServerStats>,
 }
@@ -131,10 +138,17 @@ impl Server {
                     Ok(stream) => {
                         connections.retain(|c| !c.is_finished());
                         let Ok(closer) = stream.try_clone_stream() else { continue };
-                        live.lock().push(Box::new(move || closer.shutdown_both()));
-                        let (config, stats) = (Arc::clone(&config), Arc::clone(&stats));
-                        stats.connections.fetch_add(1, Ordering::Relaxed);
-                        match std::thread::Builder::new().name("nbd-conn".into()).spawn(move || serve_connection(stream, &config, &stats)) {
+                        let id = stats.connections.fetch_add(1, Ordering::Relaxed);
+                        live.lock().insert(id, Box::new(move || closer.shutdown_both()));
+                        let (config, stats, live) = (Arc::clone(&config), Arc::clone(&stats), Arc::clone(&live));
+                        let serve = move || {
+                            serve_connection(stream, &config, &stats);
+                            // Hang up: the closer's descriptor would keep the socket open.
+                            if let Some(close) = live.lock().remove(&id) {
+                                close();
+                            }
+                        };
+                        match std::thread::Builder::new().name("nbd-conn".into()).spawn(serve) {
                             Ok(c) => connections.push(c),
                             Err(e) => tracing::error!("start a connection thread: {e}"),
                         }
@@ -158,7 +172,7 @@ impl Server {
     /// wait for every thread.
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        for close in self.live.lock().drain(..) {
+        for (_, close) in self.live.lock().drain() {
             close();
         }
         for t in self.threads.lock().drain(..) {
@@ -315,7 +329,7 @@ struct Job {
 
 impl Job {
     /// The byte range it touches and whether it changes it; `None` touches no data.
-    fn footprint(&self) -> Option<(u64, u64, bool)> {
+    fn footprint(&self) -> Footprint {
         let r = &self.request;
         let end = r.offset.saturating_add(u64::from(r.length));
         match r.command {
@@ -327,7 +341,7 @@ impl Job {
     }
 }
 
-fn conflicts(a: Option<(u64, u64, bool)>, b: Option<(u64, u64, bool)>) -> bool {
+fn conflicts(a: Footprint, b: Footprint) -> bool {
     match (a, b) {
         (Some((s1, e1, w1)), Some((s2, e2, w2))) => (w1 || w2) && s1 < e2 && s2 < e1,
         _ => false,
@@ -340,7 +354,7 @@ fn conflicts(a: Option<(u64, u64, bool)>, b: Option<(u64, u64, bool)>) -> bool {
 #[derive(Default)]
 struct Queue {
     waiting: VecDeque<Job>,
-    running: Vec<(u64, Option<(u64, u64, bool)>)>,
+    running: Vec<(u64, Footprint)>,
     /// Payload bytes held by waiting and running jobs.
     held_bytes: u64,
     closed: bool,

@@ -97,9 +97,9 @@ fn a_block_volume_needs_a_sector_multiple_and_a_formatted_volume() {
     assert!(matches!(BlockVolume::format(&devices, &format, BlockLayout::new(1000)), Err(Error::InvalidArgument(_))));
     let too_big = BlockLayout::new(31 << 20);
     assert!(matches!(BlockVolume::format(&devices, &format, too_big), Err(Error::InvalidArgument(m)) if m.contains("SSD data space")));
-    let beyond = BlockLayout { nvm_ranges: vec![0..(64 << 20)], ..BlockLayout::new(VOLUME_BYTES) };
+    let beyond = BlockLayout { nvm_ranges: std::iter::once(0..(64 << 20)).collect(), ..BlockLayout::new(VOLUME_BYTES) };
     assert!(matches!(BlockVolume::format(&devices, &format, beyond), Err(Error::InvalidArgument(_))));
-    let no_room = BlockLayout { nvm_ranges: vec![0..(8 << 20)], ..BlockLayout::new(16 << 20) };
+    let no_room = BlockLayout { nvm_ranges: std::iter::once(0..(8 << 20)).collect(), ..BlockLayout::new(16 << 20) };
     assert!(matches!(BlockVolume::format(&devices, &format, no_room), Err(Error::WrongDevices(_))));
     alignfs::Volume::format(&devices, &format).unwrap();
     assert!(matches!(BlockVolume::open(devices, options), Err(Error::WrongPersonality(m)) if m.contains("no block volume")));

@@ -190,4 +190,9 @@ impl BlockVolume {
     pub fn close(self) -> Result<()> {
         self.volume.close()
     }
+
+    /// The engine underneath, to close or inspect as a plain volume.
+    pub fn into_volume(self) -> Volume {
+        self.volume
+    }
 }

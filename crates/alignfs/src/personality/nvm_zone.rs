@@ -263,8 +263,8 @@ mod tests {
             BlockLayout { size: 1000, ..layout.clone() },
             BlockLayout { sector_bytes: 1024, ..layout.clone() },
             BlockLayout { nvm_ranges: vec![0..4096, 0..8192], ..layout.clone() },
-            BlockLayout { nvm_ranges: vec![0..(2 << 20)], ..layout.clone() },
-            BlockLayout { nvm_ranges: vec![100..4096], ..layout.clone() },
+            BlockLayout { nvm_ranges: std::iter::once(0..(2 << 20)).collect(), ..layout.clone() },
+            BlockLayout { nvm_ranges: std::iter::once(100..4096).collect(), ..layout.clone() },
         ] {
             let mut b = bad;
             assert!(b.validate().is_err(), "{b:?}");

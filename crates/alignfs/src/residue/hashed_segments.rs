@@ -101,12 +101,11 @@ impl HashedSegments {
 impl ResidueStore for HashedSegments {
     fn describe(&self) -> String {
         format!(
-            "NVM buffer of {} segments of {} KiB ({} slots of {} bytes) in {}",
+            "NVM buffer of {} segments of {} KiB ({} slots of {} bytes)",
             self.segments.len(),
             self.segment_bytes() / 1024,
             self.bitmap.capacity(),
             self.slots.unit_bytes(),
-            self.slots.describe()
         )
     }
     fn unit_bytes(&self) -> u32 {

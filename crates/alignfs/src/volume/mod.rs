@@ -20,7 +20,10 @@ pub use crate::stats::RecoveryReport;
 pub use check::Problem;
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
 pub use open::Devices;
-pub use paths::{default_data_dir, format_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH};
+pub use paths::{
+    default_data_dir, format_block_paths, format_paths, open_block_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec,
+    DEFAULT_FAST_PATH,
+};
 pub use read::SeekTarget;
 pub use resize::FallocateMode;
 pub use write::MAX_FILE_BYTES;

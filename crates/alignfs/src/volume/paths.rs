@@ -8,6 +8,7 @@ use crate::device::{BlockDevice, ByteTier, DeviceSet, FaultPlan, FaultyDevice, F
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
+use crate::personality::{BlockLayout, BlockVolume};
 
 /// The embedded default fast tier: a file on tmpfs.
 pub const DEFAULT_FAST_PATH: &str = "/dev/shm/alignfs/fast";
@@ -54,6 +55,28 @@ pub fn format_paths(
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
+    let devices = create_devices(fast, ssds, options, backend)?;
+    let superblock = Volume::format(&devices, options)?;
+    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
+    Ok((superblock, Volume::open(devices, quiet)?))
+}
+
+/// [`format_paths`] for a block volume (the `uhs` profile's personality).
+pub fn format_block_paths(
+    fast: Option<&DeviceSpec>,
+    ssds: &[DeviceSpec],
+    options: &FormatOptions,
+    layout: BlockLayout,
+    backend: Option<IoBackend>,
+) -> Result<(Superblock, BlockVolume)> {
+    let devices = create_devices(fast, ssds, options, backend)?;
+    let superblock = BlockVolume::format(&devices, options, layout)?;
+    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
+    Ok((superblock, BlockVolume::open(devices, quiet)?))
+}
+
+/// The devices of a volume about to be formatted, created when sized.
+fn create_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], options: &FormatOptions, backend: Option<IoBackend>) -> Result<Devices> {
     options.geometry.validate(options.profile)?;
     let (profile, needs) = (options.profile.name(), options.profile.devices());
     match (fast, needs.fast_tier, ssds.len()) {
@@ -81,10 +104,7 @@ pub fn format_paths(
         }
         None => None,
     };
-    let devices = Devices { fast, ssd };
-    let superblock = Volume::format(&devices, options)?;
-    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
-    Ok((superblock, Volume::open(devices, quiet)?))
+    Ok(Devices { fast, ssd })
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
@@ -123,6 +143,22 @@ pub fn open_paths_with_faults(
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Volume> {
+    Volume::open(open_devices(fast, ssds, options.read_only, backend, faults)?, options)
+}
+
+/// Open a formatted block volume by path (`alignfs nbd`).
+pub fn open_block_paths(fast: &Path, ssds: &[PathBuf], options: VolumeOptions, backend: Option<IoBackend>) -> Result<BlockVolume> {
+    BlockVolume::open(open_devices(fast, ssds, options.read_only, backend, None)?, options)
+}
+
+/// The devices of a formatted volume, with the IO shape its superblock records.
+fn open_devices(
+    fast: &Path,
+    ssds: &[PathBuf],
+    read_only: bool,
+    backend: Option<IoBackend>,
+    faults: Option<Arc<FaultPlan>>,
+) -> Result<Devices> {
     let missing = |path: &Path| Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into());
     if let Some(absent) = ssds.iter().find(|p| !p.exists()) {
         return Err(missing(absent));
@@ -138,10 +174,10 @@ pub fn open_paths_with_faults(
         let ordered = order_members(ssds, &superblock)?;
         let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ordered.len());
         for path in &ordered {
-            members.push(Arc::new(FileSsd::open(path, &ssd_options(&superblock.geometry, None, backend, options.read_only))?));
+            members.push(Arc::new(FileSsd::open(path, &ssd_options(&superblock.geometry, None, backend, read_only))?));
         }
         let device = join_members(members, |_| superblock.member_bytes())?;
-        return Volume::open(Devices::ssd_only(with_faults(device)), options);
+        return Ok(Devices::ssd_only(with_faults(device)));
     }
     if ssds.len() > 1 {
         return Err(Error::WrongDevices(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
@@ -153,8 +189,8 @@ pub fn open_paths_with_faults(
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
-    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(first, &ssd_options(&geometry, None, backend, options.read_only))?);
-    Volume::open(Devices::new(region, with_faults(device)), options)
+    let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(first, &ssd_options(&geometry, None, backend, read_only))?);
+    Ok(Devices::new(region, with_faults(device)))
 }
 
 /// The SSD paths in the volume's order (by each one's `ssd_index`), checking that they

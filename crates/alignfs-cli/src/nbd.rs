@@ -1,0 +1,131 @@
+//! `alignfs nbd`: serve a block volume over NBD until SIGINT or SIGTERM, then close it
+//! cleanly (checkpoint, SSD flush).
+
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use alignfs::profile::{Personality, Tunable};
+use alignfs::volume::{open_block_paths, ssd_superblock};
+use alignfs::VolumeOptions;
+use alignfs_nbd::{ExportEntry, Server, ServerConfig};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::DeviceArgs;
+
+#[derive(Args)]
+pub struct NbdArgs {
+    #[command(flatten)]
+    devices: DeviceArgs,
+    /// TCP address to listen on (loopback unless you say otherwise).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
+    listen: String,
+    /// Also listen on this Unix socket (`nbd+unix:///NAME?socket=PATH`).
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Listen on the Unix socket only, not on TCP.
+    #[arg(long, requires = "socket")]
+    no_tcp: bool,
+    /// The export's name (clients that name none get it too).
+    #[arg(long, default_value = "alignfs")]
+    export: String,
+    /// Serve read-only: writes, trims and zeroing get EPERM.
+    #[arg(long)]
+    read_only: bool,
+    /// Threads serving each connection's requests (UHS uses four).
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Writes below this size go whole to the NVM buffer (uhs default 16K).
+    #[arg(long, value_name = "SIZE")]
+    request_threshold: Option<String>,
+    /// Bytes of one NVM buffer segment (default 4M).
+    #[arg(long, value_name = "SIZE")]
+    segment_size: Option<String>,
+    /// Run without the NVM buffer (the paper's UHS-NB, for comparison).
+    #[arg(long)]
+    no_nvm_buffer: bool,
+}
+
+pub fn run(args: &NbdArgs) -> Result<()> {
+    let (fast, ssds) = args.devices.specs()?;
+    let Some(superblock) = ssd_superblock(&ssds[0].path).ok().flatten() else {
+        bail!("{} holds no alignfs volume; format one with `alignfs mkfs --profile uhs`", ssds[0].path.display());
+    };
+    let profile = superblock.profile;
+    if profile.personality() != Personality::Block {
+        bail!("the volume is a {} file system, not a block volume; mount it with `alignfs mount`", profile.name());
+    }
+    let size = |text: &Option<String>, flag: &str| -> Result<Option<u64>> {
+        text.as_deref().map(|t| alignfs::geometry::parse_size(t).with_context(|| format!("--{flag}"))).transpose()
+    };
+    let defaults = VolumeOptions::default();
+    for (given, tunable, flag) in [
+        (args.request_threshold.is_some(), Tunable::RequestThreshold, "--request-threshold"),
+        (args.segment_size.is_some(), Tunable::SegmentSize, "--segment-size"),
+        (args.no_nvm_buffer, Tunable::NvmBuffer, "--no-nvm-buffer"),
+    ] {
+        if given && !profile.tunables().contains(&tunable) {
+            println!("note: {flag} has no effect: profile {} does not use it", profile.name());
+        }
+    }
+    let options = VolumeOptions {
+        read_only: args.read_only,
+        request_threshold: size(&args.request_threshold, "request-threshold")?,
+        segment_bytes: size(&args.segment_size, "segment-size")?.unwrap_or(defaults.segment_bytes),
+        nvm_buffer: !args.no_nvm_buffer,
+        ..defaults
+    };
+    let ssd_paths: Vec<PathBuf> = ssds.iter().map(|s| s.path.clone()).collect();
+    let volume = Arc::new(open_block_paths(&fast.path, &ssd_paths, options, args.devices.backend())?);
+    let (_, _, residue) = volume.volume().describe_devices();
+    let description = format!("alignfs {} volume {}", profile.name(), superblock.uuid_string());
+    let mut config = ServerConfig::new(vec![ExportEntry {
+        name: args.export.clone(),
+        description,
+        export: Arc::clone(&volume) as Arc<dyn alignfs_nbd::Export>,
+        read_only: args.read_only,
+    }]);
+    config.workers_per_connection = args.workers.max(1);
+    let server = Server::new(config);
+    if !args.no_tcp {
+        let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+        server.listen_tcp(listener)?;
+        println!("serving export {:?} on nbd://{}/{}", args.export, args.listen, args.export);
+    }
+    if let Some(path) = &args.socket {
+        if path.exists() {
+            std::fs::remove_file(path).with_context(|| format!("remove the stale socket {}", path.display()))?;
+        }
+        let listener = UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))?;
+        server.listen_unix(listener)?;
+        println!("serving export {:?} on nbd+unix:///{}?socket={}", args.export, args.export, path.display());
+    }
+    println!(
+        "  {} bytes in {}-byte sectors, {} NVM ranges; residue: {residue}{}",
+        volume.size(),
+        volume.layout().sector_bytes,
+        volume.layout().nvm_ranges.len(),
+        if args.no_nvm_buffer { " (not used: --no-nvm-buffer)" } else { "" }
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop)).context("install the signal handler")?;
+    }
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("stopping: finishing requests in progress, then closing the volume");
+    server.shutdown();
+    drop(server);
+    if let Some(path) = &args.socket {
+        let _ = std::fs::remove_file(path);
+    }
+    let volume = Arc::try_unwrap(volume).map_err(|_| anyhow::anyhow!("a connection still holds the volume"))?;
+    volume.close()?;
+    println!("closed cleanly");
+    Ok(())
+}
