@@ -1,0 +1,328 @@
+#![allow(clippy::unwrap_used)]
+//! The NBD server over Unix socket pairs: negotiation paths, every command, the errors the
+//! protocol asks for, request ordering across workers, and a corpus of malformed and
+//! random input that must end a connection cleanly and leave the export unchanged.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use alignfs_nbd::protocol::*;
+use alignfs_nbd::server::serve_connection;
+use alignfs_nbd::{Export, ExportEntry, ExportError, ServerConfig, ServerStats};
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// An export in memory that counts flushes.
+struct Memory {
+    bytes: Mutex<Vec<u8>>,
+    flushes: Mutex<u64>,
+}
+
+impl Memory {
+    fn new(size: usize) -> Arc<Memory> {
+        Arc::new(Memory { bytes: Mutex::new(vec![0; size]), flushes: Mutex::new(0) })
+    }
+}
+
+impl Export for Memory {
+    fn size(&self) -> u64 {
+        self.bytes.lock().len() as u64
+    }
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn preferred_block_size(&self) -> u32 {
+        4096
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
+        buf.copy_from_slice(&self.bytes.lock()[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
+        // Slow enough that workers overlap.
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        self.bytes.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), ExportError> {
+        *self.flushes.lock() += 1;
+        Ok(())
+    }
+    fn trim(&self, offset: u64, len: u64, _fua: bool) -> Result<(), ExportError> {
+        self.bytes.lock()[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, _no_hole: bool, fua: bool) -> Result<(), ExportError> {
+        self.trim(offset, len, fua)
+    }
+}
+
+const SIZE: usize = 1 << 20;
+
+/// A server thread on one end of a socket pair; the other end for the test.
+fn connect(memory: &Arc<Memory>, read_only: bool) -> (UnixStream, JoinHandle<()>) {
+    let (client, server) = UnixStream::pair().unwrap();
+    let export = Arc::clone(memory) as Arc<dyn Export>;
+    let config = ServerConfig::new(vec![ExportEntry { name: "disk".into(), description: "test".into(), export, read_only }]);
+    let handle = std::thread::spawn(move || serve_connection(server, &config, &ServerStats::default()));
+    (client, handle)
+}
+
+fn read_exact(s: &mut UnixStream, n: usize) -> Vec<u8> {
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b).unwrap();
+    b
+}
+
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes(b.try_into().unwrap())
+}
+
+fn hello(s: &mut UnixStream, client_flags: u32) {
+    let h = read_exact(s, 18);
+    assert_eq!(&h[..8], b"NBDMAGIC");
+    assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), IHAVEOPT);
+    s.write_all(&client_flags.to_be_bytes()).unwrap();
+}
+
+fn send_option(s: &mut UnixStream, option: u32, data: &[u8]) {
+    let mut b = IHAVEOPT.to_be_bytes().to_vec();
+    b.extend_from_slice(&option.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    s.write_all(&b).unwrap();
+}
+
+/// One option reply: (reply type, data).
+fn option_reply(s: &mut UnixStream) -> (u32, Vec<u8>) {
+    let h = read_exact(s, 20);
+    assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), REPLY_MAGIC_OPTION);
+    let len = be32(&h[16..20]) as usize;
+    (be32(&h[12..16]), read_exact(s, len))
+}
+
+fn go_payload(name: &[u8], wanted: &[u16]) -> Vec<u8> {
+    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+    d.extend_from_slice(name);
+    d.extend_from_slice(&(wanted.len() as u16).to_be_bytes());
+    for w in wanted {
+        d.extend_from_slice(&w.to_be_bytes());
+    }
+    d
+}
+
+/// Negotiate with GO; returns the transmission flags.
+fn go(s: &mut UnixStream) -> u16 {
+    hello(s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    send_option(s, OPT_GO, &go_payload(b"disk", &[INFO_BLOCK_SIZE]));
+    let (kind, export) = option_reply(s);
+    assert_eq!(kind, REP_INFO);
+    assert_eq!(u64::from_be_bytes(export[2..10].try_into().unwrap()), SIZE as u64);
+    let flags = u16::from_be_bytes([export[10], export[11]]);
+    let (kind, sizes) = option_reply(s);
+    assert_eq!((kind, be32(&sizes[2..6]), be32(&sizes[6..10])), (REP_INFO, 512, 4096));
+    assert_eq!(option_reply(s).0, REP_ACK);
+    flags
+}
+
+fn request(s: &mut UnixStream, command: u16, flags: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
+    let r = Request { flags, command, cookie, offset, length };
+    let mut b = r.encode().to_vec();
+    b.extend_from_slice(payload);
+    s.write_all(&b).unwrap();
+}
+
+/// One simple reply: (error, cookie).
+fn reply(s: &mut UnixStream) -> (u32, u64) {
+    let h = read_exact(s, 16);
+    assert_eq!(be32(&h[..4]), SIMPLE_REPLY_MAGIC);
+    (be32(&h[4..8]), u64::from_be_bytes(h[8..16].try_into().unwrap()))
+}
+
+fn disconnect(mut s: UnixStream, server: JoinHandle<()>) {
+    request(&mut s, CMD_DISC, 0, 0, 0, 0, &[]);
+    server.join().unwrap();
+    assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0, "the server hangs up after DISC");
+}
+
+#[test]
+fn every_command_and_its_errors() {
+    let memory = Memory::new(SIZE);
+    let (mut s, server) = connect(&memory, false);
+    let flags = go(&mut s);
+    for f in [TFLAG_HAS_FLAGS, TFLAG_SEND_FLUSH, TFLAG_SEND_FUA, TFLAG_SEND_TRIM, TFLAG_SEND_WRITE_ZEROES, TFLAG_CAN_MULTI_CONN] {
+        assert_ne!(flags & f, 0, "flag {f:#x}");
+    }
+    let data: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+    request(&mut s, CMD_WRITE, CMD_FLAG_FUA, 1, 8192, 4096, &data);
+    assert_eq!(reply(&mut s), (0, 1));
+    request(&mut s, CMD_READ, 0, 2, 8192, 4096, &[]);
+    assert_eq!(reply(&mut s), (0, 2));
+    assert_eq!(read_exact(&mut s, 4096), data);
+    request(&mut s, CMD_FLUSH, 0, 3, 0, 0, &[]);
+    assert_eq!(reply(&mut s), (0, 3));
+    assert_eq!(*memory.flushes.lock(), 1);
+    request(&mut s, CMD_TRIM, 0, 4, 8192, 512, &[]);
+    request(&mut s, CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 5, 8704, 512, &[]);
+    assert_eq!(reply(&mut s).0, 0);
+    assert_eq!(reply(&mut s).0, 0);
+    assert!(memory.bytes.lock()[8192..9216].iter().all(|&b| b == 0));
+    // Errors: misaligned, out of range, oversized, unknown; a refused write's payload is
+    // skipped and the stream stays in step.
+    request(&mut s, CMD_WRITE, 0, 6, 100, 512, &[7u8; 512]);
+    assert_eq!(reply(&mut s), (EINVAL, 6));
+    request(&mut s, CMD_READ, 0, 7, SIZE as u64 - 512, 1024, &[]);
+    assert_eq!(reply(&mut s), (EINVAL, 7));
+    request(&mut s, CMD_READ, 0, 8, u64::MAX - 511, 512, &[]);
+    assert_eq!(reply(&mut s), (EINVAL, 8));
+    request(&mut s, CMD_READ, 0, 9, 0, 64 << 20, &[]);
+    assert_eq!(reply(&mut s), (EINVAL, 9));
+    request(&mut s, 42, 0, 10, 0, 0, &[]);
+    assert_eq!(reply(&mut s), (EINVAL, 10));
+    request(&mut s, CMD_WRITE, 0, 11, SIZE as u64, 512, &[9u8; 512]);
+    assert_eq!(reply(&mut s), (EINVAL, 11));
+    assert!(memory.bytes.lock()[..8192].iter().all(|&b| b == 0), "refused writes changed nothing");
+    disconnect(s, server);
+}
+
+#[test]
+fn a_read_only_export_refuses_changes() {
+    let memory = Memory::new(SIZE);
+    let (mut s, server) = connect(&memory, true);
+    assert_ne!(go(&mut s) & TFLAG_READ_ONLY, 0);
+    request(&mut s, CMD_WRITE, 0, 1, 0, 512, &[1u8; 512]);
+    request(&mut s, CMD_TRIM, 0, 2, 0, 512, &[]);
+    assert_eq!(reply(&mut s), (EPERM, 1));
+    assert_eq!(reply(&mut s), (EPERM, 2));
+    request(&mut s, CMD_READ, 0, 3, 0, 512, &[]);
+    assert_eq!(reply(&mut s), (0, 3));
+    assert_eq!(read_exact(&mut s, 512), vec![0u8; 512]);
+    disconnect(s, server);
+}
+
+#[test]
+fn negotiation_options() {
+    let memory = Memory::new(SIZE);
+    // LIST, INFO, an unknown export, an unsupported option, then EXPORT_NAME with the
+    // old zero padding.
+    let (mut s, server) = connect(&memory, false);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE);
+    send_option(&mut s, OPT_LIST, &[]);
+    let (kind, data) = option_reply(&mut s);
+    assert_eq!((kind, &data[4..8]), (REP_SERVER, &b"disk"[..]));
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    send_option(&mut s, OPT_INFO, &go_payload(b"disk", &[]));
+    assert_eq!(option_reply(&mut s).0, REP_INFO);
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    send_option(&mut s, OPT_GO, &go_payload(b"nope", &[]));
+    assert_eq!(option_reply(&mut s).0, REP_ERR_UNKNOWN);
+    send_option(&mut s, OPT_GO, b"\x00\x00\x00\x09disk");
+    assert_eq!(option_reply(&mut s).0, REP_ERR_INVALID);
+    send_option(&mut s, 8, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ERR_UNSUP);
+    send_option(&mut s, OPT_EXPORT_NAME, b"");
+    let reply = read_exact(&mut s, 8 + 2 + 124);
+    assert_eq!(u64::from_be_bytes(reply[..8].try_into().unwrap()), SIZE as u64);
+    assert!(reply[10..].iter().all(|&b| b == 0));
+    disconnect(s, server);
+
+    // ABORT ends negotiation with an ACK.
+    let (mut s, server) = connect(&memory, false);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    send_option(&mut s, OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    server.join().unwrap();
+}
+
+/// Writes and reads to overlapping ranges, pipelined without waiting for replies, come
+/// back as if served one at a time, although four workers serve them.
+#[test]
+fn overlapping_requests_keep_their_order() {
+    let memory = Memory::new(SIZE);
+    let (mut s, server) = connect(&memory, false);
+    go(&mut s);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut model = vec![0u8; 64 * 1024];
+    let mut expected_reads: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut writer = s.try_clone().unwrap();
+    let mut requests = Vec::new();
+    for cookie in 0..400u64 {
+        let offset = rng.random_range(0..112u64) * 512;
+        let len = rng.random_range(1..=16u32) * 512;
+        if rng.random_bool(0.6) {
+            let byte = (cookie % 250 + 1) as u8;
+            model[offset as usize..offset as usize + len as usize].fill(byte);
+            requests.push((CMD_WRITE, cookie, offset, len, vec![byte; len as usize]));
+        } else {
+            expected_reads.push((cookie, model[offset as usize..offset as usize + len as usize].to_vec()));
+            requests.push((CMD_READ, cookie, offset, len, Vec::new()));
+        }
+    }
+    let sender = std::thread::spawn(move || {
+        for (command, cookie, offset, len, payload) in requests {
+            request(&mut writer, command, 0, cookie, offset, len, &payload);
+        }
+    });
+    let mut reads = std::collections::HashMap::new();
+    for _ in 0..400 {
+        let (error, cookie) = reply(&mut s);
+        assert_eq!(error, 0);
+        if let Some((_, expected)) = expected_reads.iter().find(|(c, _)| *c == cookie) {
+            reads.insert(cookie, read_exact(&mut s, expected.len()) == *expected);
+        }
+    }
+    sender.join().unwrap();
+    assert!(reads.values().all(|&ok| ok), "{} of {} reads saw another order", reads.values().filter(|&&ok| !ok).count(), reads.len());
+    assert_eq!(memory.bytes.lock()[..model.len()], model[..]);
+    disconnect(s, server);
+}
+
+/// Malformed handshakes and requests: each closes its connection (the server thread
+/// returns), none panics, none changes the export.
+#[test]
+fn malformed_input_closes_the_connection_and_changes_nothing() {
+    let memory = Memory::new(SIZE);
+    let mut option = |option: u32, len: u32| {
+        let mut b = IHAVEOPT.to_be_bytes().to_vec();
+        b.extend_from_slice(&option.to_be_bytes());
+        b.extend_from_slice(&len.to_be_bytes());
+        b
+    };
+    let mut corpus: Vec<Vec<u8>> = vec![
+        vec![],
+        vec![0, 0],
+        0u32.to_be_bytes().to_vec(),
+        0xffu32.to_be_bytes().to_vec(),
+        [&3u32.to_be_bytes()[..], b"NOTAMAGIC!!!"].concat(),
+        [&3u32.to_be_bytes()[..], &option(OPT_GO, u32::MAX)].concat(),
+        [&3u32.to_be_bytes()[..], &option(OPT_GO, 1000)[..], &[0u8; 10]].concat(),
+        [&3u32.to_be_bytes()[..], &option(OPT_EXPORT_NAME, 4)[..], b"nope"].concat(),
+    ];
+    // After a good GO: a bad request magic, a truncated header, a write cut short.
+    let mut go_bytes = 3u32.to_be_bytes().to_vec();
+    go_bytes.extend_from_slice(&option(OPT_GO, 0)[..12]);
+    let payload = go_payload(b"disk", &[]);
+    go_bytes.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    go_bytes.extend_from_slice(&payload);
+    let write = Request { flags: 0, command: CMD_WRITE, cookie: 1, offset: 0, length: 4096 }.encode();
+    corpus.push([&go_bytes[..], &[0xde, 0xad, 0xbe, 0xef], &[0u8; 24]].concat());
+    corpus.push([&go_bytes[..], &write[..10]].concat());
+    corpus.push([&go_bytes[..], &write[..], &[5u8; 100]].concat());
+    let mut rng = StdRng::seed_from_u64(11);
+    for _ in 0..200 {
+        let n = rng.random_range(0..200);
+        let noise: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        corpus.push(if rng.random_bool(0.5) { [&go_bytes[..], &noise[..]].concat() } else { noise });
+    }
+    for input in corpus {
+        let (mut s, server) = connect(&memory, false);
+        let _ = read_exact(&mut s, 18);
+        let _ = s.write_all(&input);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        server.join().expect("the server thread ends without panicking");
+    }
+    assert!(memory.bytes.lock().iter().all(|&b| b == 0), "no malformed request changed the export");
+}
