@@ -285,7 +285,7 @@ fn overlapping_requests_keep_their_order() {
 #[test]
 fn malformed_input_closes_the_connection_and_changes_nothing() {
     let memory = Memory::new(SIZE);
-    let mut option = |option: u32, len: u32| {
+    let option = |option: u32, len: u32| {
         let mut b = IHAVEOPT.to_be_bytes().to_vec();
         b.extend_from_slice(&option.to_be_bytes());
         b.extend_from_slice(&len.to_be_bytes());
