@@ -2,7 +2,8 @@
 # The project's tests: formatting, lints, unit + integration + doc tests, a smoke run of
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
 # applications against a real mount (scripts/suites.sh), the kill -9 crash loop
-# (scripts/crash.sh; both need root and /dev/fuse), device faults through a mount, programs
+# (scripts/crash.sh; both need root and /dev/fuse), the uhs block volume through real NBD
+# clients (scripts/nbd.sh), device faults through a mount, programs
 # under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
 # fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
 # the mount, GlusterFS and scrap benchmarks.
@@ -88,6 +89,9 @@ scripts/suites.sh || suites=$?
 grep -q "scrap-mem has no effect: profile orch" "$work/out"
 "$bin" umount "$work/c-mnt" >/dev/null
 scripts/crash.sh
+# The uhs profile over NBD: nbdinfo, qemu-img/qemu-io, nbdcopy, fio verify, ext4 through
+# nbdfuse + loop, a read-only export, and a kill -9 loop (docs/UHS.md).
+scripts/nbd.sh || suites=1
 # Injected SSD faults and full devices through a mount.
 mkdir -p "$work/faults"
 tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1
