@@ -111,4 +111,6 @@ bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
 bench/scrap.py --quick --out "$work/bench-scrap" | sed -n '/^| target/,/^$/p' || suites=1
 cargo build --release --locked -q -p alignfs-bench
 target/release/alignfs-ssd-scaling --quick || suites=1
+# The uhs NBD benchmark's smoke run: uhs, UHS-NB and the NBD peers through fio.
+bench/uhs.py --quick | sed -n '/^| workload/,/^$/p' || suites=1
 exit "$suites"
