@@ -1,4 +1,5 @@
-# Helpers shared by scripts/suites.sh and scripts/crash.sh (sourced; they set $bin).
+# Helpers shared by scripts/suites.sh, scripts/crash.sh and scripts/nbd.sh (sourced; they
+# set $bin).
 
 # The pid of the daemon serving mount point $1, from its stats attribute.
 daemon_pid() { "$bin" stat "$1" --json | sed -n 's/.*"pid": \([0-9]*\).*/\1/p'; }
@@ -14,4 +15,19 @@ wait_gone() {
         sleep 0.02
     done
     return 1
+}
+
+# Run a named check ("$@"), print its outcome and time, and count it in $passed or
+# $failed (the sourcing script sets both to 0).
+check() {
+    local name=$1 start=$SECONDS
+    shift
+    echo "== $name"
+    if "$@"; then
+        passed=$((passed + 1))
+        echo "-- $name: ok ($((SECONDS - start)) s)"
+    else
+        failed=$((failed + 1))
+        echo "-- $name: FAILED ($((SECONDS - start)) s)"
+    fi
 }

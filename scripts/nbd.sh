@@ -23,6 +23,8 @@ command -v fsx >/dev/null || cargo install --locked -q fsx@0.3.2 || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --locked -q -p alignfs-cli || exit 1
 bin=$repo/target/release/alignfs
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 
 work=$(mktemp -d /var/tmp/alignfs-nbd.XXXXXX)
 shm=$(mktemp -d /dev/shm/alignfs-nbd.XXXXXX)
@@ -58,18 +60,6 @@ stop_server() {
 
 passed=0
 failed=0
-check() {
-    local name=$1 start=$SECONDS
-    shift
-    echo "== $name"
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "-- $name: ok ($((SECONDS - start)) s)"
-    else
-        failed=$((failed + 1))
-        echo "-- $name: FAILED ($((SECONDS - start)) s)"
-    fi
-}
 
 # A 1 GiB volume whose first 64 MiB (ext4's packed metadata and journal, below) live in
 # the NVM zone; a 128 MiB NVM device leaves the rest to metadata and the buffer.

@@ -57,18 +57,6 @@ mount_main || { cat "$work/mount.log"; exit 1; }
 
 passed=0
 failed=0
-check() {
-    local name=$1 start=$SECONDS
-    shift
-    echo "== $name"
-    if "$@"; then
-        passed=$((passed + 1))
-        echo "-- $name: ok ($((SECONDS - start)) s)"
-    else
-        failed=$((failed + 1))
-        echo "-- $name: FAILED ($((SECONDS - start)) s)"
-    fi
-}
 
 # --- pjdfstest ---------------------------------------------------------------------------
 # Failures must be listed in tests/suites/pjdfstest-expected-failures.txt with a reason;

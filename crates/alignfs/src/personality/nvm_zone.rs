@@ -79,7 +79,7 @@ impl BlockLayout {
     }
 
     /// The attribute value: version, sector, size, zone start, then each range.
-    pub(super) fn encode(&self, zone_offset: u64) -> Vec<u8> {
+    pub fn encode(&self, zone_offset: u64) -> Vec<u8> {
         let mut out = Vec::with_capacity(28 + 16 * self.nvm_ranges.len());
         out.extend_from_slice(&LAYOUT_VERSION.to_le_bytes());
         out.extend_from_slice(&self.sector_bytes.to_le_bytes());
