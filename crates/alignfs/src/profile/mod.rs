@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout};
+use crate::journal::{checkpoint_payload, AsIs};
 use crate::meta::{Freed, Inode, Op};
 use crate::partition::{Plan, Rules};
 use crate::residue::ResidueStore;
@@ -206,14 +207,20 @@ pub(crate) trait Policy: Send + Sync {
     fn write_rules(&self, len: u64) -> Rules;
 
     /// What the journal records for `ops` (under the commit lock, before they apply):
-    /// `None` to journal them as they are.
-    fn project(&self, engine: &Inner, ops: &[Op]) -> Option<Projection>;
+    /// `None` to journal them as they are (a persistent residue store: the live state is
+    /// what a crash keeps).
+    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
+        None
+    }
 
     /// After a projected commit applied.
     fn committed(&self, _engine: &Inner, _projection: Projection, _freed: &Freed) {}
 
-    /// A checkpoint's payload: the state as a crash would keep it.
-    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8>;
+    /// A checkpoint's payload: the state as a crash would keep it (by default the live
+    /// state, as it is).
+    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
+        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
+    }
 
     /// A write stored residue for `plan`'s blocks of `inode`; `full` names the blocks one
     /// of whose units the write filled to its end.

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
+use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Promise, Tunable};
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
-use crate::journal::{checkpoint_payload, AsIs, MAX_ENCODED_SEGMENTS};
-use crate::meta::Op;
+use crate::journal::MAX_ENCODED_SEGMENTS;
 use crate::partition::{Residue, Rules};
 use crate::residue::{PmemPages, ResidueStore};
 use crate::volume::{Inner, VolumeOptions};
@@ -77,14 +76,6 @@ struct OrchPolicy;
 impl Policy for OrchPolicy {
     fn write_rules(&self, _len: u64) -> Rules {
         Rules { residue: Residue::Partial, max_segments: UPAGE_MAX_CHUNKS }
-    }
-
-    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
-        None
-    }
-
-    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
-        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
     }
 
     fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {

@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::{spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
+use super::{spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, Tunable};
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
-use crate::journal::{checkpoint_payload, AsIs};
-use crate::meta::Op;
 use crate::partition::{Residue, Rules};
 use crate::residue::{HashedSegments, ResidueStore};
 use crate::stats::Counter;
@@ -115,14 +113,6 @@ impl Policy for UhsPolicy {
             (true, false) => Residue::Partial,
         };
         Rules { residue, max_segments: UPAGE_MAX_CHUNKS }
-    }
-
-    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
-        None
-    }
-
-    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
-        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
     }
 
     /// The maintenance thread (watermark migration, checkpoints) and UHS's light-load
