@@ -70,6 +70,16 @@ for bad in "--scrap-mem 100K --ssd $work/scrap-b.img" "--scrap-mem 64M"; do
     grep -qE "fewer than two|spans 2 SSDs" "$work/err"
     if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
 done
+# Block-volume options: a malformed range, a bad sector size or a file-system profile is
+# refused by name before any device file is created.
+for bad in "--profile uhs --nvm-range 5M" "--profile uhs --nvm-range 8M-4M" "--profile uhs --sector-size 1000" "--size 1G"; do
+    # shellcheck disable=SC2086 # word splitting wanted: each case is several arguments
+    if "$bin" mkfs $bad --fast "$shm/uhs-nvm:16M" --ssd "$work/uhs.img:64M" 2>"$work/err"; then
+        echo "smoke: mkfs $bad must fail" >&2; exit 1
+    fi
+    grep -qE "START-END|must be non-empty|512 or 4096|format block volumes" "$work/err"
+    if [[ -e $work/uhs.img ]]; then echo "smoke: a refused mkfs $bad created a device" >&2; exit 1; fi
+done
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"

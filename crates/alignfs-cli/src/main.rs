@@ -256,7 +256,10 @@ fn block_layout(args: &MkfsArgs, profile: Profile) -> Result<Option<BlockLayout>
         Some(text) => parse(text, "size")?,
         None => largest_block_volume(args)?,
     };
-    Ok(Some(BlockLayout { size, sector_bytes: args.sector_size, nvm_ranges }))
+    // Checked before any device file is created; the SSD's room is checked at format.
+    let mut layout = BlockLayout { size, sector_bytes: args.sector_size, nvm_ranges };
+    layout.validate()?;
+    Ok(Some(layout))
 }
 
 /// The largest volume the SSD holds with room for out-of-place writes, in whole MiB.
