@@ -91,6 +91,12 @@ cc -Wall -Wextra -Werror -Icrates/alignfs-c/include crates/alignfs-c/examples/he
     -Ltarget/debug -lalignfs_c "-Wl,-rpath,$(pwd)/target/debug" -o "$work/hello"
 "$work/hello" "$shm/c-fast" "$work/c-ssd.img" | tail -1
 "$bin" fsck --fast "$shm/c-fast" --ssd "$work/c-ssd.img" | grep -q ': clean$'
+# Its block half, on a uhs volume with an NVM range.
+"$bin" mkfs --profile uhs --fast "$shm/c-uhs-fast:32M" --ssd "$work/c-uhs.img:256M" --nvm-range 0-1M >/dev/null
+cc -Wall -Wextra -Werror -Icrates/alignfs-c/include crates/alignfs-c/examples/block.c \
+    -Ltarget/debug -lalignfs_c "-Wl,-rpath,$(pwd)/target/debug" -o "$work/block"
+"$work/block" "$shm/c-uhs-fast" "$work/c-uhs.img" | tail -1
+"$bin" fsck --fast "$shm/c-uhs-fast" --ssd "$work/c-uhs.img" | grep -q ': clean$'
 
 suites=0
 scripts/suites.sh || suites=$?

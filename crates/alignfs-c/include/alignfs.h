@@ -14,6 +14,9 @@
  * it returns, and alignfs_fsync only retries an SSD flush that failed. On a `scrap`
  * volume (its SSD named, the fast-tier path ignored) data is durable after alignfs_fsync
  * or alignfs_fdatasync, which write the file's scrap pages to the SSD.
+ *
+ * A block volume (`alignfs mkfs --profile uhs`, the volume `alignfs nbd` serves) opens
+ * with alignfs_block_open instead; alignfs_volume_open refuses it with -EINVAL.
  */
 #ifndef ALIGNFS_H
 #define ALIGNFS_H
@@ -75,6 +78,26 @@ int alignfs_rmdir(alignfs_volume *volume, const char *path);
 int alignfs_opendir(alignfs_volume *volume, const char *path, alignfs_dir **out);
 int alignfs_readdir(alignfs_dir *dir, struct alignfs_dirent *entry);
 void alignfs_closedir(alignfs_dir *dir);
+
+/* Block volumes: one address space of alignfs_block_size() bytes, read and written at
+ * any byte offset and length inside it (whole requests or nothing: -EINVAL past the end).
+ * On a `uhs` volume a write is durable when it returns; alignfs_block_flush makes every
+ * write that returned durable on any profile. */
+typedef struct AlignfsBlock alignfs_block;
+
+#define ALIGNFS_BLOCK_READ_ONLY 1 /* writes and trims give -EROFS */
+
+int alignfs_block_open(const char *fast, const char *ssd, int flags, alignfs_block **out);
+/* Flush and close. The handle is gone even on error. */
+int alignfs_block_close(alignfs_block *volume);
+int64_t alignfs_block_size(const alignfs_block *volume);
+/* 512 or 4096: what `alignfs nbd` advertises as the minimum block size. */
+int alignfs_block_sector_size(const alignfs_block *volume);
+int alignfs_block_read(const alignfs_block *volume, void *buf, size_t len, uint64_t offset);
+int alignfs_block_write(const alignfs_block *volume, const void *buf, size_t len, uint64_t offset);
+int alignfs_block_flush(const alignfs_block *volume);
+/* The range reads as zeros afterwards; its whole blocks are freed. */
+int alignfs_block_trim(const alignfs_block *volume, uint64_t offset, uint64_t len);
 
 #ifdef __cplusplus
 }

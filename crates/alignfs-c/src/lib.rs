@@ -6,6 +6,7 @@
 //! where one is required is `-EFAULT`. A panic inside the engine is caught here and
 //! reported as `-EIO` (it is a bug, but it must not unwind into C).
 
+pub mod block;
 mod session;
 
 use std::cell::RefCell;
@@ -15,6 +16,7 @@ use std::path::Path;
 
 use alignfs::volume::DirEntry;
 use alignfs::{Attr, Error, FileKind};
+pub use block::*;
 pub use session::{Session, FD_BASE};
 
 /// An open volume, as C sees it.

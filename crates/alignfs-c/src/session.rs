@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
+use alignfs::profile::Personality;
 use alignfs::volume::{open_paths, DirEntry, FallocateMode, RenameFlags, SetAttrRequest};
 use alignfs::{Attr, Error, FileKind, Ino, Result, Volume, VolumeOptions};
 use parking_lot::Mutex;
@@ -59,6 +60,14 @@ impl Session {
     /// fails with `InUse` (EBUSY).
     pub fn open(fast: &Path, ssd: &Path) -> Result<Session> {
         let volume = open_paths(fast, ssd, VolumeOptions::default(), None)?;
+        let profile = volume.superblock().profile;
+        if profile.personality() == Personality::Block {
+            volume.close()?;
+            return Err(Error::WrongPersonality(format!(
+                "the volume is a {} block volume, not a file system: open it with alignfs_block_open",
+                profile.name()
+            )));
+        }
         let (uid, gid) = process_ids();
         Ok(Session { volume, files: Mutex::new(HashMap::new()), next_fd: AtomicI32::new(FD_BASE), uid, gid })
     }

@@ -83,10 +83,19 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         assert!(matches!(disk.read(u64::MAX, &mut [0u8; 1]), Err(Error::OutOfRange { .. })));
         disk.close().unwrap();
 
-        let disk = BlockVolume::open(devices, options).unwrap();
+        let disk = BlockVolume::open(devices.clone(), options.clone()).unwrap();
         disk.read(0, &mut out).unwrap();
         assert!(out == model, "{}: contents differ after reopening", profile.name());
         assert_eq!(disk.volume().check(), [], "{}", profile.name());
+        disk.close().unwrap();
+
+        // Read-only refuses writes and trims everywhere, the NVM zone included.
+        let disk = BlockVolume::open(devices, VolumeOptions { read_only: true, ..options }).unwrap();
+        assert!(matches!(disk.write(0, b"zone"), Err(Error::ReadOnly)));
+        assert!(matches!(disk.write(VOLUME_BYTES / 2, b"engine"), Err(Error::ReadOnly)));
+        assert!(matches!(disk.trim(0, 4096), Err(Error::ReadOnly)));
+        disk.read(0, &mut out).unwrap();
+        assert!(out == model, "{}: a read-only open changed the contents", profile.name());
         disk.close().unwrap();
     }
 }

@@ -38,6 +38,8 @@ pub struct BlockVolume {
     object: Arc<Inode>,
     layout: BlockLayout,
     zone: NvmZone,
+    /// The NVM zone bypasses the engine, so its writes check this here.
+    read_only: bool,
 }
 
 impl BlockVolume {
@@ -85,6 +87,7 @@ impl BlockVolume {
 
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<BlockVolume> {
         let fast = devices.fast.clone();
+        let read_only = options.read_only;
         let volume = Volume::open(devices, options)?;
         let attr = volume.lookup(Ino::ROOT, OBJECT_NAME).map_err(|e| match e {
             Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),
@@ -106,7 +109,7 @@ impl BlockVolume {
             ));
         }
         let zone = NvmZone::new(&layout, fast, zone_offset)?;
-        Ok(BlockVolume { volume, object, layout, zone })
+        Ok(BlockVolume { volume, object, layout, zone, read_only })
     }
 
     /// Bytes the volume holds.
@@ -117,6 +120,13 @@ impl BlockVolume {
     /// What the volume was formatted with.
     pub fn layout(&self) -> &BlockLayout {
         &self.layout
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        Ok(())
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -145,6 +155,7 @@ impl BlockVolume {
     /// Write `data` at `offset`, durable as the profile promises (until [`Self::flush`]
     /// where it promises less); the NVM zone's pieces are durable on return.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
         for (place, at, len) in self.zone.pieces(offset, data.len() as u64) {
             let piece = &data[(at - offset) as usize..(at - offset + len) as usize];
@@ -166,6 +177,7 @@ impl BlockVolume {
     /// Drop a range's data: it reads as zeros and its whole blocks are freed (NBD `TRIM`,
     /// `WRITE_ZEROES`).
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable()?;
         self.check_range(offset, len)?;
         for (place, at, len) in self.zone.pieces(offset, len) {
             match place {
