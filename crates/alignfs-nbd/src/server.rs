@@ -119,7 +119,8 @@ impl Server {
     /// Accept TCP connections on `listener` in a background thread.
     pub fn listen_tcp(&self, listener: TcpListener) -> io::Result<()> {
         listener.set_nonblocking(true)?;
-        self.accept_loop(move || listener.accept().map(|(s, _)| s))
+        // Replies are written whole; Nagle would only hold one back behind an earlier one.
+        self.accept_loop(move || listener.accept().and_then(|(s, _)| s.set_nodelay(true).map(|()| s)))
     }
 
     /// Accept Unix-socket connections on `listener` in a background thread.
@@ -375,7 +376,10 @@ impl Queue {
 struct Connection<'e, S: Stream> {
     entry: &'e ExportEntry,
     queue: Mutex<Queue>,
-    changed: Condvar,
+    /// A job may have become runnable, or the queue closed (workers wait on it).
+    work: Condvar,
+    /// Held payload bytes went down (the reader waits on it).
+    room: Condvar,
     writer: Mutex<BufWriter<S>>,
     stats: &'e ServerStats,
 }
@@ -393,7 +397,8 @@ fn transmit<S: Stream>(
     let connection = Connection {
         entry,
         queue: Mutex::default(),
-        changed: Condvar::new(),
+        work: Condvar::new(),
+        room: Condvar::new(),
         writer: Mutex::new(BufWriter::with_capacity(256 << 10, stream)),
         stats,
     };
@@ -404,14 +409,14 @@ fn transmit<S: Stream>(
         let result = connection.read_requests(&mut reader, config);
         let mut queue = connection.queue.lock();
         queue.closed = true;
-        connection.changed.notify_all();
+        connection.work.notify_all();
         drop(queue);
         result
     })
 }
 
 impl<S: Stream> Connection<'_, S> {
-    fn read_requests(&self, r: &mut impl Read, config: &ServerConfig) -> Result<(), Hangup> {
+    fn read_requests<R: Read>(&self, r: &mut BufReader<R>, config: &ServerConfig) -> Result<(), Hangup> {
         let block = u64::from(self.entry.export.block_size());
         let size = self.entry.export.size();
         for seq in 0.. {
@@ -446,15 +451,39 @@ impl<S: Stream> Connection<'_, S> {
                     io::copy(&mut r.take(length), &mut io::sink())?;
                 }
             }
+            let job = Job { seq, request, payload, refused };
             let mut queue = self.queue.lock();
-            while queue.held_bytes > MAX_HELD_BYTES {
-                self.changed.wait(&mut queue);
+            // A client waiting for this reply before it sends more (queue depth 1, or the
+            // last of a burst) gets it from this thread: a hand-off to a worker and back
+            // would cost two wake-ups. Nothing else runs, so no order can be broken.
+            if queue.waiting.is_empty() && queue.running.is_empty() && r.buffer().is_empty() {
+                drop(queue);
+                self.execute(&job);
+                continue;
             }
-            queue.held_bytes += payload.len() as u64;
-            queue.waiting.push_back(Job { seq, request, payload, refused });
-            self.changed.notify_all();
+            while queue.held_bytes > MAX_HELD_BYTES {
+                self.room.wait(&mut queue);
+            }
+            queue.held_bytes += job.payload.len() as u64;
+            queue.waiting.push_back(job);
+            self.work.notify_one();
         }
         Ok(())
+    }
+
+    /// Serve a job (or answer its refusal) and send the reply.
+    fn execute(&self, job: &Job) {
+        let (error, data) = match job.refused {
+            Some(e) => (e, Vec::new()),
+            None => match self.serve(job) {
+                Ok(data) => (0, data),
+                Err(e) => (e.nbd_errno(), Vec::new()),
+            },
+        };
+        if error != 0 {
+            self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
+        }
+        self.reply(job.request.cookie, error, &data);
     }
 
     fn work(&self) {
@@ -463,29 +492,27 @@ impl<S: Stream> Connection<'_, S> {
                 let mut queue = self.queue.lock();
                 loop {
                     if let Some(job) = queue.take_runnable() {
+                        // Chain the wake-ups: one more worker for each job still waiting.
+                        if !queue.waiting.is_empty() {
+                            self.work.notify_one();
+                        }
                         break job;
                     }
                     if queue.closed && queue.waiting.is_empty() {
                         return;
                     }
-                    self.changed.wait(&mut queue);
+                    self.work.wait(&mut queue);
                 }
             };
-            let (error, data) = match job.refused {
-                Some(e) => (e, Vec::new()),
-                None => match self.serve(&job) {
-                    Ok(data) => (0, data),
-                    Err(e) => (e.nbd_errno(), Vec::new()),
-                },
-            };
-            if error != 0 {
-                self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
-            }
-            self.reply(job.request.cookie, error, &data);
+            self.execute(&job);
             let mut queue = self.queue.lock();
             queue.running.retain(|(seq, _)| *seq != job.seq);
             queue.held_bytes -= job.payload.len() as u64;
-            self.changed.notify_all();
+            // Jobs that waited behind this one may run now.
+            if !queue.waiting.is_empty() || queue.closed {
+                self.work.notify_one();
+            }
+            self.room.notify_one();
         }
     }
 
