@@ -6,9 +6,19 @@ fio's nbd engine drives it: uhs, uhs without its NVM buffer (UHS-NB), qemu-nbd o
 image (--cache=none --aio=native, and the default writeback cache), nbdkit's file plugin
 (with cache=none, and default), and nbdkit's memory plugin. Rounds interleave the systems
 so that the shared machine's noise falls on all of them; the report gives the median
-MiB/s per cell and the ratio of uhs to the best disk-backed peer, UHS-NB and the floor.
+MiB/s and latency percentiles per cell, the ratios of uhs to the best disk-backed peer,
+UHS-NB and the floor, and uhs's own counters (bytes to the NVM buffer and to the SSD,
+migrations).
 
-  bench/uhs.py [--quick] [--rounds N] [--seconds S] [--out DIR]
+The full run adds, after the fio matrix:
+  - ext4 on each block system (nbdfuse + a loop device, `mkfs.ext4 -E packed_meta_blocks`,
+    uhs with the front 64 MiB as its NVM range) under the createfiles, fileserver and
+    varmail workloads of target/release/alignfs-macro;
+  - small-write thresholds for uhs (--request-threshold) on mixed sizes;
+  - migration time against NVM buffer size (target/release/alignfs-uhs-migrate).
+
+  bench/uhs.py [--quick] [--rounds N] [--seconds S] [--transport tcp|unix] [--out DIR]
+               [--no-ext4] [--no-thresholds] [--no-migration]
 """
 import argparse
 import json
@@ -23,138 +33,435 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(REPO, "target/release/alignfs")
+MACRO = os.path.join(REPO, "target/release/alignfs-macro")
+MIGRATE = os.path.join(REPO, "target/release/alignfs-uhs-migrate")
 
-# (name, fio options): 4 KiB random writes with a flush after each or not, mixed 4 KiB
-# + 64 KiB writes (1:1), 4 KiB random reads; queue depth 1 and 8.
-WORKLOADS = [
-    ("4k randwrite, flush each, qd1", ["--rw=randwrite", "--bs=4k", "--fsync=1", "--iodepth=1"]),
-    ("4k randwrite, flush each, qd8", ["--rw=randwrite", "--bs=4k", "--fsync=1", "--iodepth=8"]),
-    ("4k randwrite, qd1", ["--rw=randwrite", "--bs=4k", "--iodepth=1"]),
-    ("4k randwrite, qd8", ["--rw=randwrite", "--bs=4k", "--iodepth=8"]),
-    ("4k+64k randwrite 1:1, flush each, qd1", ["--rw=randwrite", "--bssplit=4k/50:64k/50", "--fsync=1", "--iodepth=1"]),
-    ("4k randread, qd8", ["--rw=randread", "--bs=4k", "--iodepth=8"]),
+W4K = ["--rw=randwrite", "--bs=4k"]
+MIXED_64K = ["--rw=randwrite", "--bssplit=4k/50:64k/50"]
+MIXED_1M = ["--rw=randwrite", "--bssplit=4k/50:1m/50"]
+READ4K = ["--rw=randread", "--bs=4k"]
+FLUSH = ["--fsync=1"]
+
+
+def cell(label, options, jobs=1, depth=1):
+    name = f"{label}, {jobs} job{'s' if jobs > 1 else ''}, qd{depth}"
+    return name, options + [f"--numjobs={jobs}", f"--iodepth={depth}"]
+
+
+# The paper's shapes scaled to this machine: 4 KiB and mixed 4 KiB + larger (1:1), with and
+# without a flush after each write, 1–8 client threads (one connection each) and queue
+# depth 8; 4 KiB reads.
+QUICK = [
+    cell("4k randwrite, flush each", W4K + FLUSH),
+    cell("4k randwrite, flush each", W4K + FLUSH, depth=8),
+    cell("4k randwrite", W4K),
+    cell("4k randwrite", W4K, depth=8),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH),
+    cell("4k randread", READ4K, depth=8),
 ]
+FULL = [
+    cell("4k randwrite, flush each", W4K + FLUSH),
+    cell("4k randwrite, flush each", W4K + FLUSH, jobs=2),
+    cell("4k randwrite, flush each", W4K + FLUSH, jobs=4),
+    cell("4k randwrite, flush each", W4K + FLUSH, jobs=8),
+    cell("4k randwrite, flush each", W4K + FLUSH, depth=8),
+    cell("4k randwrite", W4K),
+    cell("4k randwrite", W4K, jobs=8),
+    cell("4k randwrite", W4K, depth=8),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH, jobs=4),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH, depth=8),
+    cell("4k+1m randwrite 1:1, flush each", MIXED_1M + FLUSH),
+    cell("4k randread", READ4K),
+    cell("4k randread", READ4K, jobs=4),
+    cell("4k randread", READ4K, depth=8),
+]
+THRESHOLD_CELLS = [
+    cell("4k randwrite, flush each", W4K + FLUSH),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH),
+    cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH, depth=8),
+    cell("16k+64k randwrite 1:1, flush each", ["--rw=randwrite", "--bssplit=16k/50:64k/50"] + FLUSH),
+]
+MACRO_FILES = {"createfiles": 4000, "fileserver": 1000, "varmail": 1000}
+UHS = ("uhs", "UHS-NB")
+FLOOR = "nbdkit memory (floor)"
 
 
-def wait_for(uri, proc):
-    for _ in range(200):
-        if subprocess.run(["nbdinfo", "--size", uri], capture_output=True).returncode == 0:
-            return
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.args}")
-        time.sleep(0.05)
-    raise RuntimeError(f"server did not come up: {proc.args}")
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
 class System:
-    def __init__(self, name, start):
-        self.name, self.start = name, start
+    """How to (re)create one system's export and the command that serves it."""
+
+    def __init__(self, name, prepare, serve, devices=None):
+        self.name, self.prepare, self.serve, self.devices = name, prepare, serve, devices
 
 
-def systems(work, shm, size):
-    image = os.path.join(work, "peer.raw")
-    port = 30000 + os.getpid() % 20000
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = tempfile.mkdtemp(dir="/var/tmp", prefix="bench-uhs.")
+        self.shm = tempfile.mkdtemp(dir="/dev/shm", prefix="bench-uhs.")
+        self.port = 30000 + os.getpid() % 20000
+        self.socket = os.path.join(self.work, "nbd.sock")
+        self.size = args.size
 
-    def uhs(extra):
-        def start():
-            nvm, ssd = os.path.join(shm, "nvm"), os.path.join(work, "uhs.img")
+    def uri(self, export):
+        if self.args.transport == "unix":
+            return f"nbd+unix:///{export}?socket={self.socket}"
+        return f"nbd://127.0.0.1:{self.port}/{export}"
+
+    def listen(self, kind):
+        """The listening options of one server kind for the chosen transport."""
+        unix = self.args.transport == "unix"
+        return {
+            "alignfs": ["--socket", self.socket, "--no-tcp"] if unix else ["--listen", f"127.0.0.1:{self.port}"],
+            "qemu": ["-k", self.socket] if unix else ["-p", str(self.port), "-b", "127.0.0.1"],
+            "nbdkit": ["-U", self.socket] if unix else ["-p", str(self.port), "-i", "127.0.0.1"],
+        }[kind]
+
+    def uhs(self, name, extra, nvm_range=None):
+        nvm, ssd = os.path.join(self.shm, "nvm"), os.path.join(self.work, "uhs.img")
+
+        def prepare():
             for p in (nvm, ssd):
                 if os.path.exists(p):
                     os.remove(p)
-            subprocess.run([BIN, "mkfs", "--profile", "uhs", "--fast", f"{nvm}:256M", "--ssd", f"{ssd}:{size * 2}",
-                            "--size", str(size)], check=True, capture_output=True)
-            return [BIN, "nbd", "--fast", nvm, "--ssd", ssd, "--listen", f"127.0.0.1:{port}", "--export", "x"] + extra, "x"
-        return start
+            ranges = ["--nvm-range", nvm_range] if nvm_range else []
+            run([BIN, "mkfs", "--profile", "uhs", "--fast", f"{nvm}:256M", "--ssd", f"{ssd}:{self.size * 5 // 4}",
+                 "--size", str(self.size)] + ranges)
+            return "x"
 
-    def peer(cmd):
-        def start():
-            if not os.path.exists(image):
-                subprocess.run(["fallocate", "-l", str(size), image], check=True)
-            return cmd, ""
-        return start
+        serve = [BIN, "nbd", "--fast", nvm, "--ssd", ssd, "--export", "x"] + self.listen("alignfs") + extra
+        return System(name, prepare, serve, devices=["--fast", nvm, "--ssd", ssd])
 
-    return port, [
-        System("uhs", uhs([])),
-        System("UHS-NB", uhs(["--no-nvm-buffer"])),
-        System("qemu-nbd cache=none", peer(["qemu-nbd", "-f", "raw", "--cache=none", "--aio=native", "-p", str(port), "-b", "127.0.0.1", "-t", image])),
-        System("qemu-nbd writeback", peer(["qemu-nbd", "-f", "raw", "-p", str(port), "-b", "127.0.0.1", "-t", image])),
-        System("nbdkit file cache=none", peer(["nbdkit", "-f", "-p", str(port), "-i", "127.0.0.1", "file", image, "cache=none"])),
-        System("nbdkit file", peer(["nbdkit", "-f", "-p", str(port), "-i", "127.0.0.1", "file", image])),
-        System("nbdkit memory (floor)", lambda: (["nbdkit", "-f", "-p", str(port), "-i", "127.0.0.1", "memory", str(size)], "")),
-    ]
+    def peers(self, with_floor=True):
+        image = os.path.join(self.work, "peer.raw")
+
+        def fresh_image():
+            if os.path.exists(image):
+                os.remove(image)
+            run(["fallocate", "-l", str(self.size), image])
+            return ""
+
+        # -e: qemu-nbd serves one client unless told otherwise; fio's jobs are one each.
+        qemu = ["qemu-nbd", "-f", "raw", "-e", "16", "-t"] + self.listen("qemu")
+        nbdkit = ["nbdkit", "-f"] + self.listen("nbdkit")
+        systems = [
+            System("qemu-nbd cache=none", fresh_image, qemu + ["--cache=none", "--aio=native", image]),
+            System("qemu-nbd writeback", fresh_image, qemu + [image]),
+            System("nbdkit file cache=none", fresh_image, nbdkit + ["file", image, "cache=none"]),
+            System("nbdkit file", fresh_image, nbdkit + ["file", image]),
+        ]
+        if with_floor:
+            systems.append(System(FLOOR, lambda: "", nbdkit + ["memory", str(self.size)]))
+        return systems
+
+    def start(self, system):
+        export = system.prepare()
+        if os.path.exists(self.socket):
+            os.remove(self.socket)
+        proc = subprocess.Popen(system.serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        uri = self.uri(export)
+        for _ in range(400):
+            if subprocess.run(["nbdinfo", "--size", uri], capture_output=True).returncode == 0:
+                return proc, uri
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {' '.join(system.serve)}")
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not come up: {' '.join(system.serve)}")
+
+    def restart(self, system):
+        """Serve the same export again (no re-format)."""
+        proc = subprocess.Popen(system.serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(400):
+            if subprocess.run(["nbdinfo", "--size", self.uri("x")], capture_output=True).returncode == 0:
+                return proc
+            time.sleep(0.05)
+        raise RuntimeError("server did not come back")
+
+    def counters(self, system):
+        out = run([BIN, "stat", "--json"] + system.devices).stdout
+        return json.loads(out)["counters"]
+
+    def fio_matrix(self, systems, cells, rounds, results, counters):
+        for round_ in range(rounds):
+            for system in systems:
+                proc, uri = self.start(system)
+                try:
+                    # Reads need data: fill the volume's first quarter once per start.
+                    run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m",
+                         f"--size={self.size // 4}", "--iodepth=4"])
+                    before = None
+                    if system.devices:
+                        # Counters from here on cover the workloads only.
+                        stop(proc)
+                        before = self.counters(system)
+                        proc = self.restart(system)
+                    for name, options in cells:
+                        opts = options + ([f"--size={self.size // 4}"] if "--rw=randread" in options else [])
+                        r = run_fio(uri, opts, self.args.seconds, self.size)
+                        results.setdefault(name, {}).setdefault(system.name, []).append(r)
+                        log(f"round {round_ + 1}/{rounds} {system.name:24} {name:46} {r['mib_s']:8.1f} MiB/s"
+                            f"  p50 {r['p50']:7.0f}  p99 {r['p99']:7.0f} us")
+                finally:
+                    stop(proc)
+                if before is not None:
+                    after = self.counters(system)
+                    delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                    counters.setdefault(system.name, []).append(delta)
+
+    def ext4(self, systems, results):
+        """ext4 on each block system through nbdfuse and a loop device."""
+        fuse, mnt = os.path.join(self.work, "fuse"), os.path.join(self.work, "ext4")
+        os.makedirs(fuse, exist_ok=True)
+        os.makedirs(mnt, exist_ok=True)
+        for system in systems:
+            proc, uri = self.start(system)
+            nbdfuse, loop = None, None
+            try:
+                nbdfuse = subprocess.Popen(["nbdfuse", os.path.join(fuse, "nbd"), uri], stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+                for _ in range(100):
+                    if os.path.exists(os.path.join(fuse, "nbd")):
+                        break
+                    time.sleep(0.05)
+                loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
+                run(["mkfs.ext4", "-q", "-F", "-E", "packed_meta_blocks=1,lazy_itable_init=0,lazy_journal_init=0", loop])
+                run(["mount", loop, mnt])
+                for workload, files in MACRO_FILES.items():
+                    d = os.path.join(mnt, workload)
+                    common = ["--workload", workload, "--dir", d, "--files", str(files), "--seed", "7"]
+                    run([MACRO, "prepare"] + common)
+                    subprocess.run(["sync"], check=True)
+                    r = json.loads(run([MACRO, "run"] + common + ["--seconds", str(self.args.seconds * 2)]).stdout)
+                    results.setdefault(workload, {})[system.name] = r
+                    log(f"ext4 on {system.name:24} {workload:12} {r['ops_per_s']:8.0f} ops/s  {r['mib_per_s']:7.1f} MiB/s"
+                        f"  flow p99 {r['flow_p99_us']:8.0f} us")
+                    shutil.rmtree(d)
+                run(["umount", mnt])
+                fsck = subprocess.run(["e2fsck", "-fn", loop], capture_output=True, text=True)
+                if fsck.returncode != 0:
+                    raise RuntimeError(f"e2fsck on {system.name}: {fsck.stdout[-400:]}")
+            finally:
+                subprocess.run(["umount", mnt], capture_output=True)
+                if loop:
+                    subprocess.run(["losetup", "-d", loop], capture_output=True)
+                if nbdfuse:
+                    subprocess.run(["fusermount3", "-u", fuse], capture_output=True)
+                    nbdfuse.wait(timeout=30)
+                stop(proc)
+
+    def cleanup(self):
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def stop(proc):
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def run_fio(uri, options, seconds, size):
     out = subprocess.run(["fio", "--name=b", "--ioengine=nbd", f"--uri={uri}", f"--size={size}", "--time_based",
-                          f"--runtime={seconds}", "--output-format=json", "--randrepeat=0"] + options,
-                         capture_output=True, text=True)
+                          f"--runtime={seconds}", "--output-format=json", "--randrepeat=0", "--group_reporting",
+                          "--percentile_list=50:99:99.9"] + options, capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-500:])
     job = json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
     side = job["write"] if job["write"]["io_bytes"] else job["read"]
-    return side["bw"] / 1024, side.get("clat_ns", {}).get("percentile", {}).get("99.000000", 0) / 1000
+    pct = side.get("clat_ns", {}).get("percentile", {})
+    sync = job.get("sync", {}).get("lat_ns", {}).get("percentile", {}) if job.get("sync") else {}
+    return {
+        "mib_s": side["bw"] / 1024,
+        "p50": pct.get("50.000000", 0) / 1000,
+        "p99": pct.get("99.000000", 0) / 1000,
+        "p999": pct.get("99.900000", 0) / 1000,
+        "flush_p99": sync.get("99.000000", 0) / 1000,
+    }
+
+
+def med(values):
+    return statistics.median(values) if values else 0.0
+
+
+def fio_report(title, cells, systems, results, with_ratios=True):
+    names = [s.name for s in systems]
+    disk_peers = [n for n in names if n not in UHS and n != FLOOR]
+    head = "| workload | " + " | ".join(names)
+    ratios = with_ratios and "uhs" in names and disk_peers
+    if ratios:
+        head += " | uhs / best disk peer | uhs / UHS-NB | uhs / floor"
+    lines = [f"### {title}: MiB/s (median over rounds)", "", head + " |", "|---" * (head.count("|")) + "|"]
+    for name, _ in cells:
+        m = {n: med([r["mib_s"] for r in results[name][n]]) for n in names}
+        row = f"| {name} | " + " | ".join(f"{m[n]:.1f}" for n in names)
+        if ratios:
+            best = max(disk_peers, key=lambda n: m[n])
+            nb = f"{m['uhs'] / m['UHS-NB']:.2f}x" if m.get("UHS-NB") else "—"
+            floor = f"{m['uhs'] / m[FLOOR]:.2f}x" if m.get(FLOOR) else "—"
+            row += f" | {m['uhs'] / m[best]:.2f}x ({best}) | {nb} | {floor}"
+        lines.append(row + " |")
+    lines += ["", f"### {title}: write (or read) completion latency p50 / p99 / p99.9, µs; flushed cells add the flush's p99",
+              "", "| workload | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for name, _ in cells:
+        parts = []
+        for n in names:
+            rs = results[name][n]
+            text = f"{med([r['p50'] for r in rs]):.0f} / {med([r['p99'] for r in rs]):.0f} / {med([r['p999'] for r in rs]):.0f}"
+            if "flush" in name:
+                text += f" (+{med([r['flush_p99'] for r in rs]):.0f})"
+            parts.append(text)
+        lines.append(f"| {name} | " + " | ".join(parts) + " |")
+    return lines
+
+
+def counter_report(counters):
+    mib = 1 << 20
+    lines = ["### uhs counters over the fio matrix (per start, median; MiB unless named)", "",
+             "| system | written by clients | to the NVM buffer | to the SSD directly | migrated to the SSD | blocks migrated | RMW reads |",
+             "|---|---|---|---|---|---|---|"]
+    for name, deltas in counters.items():
+        def m(key):
+            return med([d.get(key, 0) for d in deltas])
+        migrated = med([sum(v for k, v in d.items() if k.startswith("migrations_") and k != "migrations_dropped") for d in deltas])
+        direct = med([d.get("ssd_write_bytes", 0) - d.get("migration_write_bytes", 0) for d in deltas])
+        lines.append(f"| {name} | {m('app_write_bytes') / mib:.0f} | {m('page_write_bytes') / mib:.0f} | {direct / mib:.0f}"
+                     f" | {m('migration_write_bytes') / mib:.0f} | {migrated:.0f} | {m('fg_rmw_read_bytes') / mib:.0f} |")
+    return lines
+
+
+def plot(out, cells, systems, results, ext4):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [s.name for s in systems]
+    labels = [c for c, _ in cells]
+    fig, axes = plt.subplots(1, 2, figsize=(16, 6))
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        xs = [x + i * width for x in range(len(labels))]
+        axes[0].bar(xs, [med([r["mib_s"] for r in results[c][n]]) for c in labels], width, label=n)
+        axes[1].bar(xs, [med([r["p99"] for r in results[c][n]]) for c in labels], width, label=n)
+    for ax, title, unit in [(axes[0], "throughput", "MiB/s"), (axes[1], "p99 completion latency", "µs")]:
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(labels))])
+        ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{unit} (log scale)")
+        ax.set_title(f"uhs over NBD vs peers: {title}")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "fio.png"), dpi=110)
+    plt.close(fig)
+
+    jobs_cells = [c for c in labels if c.startswith("4k randwrite, flush each") and c.endswith("qd1")]
+    if len(jobs_cells) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for n in names:
+            xs = [int(c.split(", ")[2].split()[0]) for c in jobs_cells]
+            ax.plot(xs, [med([r["mib_s"] for r in results[c][n]]) for c in jobs_cells], marker="o", label=n)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("client threads (one connection each, qd1)")
+        ax.set_ylabel("MiB/s")
+        ax.set_title("4 KiB random writes, flush after each")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "threads.png"), dpi=110)
+        plt.close(fig)
+
+    if ext4:
+        workloads = list(ext4)
+        ext4_names = [n for n in names if all(n in ext4[w] for w in workloads)]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / len(ext4_names)
+        for i, n in enumerate(ext4_names):
+            ax.bar([x + i * width for x in range(len(workloads))], [ext4[w][n]["ops_per_s"] for w in workloads], width, label=n)
+        ax.set_xticks([x + width * (len(ext4_names) - 1) / 2 for x in range(len(workloads))])
+        ax.set_xticklabels(workloads)
+        ax.set_ylabel("ops/s")
+        ax.set_title("ext4 on the volume (nbdfuse + loop)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "ext4.png"), dpi=110)
+        plt.close(fig)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one round of 2 s cells on a small volume")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--quick", action="store_true", help="one round of 2 s cells on a small volume, fio matrix only")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--transport", choices=["tcp", "unix"], default="tcp")
+    ap.add_argument("--no-ext4", action="store_true")
+    ap.add_argument("--no-thresholds", action="store_true")
+    ap.add_argument("--no-migration", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 2
-    size = (256 if args.quick else 1024) << 20
-    work = tempfile.mkdtemp(dir="/var/tmp", prefix="bench-uhs.")
-    shm = tempfile.mkdtemp(dir="/dev/shm", prefix="bench-uhs.")
-    port, all_systems = systems(work, shm, size)
-    results = {}
+        args.no_ext4 = args.no_thresholds = args.no_migration = True
+    args.size = (256 if args.quick else 1024) << 20
+    cells = QUICK if args.quick else FULL
+    bench = Bench(args)
+    results, counters, ext4, thresholds = {}, {}, {}, {}
+    systems = [bench.uhs("uhs", []), bench.uhs("UHS-NB", ["--no-nvm-buffer"])] + bench.peers()
+    threshold_systems = [bench.uhs(f"uhs threshold {t}", ["--request-threshold", t]) for t in ("4k", "8k", "16k", "64k", "128k")]
+    ext4_systems = [bench.uhs("uhs", [], "0-64M"), bench.uhs("UHS-NB", ["--no-nvm-buffer"], "0-64M")] + bench.peers(with_floor=False)
+    migration = ""
     try:
-        for round_ in range(args.rounds):
-            for system in all_systems:
-                cmd, export = system.start()
-                uri = f"nbd://127.0.0.1:{port}/{export}"
-                proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                try:
-                    wait_for(uri, proc)
-                    # Reads need data: fill the volume's first part once per start.
-                    subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m",
-                                    f"--size={size // 4}", "--iodepth=4"], capture_output=True, check=True)
-                    for name, options in WORKLOADS:
-                        opts = options + ([f"--size={size // 4}"] if "randread" in options[0] else [])
-                        bw, p99 = run_fio(uri, opts, args.seconds, size)
-                        results.setdefault(name, {}).setdefault(system.name, []).append((bw, p99))
-                        print(f"round {round_ + 1}/{args.rounds} {system.name:24} {name:40} {bw:9.1f} MiB/s  p99 {p99:8.0f} us", flush=True)
-                finally:
-                    proc.send_signal(signal.SIGINT)
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
+        bench.fio_matrix(systems, cells, args.rounds, results, counters)
+        if not args.no_thresholds:
+            bench.fio_matrix(threshold_systems, THRESHOLD_CELLS, args.rounds, thresholds, {})
+        if not args.no_ext4:
+            bench.ext4(ext4_systems, ext4)
+        if not args.no_migration:
+            migration = run([MIGRATE, "--buffers", "16,64,256", "--volume", "1024", "--dir", bench.work,
+                             "--fast-dir", bench.shm]).stdout
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
-    disk_peers = [s.name for s in all_systems if s.name not in ("uhs", "UHS-NB", "nbdkit memory (floor)")]
-    lines = ["| workload | " + " | ".join(s.name for s in all_systems) + " | uhs / best disk peer | uhs / UHS-NB | uhs / floor |",
-             "|---" * (len(all_systems) + 4) + "|"]
-    for name, _ in WORKLOADS:
-        med = {s: statistics.median(b for b, _ in results[name][s]) for s in results[name]}
-        best = max(med[p] for p in disk_peers)
-        cells = [f"{med[s.name]:.1f}" for s in all_systems]
-        lines.append(f"| {name} | " + " | ".join(cells) +
-                     f" | {med['uhs'] / best:.2f}x | {med['uhs'] / med['UHS-NB']:.2f}x | {med['uhs'] / med['nbdkit memory (floor)']:.2f}x |")
-    lines.append("")
-    lines.append("p99 latency (us): | workload | " + " | ".join(s.name for s in all_systems) + " |")
-    for name, _ in WORKLOADS:
-        lines.append(f"| {name} | " + " | ".join(f"{statistics.median(p for _, p in results[name][s.name]):.0f}" for s in all_systems) + " |")
+        bench.cleanup()
+
+    transport = "a Unix socket" if args.transport == "unix" else "TCP on loopback"
+    lines = [f"# uhs over NBD vs its peers", "",
+             f"{args.rounds} round(s) of {args.seconds} s cells, {args.size >> 20} MiB volumes, fio's nbd engine over {transport}; "
+             "one job is one connection.", ""]
+    lines += fio_report("fio", cells, systems, results)
+    if counters:
+        lines += [""] + counter_report(counters)
+    if thresholds:
+        lines += [""] + fio_report("uhs small-write threshold (--request-threshold)", THRESHOLD_CELLS, threshold_systems, thresholds,
+                                   with_ratios=False)
+    if ext4:
+        ext4_names = [s.name for s in ext4_systems]
+        lines += ["", "### ext4 on the volume (nbdfuse + loop, packed_meta_blocks; uhs maps the first 64 MiB to NVM): ops/s (flow p99 ms)", "",
+                  "| workload | " + " | ".join(ext4_names) + " | uhs / best disk peer |", "|---" * (len(ext4_names) + 2) + "|"]
+        for w, by in ext4.items():
+            peers = [n for n in ext4_names if n not in UHS]
+            best = max(peers, key=lambda n: by[n]["ops_per_s"])
+            lines.append(f"| {w} | " + " | ".join(f"{by[n]['ops_per_s']:.0f} ({by[n]['flow_p99_us'] / 1000:.1f})" for n in ext4_names)
+                         + f" | {by['uhs']['ops_per_s'] / by[best]['ops_per_s']:.2f}x ({best}) |")
+    if migration:
+        lines += ["", "### Migration time against NVM buffer size (in-process, alignfs-uhs-migrate)", "", migration.strip()]
     report = "\n".join(lines)
     print(report)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"fio": results, "counters": counters, "thresholds": thresholds, "ext4": ext4}, f, indent=1)
         with open(os.path.join(args.out, "README.md"), "w") as f:
-            f.write(f"# uhs over NBD vs its peers ({args.rounds} rounds of {args.seconds} s cells, MiB/s medians)\n\n{report}\n")
+            f.write(report + "\n\nPlots: fio.png (log scale), threads.png, ext4.png.\n")
+        plot(args.out, cells, systems, results, ext4)
 
 
 if __name__ == "__main__":

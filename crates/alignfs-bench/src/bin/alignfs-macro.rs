@@ -1,9 +1,12 @@
-//! Filebench-style macro workloads (fileserver, webproxy, varmail) for bench/run.py.
+//! Filebench-style macro workloads (fileserver, webproxy, varmail, createfiles) for
+//! bench/run.py and bench/uhs.py.
 //!
-//! Filebench is not packaged for this machine, so this program replays its three
-//! personalities' flow operations with the file counts, sizes and read/write IO sizes of
-//! the OrchFS paper's Table 3 (scaled by `--files`). As in the paper, every write phase is
-//! made durable at once (fsync). `prepare` builds the file set; `run` times the flow for
+//! Filebench is not packaged for this machine, so this program replays its personalities'
+//! flow operations with the file counts, sizes and read/write IO sizes of the OrchFS
+//! paper's Table 3 (scaled by `--files`), and createfiles with the UHS paper's Table III
+//! shape (16 KiB files written whole, no reads; the file set starts empty and the run ends
+//! early once every file exists). As in the OrchFS paper, every write phase is made
+//! durable at once (fsync). `prepare` builds the file set; `run` times the flow for
 //! `--seconds` and prints one JSON object. The two are separate so caches can be dropped in
 //! between.
 
@@ -57,6 +60,7 @@ enum Workload {
     Fileserver,
     Webproxy,
     Varmail,
+    Createfiles,
 }
 
 /// One personality's shape, from Table 3.
@@ -66,15 +70,21 @@ struct Shape {
     write_io: usize,
     /// Files per directory (filebench's meandirwidth; the flat ones use one directory).
     dir_width: usize,
+    /// Share of the file set `prepare` creates: filebench preallocates 80 %, the rest is
+    /// for creates to use; createfiles starts empty, creating is the whole workload.
+    preallocate: f64,
 }
 
 impl Workload {
     fn shape(self) -> Shape {
         const K: u64 = 1024;
         match self {
-            Workload::Fileserver => Shape { mean_file: 256 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: 20 },
-            Workload::Webproxy => Shape { mean_file: 2048 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: usize::MAX },
-            Workload::Varmail => Shape { mean_file: 64 * K, read_io: 1 << 20, write_io: 64 << 10, dir_width: usize::MAX },
+            Workload::Fileserver => Shape { mean_file: 256 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: 20, preallocate: 0.8 },
+            Workload::Webproxy => {
+                Shape { mean_file: 2048 * K, read_io: 1 << 20, write_io: 256 << 10, dir_width: usize::MAX, preallocate: 0.8 }
+            }
+            Workload::Varmail => Shape { mean_file: 64 * K, read_io: 1 << 20, write_io: 64 << 10, dir_width: usize::MAX, preallocate: 0.8 },
+            Workload::Createfiles => Shape { mean_file: 16 * K, read_io: 1 << 20, write_io: 16 << 10, dir_width: 100, preallocate: 0.0 },
         }
     }
 }
@@ -209,9 +219,8 @@ impl FileSet {
         for d in 0..self.present.len().div_ceil(width) {
             std::fs::create_dir_all(self.dir.join(format!("d{d}")))?;
         }
-        // Filebench preallocates 80 % of a file set; the rest is for creates to use.
         for i in 0..self.present.len() {
-            if self.rng.random_bool(0.8) {
+            if self.rng.random_bool(self.shape.preallocate) {
                 let path = self.path(i);
                 let mut file = File::create(&path).with_context(|| format!("create {}", path.display()))?;
                 let size = self.file_size();
@@ -251,6 +260,10 @@ impl FileSet {
                     let old = self.pick(true)?;
                     self.read_whole(old)?;
                 }
+            }
+            Workload::Createfiles => {
+                let new = self.pick(false)?;
+                self.create(new)?;
             }
             Workload::Varmail => {
                 let old = self.pick(true)?;
@@ -293,6 +306,9 @@ fn main() -> Result<()> {
             let start = Instant::now();
             let limit = Duration::from_secs_f64(seconds);
             while start.elapsed() < limit {
+                if matches!(common.workload, Workload::Createfiles) && set.present.iter().all(|&p| p) {
+                    break; // every file exists: createfiles is done
+                }
                 let t = Instant::now();
                 set.flow(common.workload)?;
                 set.counts.flow_latencies.push(t.elapsed());
