@@ -407,12 +407,14 @@ def main():
     ap.add_argument("--no-ext4", action="store_true")
     ap.add_argument("--no-thresholds", action="store_true")
     ap.add_argument("--no-migration", action="store_true")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="report directory (default: bench/results/DATE-uhs; none with --quick)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 2
         args.no_ext4 = args.no_thresholds = args.no_migration = True
     args.size = (256 if args.quick else 1024) << 20
+    if args.out is None and not args.quick:
+        args.out = os.path.join(REPO, "bench", "results", time.strftime("%Y-%m-%d-%H%M") + "-uhs")
     cells = QUICK if args.quick else FULL
     bench = Bench(args)
     results, counters, ext4, thresholds = {}, {}, {}, {}

@@ -36,9 +36,9 @@ pub struct NbdArgs {
     /// Serve read-only: writes, trims and zeroing get EPERM.
     #[arg(long)]
     read_only: bool,
-    /// Threads serving each connection's requests (UHS uses four).
-    #[arg(long, default_value_t = 4)]
-    workers: usize,
+    /// Threads serving each connection's requests [default: one per CPU, 2 to 16].
+    #[arg(long)]
+    workers: Option<usize>,
     /// Writes below this size go whole to the NVM buffer (uhs default 16K).
     #[arg(long, value_name = "SIZE")]
     request_threshold: Option<String>,
@@ -89,7 +89,7 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         export: Arc::clone(&volume) as Arc<dyn alignfs_nbd::Export>,
         read_only: args.read_only,
     }]);
-    config.workers_per_connection = args.workers.max(1);
+    config.workers_per_connection = args.workers.unwrap_or_else(alignfs_nbd::default_workers).max(1);
     let server = Server::new(config);
     if !args.no_tcp {
         let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;

@@ -12,7 +12,7 @@ use alignfs::personality::BlockVolume;
 use alignfs::profile::Promise;
 use alignfs::Error;
 
-pub use server::{ExportEntry, Server, ServerConfig, ServerStats};
+pub use server::{default_workers, ExportEntry, Server, ServerConfig, ServerStats};
 
 /// An error to return to the client, as an NBD errno.
 #[derive(Debug)]

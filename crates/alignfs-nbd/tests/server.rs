@@ -66,7 +66,9 @@ const SIZE: usize = 1 << 20;
 fn connect(memory: &Arc<Memory>, read_only: bool) -> (UnixStream, JoinHandle<()>) {
     let (client, server) = UnixStream::pair().unwrap();
     let export = Arc::clone(memory) as Arc<dyn Export>;
-    let config = ServerConfig::new(vec![ExportEntry { name: "disk".into(), description: "test".into(), export, read_only }]);
+    let mut config = ServerConfig::new(vec![ExportEntry { name: "disk".into(), description: "test".into(), export, read_only }]);
+    // Four, whatever this machine's CPU count: the ordering test needs workers to overlap.
+    config.workers_per_connection = 4;
     let handle = std::thread::spawn(move || serve_connection(server, &config, &ServerStats::default()));
     (client, handle)
 }
