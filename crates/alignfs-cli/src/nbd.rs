@@ -39,7 +39,7 @@ pub struct NbdArgs {
     /// Threads serving each connection's requests [default: one per CPU, 2 to 16].
     #[arg(long)]
     workers: Option<usize>,
-    /// Writes below this size go whole to the NVM buffer (uhs default 16K).
+    /// Writes below this size go whole to the NVM buffer (uhs default 128K).
     #[arg(long, value_name = "SIZE")]
     request_threshold: Option<String>,
     /// Bytes of one NVM buffer segment (default 4M).

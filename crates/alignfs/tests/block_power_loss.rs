@@ -60,7 +60,9 @@ fn layout() -> BlockLayout {
 }
 
 fn options() -> VolumeOptions {
-    VolumeOptions { background: false, ..VolumeOptions::default() }
+    // A threshold below the largest write (48 KiB), so both the buffer and the direct path
+    // (whole blocks to the SSD, then a flush) are cut by power losses.
+    VolumeOptions { background: false, request_threshold: Some(16 << 10), ..VolumeOptions::default() }
 }
 
 #[test]

@@ -163,7 +163,10 @@ fn uhs_drains_full_segments_and_keeps_every_byte() {
         let devices = Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(512 << 10).unwrap()), ssd);
         let format = FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false };
         BlockVolume::format(&devices, &format, BlockLayout::new(VOLUME_BYTES)).unwrap();
-        let options = VolumeOptions { background: false, nvm_buffer: buffered, ..VolumeOptions::default() };
+        // 20 KiB writes cross the threshold: their whole blocks go direct and drop what
+        // the buffer held for them, between the drains.
+        let options =
+            VolumeOptions { background: false, nvm_buffer: buffered, request_threshold: Some(16 << 10), ..VolumeOptions::default() };
         let disk = BlockVolume::open(devices.clone(), options.clone()).unwrap();
         let mut rng = StdRng::seed_from_u64(seed(&format!("personalities::uhs_drain::{buffered}")));
         let mut model = vec![0u8; VOLUME_BYTES as usize];
