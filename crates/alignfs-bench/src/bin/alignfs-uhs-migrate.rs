@@ -72,15 +72,17 @@ fn measure(args: &Args, buffer_mib: u64, rng: &mut StdRng) -> Result<Row> {
     let mut block = vec![0u8; BLOCK as usize];
     let blocks = args.volume * MIB / BLOCK;
     let started = Instant::now();
-    // Distinct blocks, so every write takes a slot (an overwrite reuses its own).
+    // Distinct blocks, so every write takes a slot (an overwrite reuses its own). The
+    // usage is read every 64 writes: a stats snapshot takes the journal's lock.
     let mut written = std::collections::HashSet::new();
     while disk.volume().stats().usage.fast_pages_used < target {
-        let b = rng.random_range(0..blocks);
-        if !written.insert(b) {
-            continue;
+        for _ in 0..64 {
+            let b = rng.random_range(0..blocks);
+            if written.insert(b) {
+                rng.fill_bytes(&mut block);
+                disk.write(b * BLOCK, &block)?;
+            }
         }
-        rng.fill_bytes(&mut block);
-        disk.write(b * BLOCK, &block)?;
     }
     let fill_s = started.elapsed().as_secs_f64();
     let before = disk.volume().stats().get(Counter::migrations_watermark);

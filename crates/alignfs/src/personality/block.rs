@@ -38,8 +38,6 @@ pub struct BlockVolume {
     object: Arc<Inode>,
     layout: BlockLayout,
     zone: NvmZone,
-    /// The NVM zone bypasses the engine, so its writes check this here.
-    read_only: bool,
 }
 
 impl BlockVolume {
@@ -87,7 +85,6 @@ impl BlockVolume {
 
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<BlockVolume> {
         let fast = devices.fast.clone();
-        let read_only = options.read_only;
         let volume = Volume::open(devices, options)?;
         let attr = volume.lookup(Ino::ROOT, OBJECT_NAME).map_err(|e| match e {
             Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),
@@ -109,7 +106,7 @@ impl BlockVolume {
             ));
         }
         let zone = NvmZone::new(&layout, fast, zone_offset)?;
-        Ok(BlockVolume { volume, object, layout, zone, read_only })
+        Ok(BlockVolume { volume, object, layout, zone })
     }
 
     /// Bytes the volume holds.
@@ -120,13 +117,6 @@ impl BlockVolume {
     /// What the volume was formatted with.
     pub fn layout(&self) -> &BlockLayout {
         &self.layout
-    }
-
-    fn check_writable(&self) -> Result<()> {
-        if self.read_only {
-            return Err(Error::ReadOnly);
-        }
-        Ok(())
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<()> {
@@ -155,7 +145,8 @@ impl BlockVolume {
     /// Write `data` at `offset`, durable as the profile promises (until [`Self::flush`]
     /// where it promises less); the NVM zone's pieces are durable on return.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.check_writable()?;
+        // The NVM zone bypasses the engine, so the engine's read-only check runs here first.
+        self.volume.inner().check_writable()?;
         self.check_range(offset, data.len() as u64)?;
         for (place, at, len) in self.zone.pieces(offset, data.len() as u64) {
             let piece = &data[(at - offset) as usize..(at - offset + len) as usize];
@@ -177,7 +168,7 @@ impl BlockVolume {
     /// Drop a range's data: it reads as zeros and its whole blocks are freed (NBD `TRIM`,
     /// `WRITE_ZEROES`).
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.check_writable()?;
+        self.volume.inner().check_writable()?;
         self.check_range(offset, len)?;
         for (place, at, len) in self.zone.pieces(offset, len) {
             match place {

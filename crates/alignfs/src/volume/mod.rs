@@ -332,7 +332,7 @@ impl Drop for Volume {
 }
 
 impl Inner {
-    fn check_writable(&self) -> Result<()> {
+    pub(crate) fn check_writable(&self) -> Result<()> {
         if self.options.read_only {
             return Err(Error::ReadOnly);
         }
