@@ -5,11 +5,13 @@ mod checkpoint;
 mod encoding;
 mod log;
 mod ssd_window;
+mod store;
 
 pub use checkpoint::{decode_state, encode_state as checkpoint_payload, AsIs, CheckpointSlots, DurableView, LoadedCheckpoint};
 pub use encoding::{decode_entry, decode_ops, encode_entry, encode_ops, MAX_ENCODED_SEGMENTS};
 pub use log::{Journal, Replay};
 pub use ssd_window::SsdWindow;
+pub(crate) use store::{CommitContext, JournalStore, MetaStore};
 
 use std::sync::Arc;
 

@@ -352,10 +352,7 @@ impl Inner {
                     tracing::warn!("background migration: {e}");
                 }
             }
-            let half_full = {
-                let committer = self.committer.lock();
-                committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes()
-            };
+            let half_full = self.committer.lock().wants_checkpoint();
             if half_full {
                 if let Err(e) = self.checkpoint() {
                     tracing::error!("background checkpoint: {e}");

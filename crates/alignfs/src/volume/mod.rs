@@ -1,8 +1,8 @@
 //! A volume: the two devices, the metadata, and the operations the front ends call.
 //!
 //! Locking, outermost first: a file's range lock → the namespace lock → the commit lock
-//! (journal + checkpoints; every metadata change is journaled and applied under it, so
-//! journal order is apply order) → an inode's `data`/`map` mutexes (leaf locks, never held
+//! (the metadata store; every metadata change is made durable and applied under it, so
+//! durable order is apply order) → an inode's `data`/`map` mutexes (leaf locks, never held
 //! across a call into the commit lock).
 
 mod block_store;
@@ -18,7 +18,7 @@ mod write;
 
 pub use crate::stats::RecoveryReport;
 pub use check::Problem;
-pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet};
+pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet, MAX_NAME_BYTES, MAX_SYMLINK_BYTES};
 pub use open::Devices;
 pub use paths::{
     default_data_dir, format_block_paths, format_paths, open_block_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec,
@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
-use crate::journal::{encode_ops, CheckpointSlots, Journal};
+use crate::journal::{CommitContext, MetaStore};
 use crate::layout::{BlockRefs, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, DataOp, Freed, MetaState, NamespaceOp, Op};
@@ -135,11 +135,6 @@ impl Wakeup {
     }
 }
 
-struct Committer {
-    journal: Journal,
-    checkpoints: CheckpointSlots,
-}
-
 pub(crate) struct Inner {
     superblock: Superblock,
     pub(crate) geometry: Geometry,
@@ -151,7 +146,8 @@ pub(crate) struct Inner {
     policy: Box<dyn Policy>,
     blocks: BlockRefs,
     pub(crate) meta: MetaState,
-    committer: Mutex<Committer>,
+    /// The commit lock and the store it guards: where metadata becomes durable.
+    committer: Mutex<Box<dyn MetaStore>>,
     namespace: Mutex<()>,
     stats: Stats,
     options: VolumeOptions,
@@ -245,7 +241,7 @@ impl Volume {
 
     pub fn stats(&self) -> StatsSnapshot {
         let inner = &self.inner;
-        let committer = inner.committer.lock();
+        let meta = inner.committer.lock().usage();
         StatsSnapshot {
             counters: Counter::ALL.iter().map(|&c| (c, inner.stats.get(c))).collect(),
             usage: Usage {
@@ -255,11 +251,11 @@ impl Volume {
                 ssd_blocks_used: inner.blocks.used_count(),
                 ssd_blocks_total: inner.blocks.capacity(),
                 ssd_block_bytes: inner.geometry.block(),
-                journal_used_bytes: committer.journal.used_bytes(),
-                journal_capacity_bytes: committer.journal.capacity_bytes(),
-                checkpoint_generation: committer.checkpoints.generation(),
-                checkpoint_used_bytes: committer.checkpoints.used_bytes(),
-                checkpoint_capacity_bytes: committer.checkpoints.capacity_bytes(),
+                journal_used_bytes: meta.log_used_bytes,
+                journal_capacity_bytes: meta.log_capacity_bytes,
+                checkpoint_generation: meta.checkpoint_generation,
+                checkpoint_used_bytes: meta.checkpoint_used_bytes,
+                checkpoint_capacity_bytes: meta.checkpoint_capacity_bytes,
                 fast_pages_peak: inner.residue.peak_used_units(),
             },
             recovery: inner.recovery.clone(),
@@ -339,10 +335,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Journal `ops` as one record and apply them. Returns the units they released, which
-    /// the caller frees (after waiting out users of removed inodes). The profile may
-    /// journal less than `ops`: what a crash would keep of them, and no record at all when
-    /// that is nothing.
+    /// Make `ops` durable as one unit in the metadata store and apply them. Returns the
+    /// units they released, which the caller frees (after waiting out users of removed
+    /// inodes). The profile may persist less than `ops`: what a crash would keep of them,
+    /// and nothing at all when that is nothing.
     pub(crate) fn commit(&self, ops: &[Op]) -> Result<Freed> {
         self.check_writable()?;
         let mut committer = self.committer.lock();
@@ -360,54 +356,33 @@ impl Inner {
         }
         let projection = self.policy.project(self, ops);
         let journaled = projection.as_ref().map_or(ops, |p| p.journal.as_slice());
-        if !journaled.is_empty() {
-            self.append_record(&mut committer, journaled)?;
-        }
-        let mut freed = Freed::default();
-        for op in ops {
-            let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
-            freed.extend(released);
-        }
+        let mut apply_all = || {
+            let mut freed = Freed::default();
+            for op in ops {
+                let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
+                freed.extend(released);
+            }
+            freed
+        };
+        let freed = self.with_commit_context(|cx| committer.commit(cx, journaled, &mut apply_all))?;
         if let Some(projection) = projection {
             self.policy.committed(self, projection, &freed);
         }
-        if committer.journal.used_bytes() * 2 > committer.journal.capacity_bytes() {
+        if committer.wants_checkpoint() {
             self.notify_maintenance();
         }
         Ok(freed)
     }
 
-    /// Append one record holding `ops`, checkpointing first when the journal is full.
-    fn append_record(&self, committer: &mut Committer, ops: &[Op]) -> Result<()> {
-        let payload = encode_ops(ops);
-        // Replay must read back exactly these ops under this geometry's rules (a segment
-        // limit or a page index the decoder refuses would make the volume unopenable).
-        // Checked in debug builds, where every test runs: decoding costs a tenth of a
-        // durable 4 KiB write.
-        #[cfg(debug_assertions)]
-        {
-            let (ppb, page_bytes) = (self.geometry.pages_per_block(), self.geometry.page_bytes);
-            let decoded = crate::journal::decode_ops(&payload, ppb, page_bytes);
-            assert!(decoded.as_deref() == Ok(ops), "journal record does not read back: {decoded:?} for {ops:?}");
-        }
-        // The journal's last eighth is kept for records that only release space, so that
-        // when the state has outgrown its checkpoint slot (nothing new fits) files can
-        // still be deleted and truncated until a checkpoint fits again.
-        let reserve = if ops.iter().all(Op::releases_space) { 0 } else { committer.journal.capacity_bytes() / 8 };
-        if !committer.journal.fits_when_empty(payload.len(), reserve) {
-            return Err(Error::MetadataFull(format!("one journal record of {} bytes exceeds the journal", payload.len())));
-        }
-        if !committer.journal.append(&payload, reserve)? {
-            self.checkpoint_locked(committer)?;
-            let appended = committer.journal.append(&payload, reserve)?;
-            assert!(appended, "a record that fits an empty journal fits after a checkpoint");
-        }
-        self.stats.add(Counter::journal_records, 1);
-        if ops.iter().any(|op| matches!(op, Op::Namespace(_))) {
-            self.stats.add(Counter::namespace_records, 1);
-        }
-        self.stats.add(Counter::journal_bytes, payload.len() as u64);
-        Ok(())
+    /// Run `f` with what the metadata store borrows from the engine.
+    fn with_commit_context<R>(&self, f: impl FnOnce(&CommitContext<'_>) -> R) -> R {
+        let payload = || self.policy.checkpoint_payload(self);
+        f(&CommitContext {
+            stats: &self.stats,
+            checkpoint_payload: &payload,
+            pages_per_block: self.geometry.pages_per_block(),
+            page_bytes: self.geometry.page_bytes,
+        })
     }
 
     /// Return units to their allocators.
@@ -432,16 +407,7 @@ impl Inner {
     fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
         let mut committer = self.committer.lock();
-        self.checkpoint_locked(&mut committer)
-    }
-
-    fn checkpoint_locked(&self, committer: &mut Committer) -> Result<()> {
-        self.stats.add(Counter::checkpoints, 1);
-        let payload = self.policy.checkpoint_payload(self);
-        let next_seq = committer.journal.next_seq();
-        committer.checkpoints.write(&payload, next_seq)?;
-        committer.journal.reset(next_seq);
-        Ok(())
+        self.with_commit_context(|cx| committer.checkpoint(cx))
     }
 
     fn notify_maintenance(&self) {

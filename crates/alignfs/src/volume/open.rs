@@ -7,11 +7,13 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::{Committer, FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
+use super::{FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
-use crate::journal::{checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, MetaMedium, PmemWindow, Replay, SsdWindow};
+use crate::journal::{
+    checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, PmemWindow, Replay, SsdWindow,
+};
 use crate::layout::{BlockRefs, DeviceRole, Superblock};
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
 use crate::residue::ResidueStore;
@@ -218,7 +220,7 @@ impl Volume {
             policy,
             blocks,
             meta,
-            committer: Mutex::new(Committer { journal, checkpoints }),
+            committer: Mutex::new(Box::new(JournalStore::new(journal, checkpoints))),
             namespace: Mutex::new(()),
             stats: Stats::new(&checkpoint.counters),
             options,
