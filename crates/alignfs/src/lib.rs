@@ -17,6 +17,7 @@ pub mod test_support;
 
 pub use error::{Error, Result};
 pub mod journal;
+pub mod kv;
 pub mod layout;
 pub mod meta;
 pub mod residue;
