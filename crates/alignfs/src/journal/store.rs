@@ -8,12 +8,14 @@
 
 use super::{encode_ops, CheckpointSlots, Journal};
 use crate::error::{Error, Result};
-use crate::meta::{Freed, Op};
+use crate::meta::{Freed, MetaState, Op};
 use crate::stats::{Counter, Stats};
 
 /// What the engine lends a commit or a checkpoint.
 pub(crate) struct CommitContext<'a> {
     pub stats: &'a Stats,
+    /// The state the ops apply to.
+    pub meta: &'a MetaState,
     /// The state a checkpoint records, as the profile says a crash keeps it.
     pub checkpoint_payload: &'a dyn Fn() -> Vec<u8>,
     /// Checked in debug builds: a journal record must decode to the ops it holds.

@@ -36,6 +36,11 @@ pub fn object_prefix(object: Ino) -> [u8; 8] {
     object.0.to_be_bytes()
 }
 
+/// The object a key of a keyspace keyed by object id alone names.
+pub fn decode_object_key(key: &[u8]) -> Result<Ino, Short> {
+    Ok(Ino(be_u64(&exact::<8>(key, "an object key")?)))
+}
+
 /// One block of one object: the flattened block map's key, and the prefix of that
 /// block's fragments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -342,6 +347,7 @@ mod tests {
             let _ = AttrRecord::decode(&bytes);
             let _ = decode_name_key(&bytes);
             let _ = decode_object_id(&bytes);
+            let _ = decode_object_key(&bytes);
         }
     }
 }

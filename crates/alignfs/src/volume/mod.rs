@@ -379,6 +379,7 @@ impl Inner {
         let payload = || self.policy.checkpoint_payload(self);
         f(&CommitContext {
             stats: &self.stats,
+            meta: &self.meta,
             checkpoint_payload: &payload,
             pages_per_block: self.geometry.pages_per_block(),
             page_bytes: self.geometry.page_bytes,

@@ -1,0 +1,688 @@
+//! The KV metadata store (docs/NVSTORE.md): the engine's state kept as NVStore's records
+//! in fjall, one keyspace per record class, all sharing fjall's journal so a batch is
+//! atomic across them.
+//!
+//! A commit applies its ops first, then writes the current record of every key they
+//! touched in one batch, synced before the commit returns. The engine's commit lock
+//! orders commits, so batch order is apply order. A batch that fails leaves memory ahead
+//! of the disk: the store refuses every later commit and the volume must be reopened.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+use super::records::{
+    decode_fragment, decode_name_key, decode_object_id, decode_object_key, encode_fragment, encode_name_key, encode_object_id,
+    object_prefix, AttrRecord, BlockKey, BlockValue, FragmentKey, Onode,
+};
+use crate::codec::Short;
+use crate::error::{Error, Result};
+use crate::journal::{CommitContext, MetaStore, MetaUsage};
+use crate::map::{BlockEntry, FileMap};
+use crate::meta::{DataOp, FileKind, Freed, Ino, Inode, InodeData, MetaState, NamespaceOp, Op};
+
+/// The `volume` keyspace's keys.
+const UUID_KEY: &[u8] = b"uuid";
+const NEXT_INO_KEY: &[u8] = b"next-ino";
+
+/// User bytes (keys + values) written per record class since the store opened: the
+/// metadata traffic NVStore's evaluation counts, before the KV store's own amplification.
+#[derive(Debug, Default)]
+pub struct KvTraffic {
+    pub block_bytes: AtomicU64,
+    pub fragment_bytes: AtomicU64,
+    pub onode_bytes: AtomicU64,
+    pub attr_bytes: AtomicU64,
+    pub name_bytes: AtomicU64,
+    pub batches: AtomicU64,
+}
+
+/// A fragment as stored: its order in the block, in-block offset and bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fragment {
+    pub order: u32,
+    pub inoff: u16,
+    pub bytes: Vec<u8>,
+}
+
+/// What [`KvMeta::load`] rebuilt.
+pub struct Loaded {
+    pub state: MetaState,
+    /// Blocks whose records say they have fragments, with their block-map values. Their
+    /// entries in `state` are not set: the fragment residue store rebuilds them.
+    pub fragment_blocks: Vec<(BlockKey, BlockValue)>,
+    /// Objects a crash left without a name (unlinked while open), dropped from `state`;
+    /// [`KvMeta::forget`] deletes their records.
+    pub orphans: Vec<Ino>,
+}
+
+pub struct KvMeta {
+    dir: PathBuf,
+    db: Database,
+    blocks: Keyspace,
+    fragments: Keyspace,
+    onodes: Keyspace,
+    attrs: Keyspace,
+    names: Keyspace,
+    volume: Keyspace,
+    /// The size each object's onode holds: a commit writes an onode only when it changes.
+    durable_sizes: HashMap<Ino, u64>,
+    durable_next_ino: u64,
+    /// A batch failed: memory is ahead of the disk.
+    failed: bool,
+    traffic: KvTraffic,
+}
+
+fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
+    Error::io(format!("KV store {}: {what}", dir.display()), std::io::Error::other(e.to_string()))
+}
+
+impl KvMeta {
+    /// A new, empty store in `dir` for the volume `uuid`: the root directory alone.
+    /// Refuses a directory that already holds a store.
+    pub fn create(dir: &Path, uuid: [u8; 16], root: &Inode) -> Result<KvMeta> {
+        let mut store = KvMeta::open_dir(dir)?;
+        if store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))?.is_some() {
+            return Err(Error::AlreadyFormatted { device: dir.display().to_string(), uuid: "a KV store".into() });
+        }
+        let mut batch = store.db.batch().durability(Some(PersistMode::SyncAll));
+        batch.insert(&store.volume, UUID_KEY, uuid.to_vec());
+        batch.insert(&store.volume, NEXT_INO_KEY, encode_object_id(Ino(root.ino.0 + 1)).to_vec());
+        batch.insert(&store.attrs, object_prefix(root.ino).to_vec(), attr_record(&root.data.lock()).encode());
+        batch.insert(&store.onodes, object_prefix(root.ino).to_vec(), Onode { size: 0, flags: 0 }.encode().to_vec());
+        batch.commit().map_err(|e| kv_error(dir, "format", e))?;
+        store.durable_next_ino = root.ino.0 + 1;
+        store.durable_sizes.insert(root.ino, 0);
+        Ok(store)
+    }
+
+    /// The store in `dir`, which must belong to the volume `uuid`.
+    pub fn open(dir: &Path, uuid: [u8; 16]) -> Result<KvMeta> {
+        if !dir.is_dir() {
+            return Err(Error::NotFormatted(format!("no KV store at {}", dir.display())));
+        }
+        let store = KvMeta::open_dir(dir)?;
+        match store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))? {
+            Some(found) if *found == uuid => Ok(store),
+            Some(found) => {
+                Err(Error::VolumeMismatch { fast: format!("KV store {} of volume {}", dir.display(), hex(&found)), ssd: hex(&uuid) })
+            }
+            None => Err(Error::NotFormatted(format!("the KV store at {} holds no volume", dir.display()))),
+        }
+    }
+
+    fn open_dir(dir: &Path) -> Result<KvMeta> {
+        let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
+        let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
+        Ok(KvMeta {
+            dir: dir.to_path_buf(),
+            blocks: keyspace("blocks")?,
+            fragments: keyspace("fragments")?,
+            onodes: keyspace("onodes")?,
+            attrs: keyspace("attrs")?,
+            names: keyspace("names")?,
+            volume: keyspace("volume")?,
+            db,
+            durable_sizes: HashMap::new(),
+            durable_next_ino: 0,
+            failed: false,
+            traffic: KvTraffic::default(),
+        })
+    }
+
+    pub fn traffic(&self) -> &KvTraffic {
+        &self.traffic
+    }
+
+    fn corrupt(&self, keyspace: &str, key: &[u8], short: Short) -> Error {
+        Error::corrupt("KV record", &self.dir.display().to_string(), 0, format!("{keyspace} key {}: {short}", hex(key)))
+    }
+
+    /// Rebuild the state from the records: every object with its attributes, size, names
+    /// and whole-block entries. Checks that the namespace hangs together.
+    pub fn load(&mut self) -> Result<Loaded> {
+        let read = |e| kv_error(&self.dir, "read", e);
+        let next_ino = match self.volume.get(NEXT_INO_KEY).map_err(read)? {
+            Some(v) => decode_object_id(&v).map_err(|s| self.corrupt("volume", NEXT_INO_KEY, s))?,
+            None => return Err(self.corrupt("volume", NEXT_INO_KEY, Short { at: 0, what: "missing".into() })),
+        };
+        let mut sizes = HashMap::new();
+        for item in self.onodes.iter() {
+            let (key, value) = item.into_inner().map_err(read)?;
+            let ino = decode_object_key(&key).map_err(|s| self.corrupt("onodes", &key, s))?;
+            sizes.insert(ino, Onode::decode(&value).map_err(|s| self.corrupt("onodes", &key, s))?.size);
+        }
+        let state = MetaState::default();
+        state.next_ino.store(next_ino.0, Ordering::SeqCst);
+        for item in self.attrs.iter() {
+            let (key, value) = item.into_inner().map_err(read)?;
+            let ino = decode_object_key(&key).map_err(|s| self.corrupt("attrs", &key, s))?;
+            let record = AttrRecord::decode(&value).map_err(|s| self.corrupt("attrs", &key, s))?;
+            if ino.0 == 0 || ino.0 >= next_ino.0 {
+                return Err(self.corrupt(
+                    "attrs",
+                    &key,
+                    Short { at: 0, what: format!("object {} is beyond the next id {}", ino.0, next_ino.0) },
+                ));
+            }
+            let Some(&size) = sizes.get(&ino) else {
+                return Err(self.corrupt("attrs", &key, Short { at: 0, what: "no onode".into() }));
+            };
+            let attr = crate::meta::Attr {
+                ino,
+                kind: record.kind,
+                perm: record.perm,
+                uid: record.uid,
+                gid: record.gid,
+                nlink: record.nlink,
+                size,
+                rdev: 0,
+                atime: record.atime,
+                mtime: record.mtime,
+                ctime: record.ctime,
+            };
+            let data = InodeData { attr, entries: Default::default(), parent: record.parent, target: record.target, xattrs: record.xattrs };
+            state.inodes.write().insert(ino, std::sync::Arc::new(Inode::new(data, FileMap::new())));
+        }
+        if state.get(Ino::ROOT).is_none_or(|root| root.kind != FileKind::Dir) {
+            return Err(self.corrupt("attrs", &object_prefix(Ino::ROOT), Short { at: 0, what: "no root directory".into() }));
+        }
+        for item in self.names.iter() {
+            let (key, value) = item.into_inner().map_err(read)?;
+            let (parent, name) = decode_name_key(&key).map_err(|s| self.corrupt("names", &key, s))?;
+            let ino = decode_object_id(&value).map_err(|s| self.corrupt("names", &key, s))?;
+            let problem = match (state.get(parent), state.get(ino)) {
+                (Some(dir), Some(_)) if dir.kind == FileKind::Dir => {
+                    dir.data.lock().entries.insert(name.to_vec(), ino);
+                    continue;
+                }
+                (Some(_), Some(_)) => format!("parent {} is not a directory", parent.0),
+                _ => format!("names missing object {} or parent {}", ino.0, parent.0),
+            };
+            return Err(self.corrupt("names", &key, Short { at: 0, what: problem }));
+        }
+        let orphans: Vec<Ino> =
+            state.snapshot().iter().filter(|i| i.ino != Ino::ROOT && i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
+        for ino in &orphans {
+            state.inodes.write().remove(ino);
+        }
+        let mut fragment_blocks = Vec::new();
+        for item in self.blocks.iter() {
+            let (key, value) = item.into_inner().map_err(read)?;
+            let block = BlockKey::decode(&key).map_err(|s| self.corrupt("blocks", &key, s))?;
+            let value = BlockValue::decode(&value).map_err(|s| self.corrupt("blocks", &key, s))?;
+            if orphans.contains(&block.object) {
+                continue;
+            }
+            let Some(inode) = state.get(block.object).filter(|i| i.kind == FileKind::File) else {
+                return Err(self.corrupt("blocks", &key, Short { at: 0, what: "the object is missing or not a file".into() }));
+            };
+            if value.fragments {
+                fragment_blocks.push((block, value));
+            } else if let Some(ssd) = value.block {
+                inode.map.lock().insert(block.lblock, BlockEntry::Ssd { block: ssd, overlays: Vec::new(), shared: value.shared });
+            }
+        }
+        self.durable_sizes = sizes;
+        self.durable_next_ino = next_ino.0;
+        Ok(Loaded { state, fragment_blocks, orphans })
+    }
+
+    /// Delete every record of `objects` (orphans found by [`KvMeta::load`]).
+    pub fn forget(&mut self, objects: &[Ino]) -> Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        for &ino in objects {
+            let key = object_prefix(ino);
+            batch.remove(&self.attrs, key.to_vec());
+            batch.remove(&self.onodes, key.to_vec());
+            self.delete_prefix(&mut batch, &self.blocks, &key)?;
+            self.delete_prefix(&mut batch, &self.fragments, &key)?;
+            self.durable_sizes.remove(&ino);
+        }
+        batch.commit().map_err(|e| kv_error(&self.dir, "delete orphans", e))
+    }
+
+    /// Store one unaligned piece of a block. It is durable with the next commit's batch.
+    pub fn put_fragment(&self, key: FragmentKey, inoff: u16, bytes: &[u8]) -> Result<()> {
+        let (key, value) = (key.encode(), encode_fragment(inoff, bytes));
+        self.traffic.fragment_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+        self.fragments.insert(key.to_vec(), value).map_err(|e| kv_error(&self.dir, "write a fragment", e))
+    }
+
+    /// A block's fragments, oldest first.
+    pub fn fragments_of(&self, block: BlockKey, block_bytes: u32) -> Result<Vec<Fragment>> {
+        let mut out = Vec::new();
+        for item in self.fragments.prefix(block.encode()) {
+            let (key, value) = item.into_inner().map_err(|e| kv_error(&self.dir, "read", e))?;
+            let order = FragmentKey::decode(&key).map_err(|s| self.corrupt("fragments", &key, s))?.order;
+            let (inoff, bytes) = decode_fragment(&value, block_bytes).map_err(|s| self.corrupt("fragments", &key, s))?;
+            out.push(Fragment { order, inoff, bytes: bytes.to_vec() });
+        }
+        Ok(out)
+    }
+
+    /// Delete every record under `prefix` in `keyspace` (the paper's prefix delete).
+    fn delete_prefix(&self, batch: &mut fjall::OwnedWriteBatch, keyspace: &Keyspace, prefix: &[u8]) -> Result<()> {
+        for item in keyspace.prefix(prefix) {
+            let key = item.key().map_err(|e| kv_error(&self.dir, "read", e))?;
+            batch.remove(keyspace, key);
+        }
+        Ok(())
+    }
+
+    /// A synced block's fragments, dropped once its record no longer names them.
+    pub fn delete_fragments(&self, block: BlockKey) -> Result<()> {
+        let mut batch = self.db.batch();
+        self.delete_prefix(&mut batch, &self.fragments, &block.encode())?;
+        batch.commit().map_err(|e| kv_error(&self.dir, "delete fragments", e))
+    }
+
+    /// Write the current record of every key `touched` names; `meta` is applied.
+    fn write_touched(&mut self, meta: &MetaState, touched: &Touched) -> Result<()> {
+        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        let count = |counter: &AtomicU64, key: usize, value: usize| counter.fetch_add((key + value) as u64, Ordering::Relaxed);
+        for &(ino, lblock) in &touched.blocks {
+            let key = BlockKey { object: ino, lblock }.encode();
+            match meta.get(ino).and_then(|i| i.map.lock().get(&lblock).map(block_value)) {
+                Some(value) => {
+                    count(&self.traffic.block_bytes, key.len(), value.len());
+                    batch.insert(&self.blocks, key.to_vec(), value.to_vec());
+                }
+                None => batch.remove(&self.blocks, key.to_vec()),
+            }
+        }
+        let mut sizes = Vec::new();
+        for &ino in &touched.objects {
+            let key = object_prefix(ino);
+            match meta.get(ino) {
+                Some(inode) => {
+                    let record = attr_record(&inode.data.lock()).encode();
+                    count(&self.traffic.attr_bytes, key.len(), record.len());
+                    batch.insert(&self.attrs, key.to_vec(), record);
+                }
+                None => {
+                    batch.remove(&self.attrs, key.to_vec());
+                    batch.remove(&self.onodes, key.to_vec());
+                    self.delete_prefix(&mut batch, &self.blocks, &key)?;
+                    self.delete_prefix(&mut batch, &self.fragments, &key)?;
+                    sizes.push((ino, None));
+                }
+            }
+        }
+        for &ino in touched.sizes.iter().chain(&touched.objects) {
+            let Some(size) = meta.get(ino).map(|i| i.size()) else { continue };
+            if self.durable_sizes.get(&ino) != Some(&size) && !sizes.contains(&(ino, Some(size))) {
+                let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
+                count(&self.traffic.onode_bytes, key.len(), value.len());
+                batch.insert(&self.onodes, key.to_vec(), value.to_vec());
+                sizes.push((ino, Some(size)));
+            }
+        }
+        for (parent, name) in &touched.names {
+            let key = encode_name_key(*parent, name);
+            match meta.get(*parent).and_then(|dir| dir.data.lock().entries.get(name).copied()) {
+                Some(ino) => {
+                    count(&self.traffic.name_bytes, key.len(), 8);
+                    batch.insert(&self.names, key, encode_object_id(ino).to_vec());
+                }
+                None => batch.remove(&self.names, key),
+            }
+        }
+        let next_ino = meta.next_ino.load(Ordering::SeqCst);
+        if next_ino != self.durable_next_ino {
+            batch.insert(&self.volume, NEXT_INO_KEY, encode_object_id(Ino(next_ino)).to_vec());
+        }
+        batch.commit().map_err(|e| kv_error(&self.dir, "commit", e))?;
+        self.traffic.batches.fetch_add(1, Ordering::Relaxed);
+        self.durable_next_ino = next_ino;
+        for (ino, size) in sizes {
+            match size {
+                Some(size) => self.durable_sizes.insert(ino, size),
+                None => self.durable_sizes.remove(&ino),
+            };
+        }
+        Ok(())
+    }
+}
+
+impl MetaStore for KvMeta {
+    fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
+        if self.failed {
+            return Err(Error::io(
+                format!("KV store {}", self.dir.display()),
+                std::io::Error::other("an earlier commit failed; reopen the volume"),
+            ));
+        }
+        let touched = Touched::of(cx.meta, ops);
+        let freed = apply();
+        if let Err(e) = self.write_touched(cx.meta, &touched) {
+            self.failed = true;
+            return Err(e);
+        }
+        Ok(freed)
+    }
+
+    /// The KV store compacts itself; there is nothing to fold.
+    fn wants_checkpoint(&self) -> bool {
+        false
+    }
+
+    fn checkpoint(&mut self, _cx: &CommitContext<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn usage(&self) -> MetaUsage {
+        MetaUsage { log_used_bytes: self.db.disk_space().unwrap_or(0), ..MetaUsage::default() }
+    }
+}
+
+/// The keys a commit's ops change, found before they apply (an unlink's or a rename's
+/// object is known only then).
+#[derive(Default)]
+struct Touched {
+    blocks: BTreeSet<(Ino, u64)>,
+    /// Objects whose attribute record changes, or which go away.
+    objects: BTreeSet<Ino>,
+    /// Objects whose size may change.
+    sizes: BTreeSet<Ino>,
+    names: BTreeSet<(Ino, Vec<u8>)>,
+}
+
+impl Touched {
+    fn of(meta: &MetaState, ops: &[Op]) -> Touched {
+        let mut t = Touched::default();
+        let named = |dir: Ino, name: &[u8]| meta.get(dir).and_then(|d| d.data.lock().entries.get(name).copied());
+        for op in ops {
+            match op {
+                Op::Data(DataOp::Map { ino, lblock, .. }) => {
+                    t.blocks.insert((*ino, *lblock));
+                }
+                Op::Data(DataOp::Extend { ino, .. }) | Op::Data(DataOp::SetSize { ino, .. }) => {
+                    t.sizes.insert(*ino);
+                }
+                Op::Namespace(NamespaceOp::Create { parent, name, attr, .. }) => {
+                    t.names.insert((*parent, name.clone()));
+                    t.objects.extend([*parent, attr.ino]);
+                }
+                Op::Namespace(NamespaceOp::Link { parent, name, ino, .. }) => {
+                    t.names.insert((*parent, name.clone()));
+                    t.objects.extend([*parent, *ino]);
+                }
+                Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
+                    t.objects.extend(named(*parent, name));
+                    t.names.insert((*parent, name.clone()));
+                    t.objects.insert(*parent);
+                }
+                Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, .. }) => {
+                    t.objects.extend(named(*from_parent, from_name));
+                    t.objects.extend(named(*to_parent, to_name));
+                    t.names.insert((*from_parent, from_name.clone()));
+                    t.names.insert((*to_parent, to_name.clone()));
+                    t.objects.extend([*from_parent, *to_parent]);
+                }
+                Op::Namespace(NamespaceOp::SetAttr { ino, .. })
+                | Op::Namespace(NamespaceOp::SetXattr { ino, .. })
+                | Op::Namespace(NamespaceOp::Free { ino }) => {
+                    t.objects.insert(*ino);
+                }
+            }
+        }
+        t
+    }
+}
+
+/// A map entry as the flattened block map records it.
+fn block_value(entry: &BlockEntry) -> [u8; super::records::BLOCK_VALUE_BYTES] {
+    match entry {
+        BlockEntry::Ssd { block, overlays, shared } => {
+            BlockValue { csum: 0, block: Some(*block), fragments: !overlays.is_empty(), shared: *shared }
+        }
+        BlockEntry::Fast { .. } => BlockValue { csum: 0, block: None, fragments: true, shared: false },
+    }
+    .encode()
+}
+
+fn attr_record(data: &InodeData) -> AttrRecord {
+    let a = &data.attr;
+    AttrRecord {
+        kind: a.kind,
+        perm: a.perm,
+        uid: a.uid,
+        gid: a.gid,
+        nlink: a.nlink,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        parent: data.parent,
+        target: data.target.clone(),
+        xattrs: data.xattrs.clone(),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::SsdBlock;
+    use crate::meta::{apply, Attr};
+    use crate::stats::Stats;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn commit(store: &mut KvMeta, meta: &MetaState, ops: &[Op]) {
+        let stats = Stats::new(&[]);
+        let cx = CommitContext { stats: &stats, meta, checkpoint_payload: &Vec::new, pages_per_block: 1, page_bytes: 4096 };
+        let mut apply_all = || {
+            let mut freed = Freed::default();
+            for op in ops {
+                freed.extend(apply(meta, op).expect("a generated op applies"));
+            }
+            freed
+        };
+        store.commit(&cx, ops, &mut apply_all).unwrap();
+    }
+
+    /// What the records must keep of an inode: all but the times data ops change.
+    fn durable_view(meta: &MetaState) -> Vec<String> {
+        meta.snapshot()
+            .iter()
+            .filter(|i| i.ino == Ino::ROOT || i.data.lock().attr.nlink > 0)
+            .map(|i| {
+                let d = i.data.lock();
+                let a = &d.attr;
+                format!(
+                    "{} {:?} {:o} {} {} {} size={} parent={} {:?} {:?} {:?} {:?}",
+                    a.ino.0,
+                    a.kind,
+                    a.perm,
+                    a.uid,
+                    a.gid,
+                    a.nlink,
+                    a.size,
+                    d.parent.0,
+                    d.target,
+                    d.xattrs,
+                    d.entries,
+                    i.map.lock()
+                )
+            })
+            .collect()
+    }
+
+    fn new_attr(meta: &MetaState, rng: &mut StdRng, kind: FileKind) -> Attr {
+        Attr {
+            ino: Ino(meta.next_ino.load(Ordering::SeqCst)),
+            kind,
+            perm: rng.random_range(0..0o777),
+            uid: rng.random_range(0..3),
+            gid: 7,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            size: 0,
+            rdev: 0,
+            atime: 1,
+            mtime: 2,
+            ctime: 3,
+        }
+    }
+
+    /// Random namespace and data ops, committed through the store: the state loaded back
+    /// from a reopened store is the live state.
+    #[test]
+    fn a_reopened_store_loads_what_was_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let uuid = [9u8; 16];
+        let meta = MetaState::fresh(0, 0, 5);
+        let mut store = KvMeta::create(dir.path(), uuid, &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let mut rng = StdRng::seed_from_u64(24);
+        let mut dirs = vec![Ino::ROOT];
+        let mut named_dirs: Vec<(Ino, Vec<u8>, Ino)> = Vec::new(); // (parent, name, ino)
+        let mut files: Vec<(Ino, Vec<u8>, Ino)> = Vec::new(); // (parent, name, ino)
+        for step in 0..400u32 {
+            let name = format!("n{step}").into_bytes();
+            let parent = dirs[rng.random_range(0..dirs.len())];
+            let ops: Vec<Op> = match rng.random_range(0..10) {
+                0 => {
+                    let attr = new_attr(&meta, &mut rng, FileKind::Dir);
+                    dirs.push(attr.ino);
+                    named_dirs.push((parent, name.clone(), attr.ino));
+                    vec![NamespaceOp::Create { parent, name, attr, target: Vec::new() }.into()]
+                }
+                1 | 2 => {
+                    let attr = new_attr(&meta, &mut rng, FileKind::File);
+                    files.push((parent, name.clone(), attr.ino));
+                    vec![NamespaceOp::Create { parent, name, attr, target: Vec::new() }.into()]
+                }
+                _ if files.is_empty() => continue,
+                choice => {
+                    let k = rng.random_range(0..files.len());
+                    let (fparent, fname, ino) = files[k].clone();
+                    let lblock = rng.random_range(0..6);
+                    match choice {
+                        3 | 4 => {
+                            let entry = rng.random_bool(0.8).then(|| BlockEntry::Ssd {
+                                block: SsdBlock(rng.random_range(1..1000)),
+                                overlays: Vec::new(),
+                                shared: rng.random_bool(0.2),
+                            });
+                            vec![
+                                DataOp::Map { ino, lblock, entry }.into(),
+                                DataOp::Extend { ino, size: (lblock + 1) * 4096 - rng.random_range(0..4096), mtime: 9 }.into(),
+                            ]
+                        }
+                        5 => vec![DataOp::SetSize { ino, size: rng.random_range(0..30_000), time: 10 }.into()],
+                        6 => {
+                            let value = rng.random_bool(0.7).then(|| vec![step as u8; rng.random_range(0..40)]);
+                            vec![NamespaceOp::SetXattr { ino, name: b"user.meta".to_vec(), value, ctime: 11 }.into()]
+                        }
+                        7 if !named_dirs.is_empty() && rng.random_bool(0.3) => {
+                            // A directory moves to the root: its own record changes (its parent).
+                            let d = rng.random_range(0..named_dirs.len());
+                            let (from_parent, from_name, dir) = named_dirs[d].clone();
+                            named_dirs[d] = (Ino::ROOT, name.clone(), dir);
+                            let rename = NamespaceOp::Rename {
+                                from_parent,
+                                from_name,
+                                to_parent: Ino::ROOT,
+                                to_name: name,
+                                exchange: false,
+                                time: 12,
+                            };
+                            vec![rename.into()]
+                        }
+                        7 => {
+                            files[k] = (parent, name.clone(), ino);
+                            let rename = NamespaceOp::Rename {
+                                from_parent: fparent,
+                                from_name: fname,
+                                to_parent: parent,
+                                to_name: name,
+                                exchange: false,
+                                time: 12,
+                            };
+                            vec![rename.into()]
+                        }
+                        _ => {
+                            files.swap_remove(k);
+                            let unlink = NamespaceOp::Unlink { parent: fparent, name: fname, time: 13 }.into();
+                            // Sometimes the object stays open: an orphan the next load drops.
+                            if rng.random_bool(0.7) {
+                                vec![unlink, NamespaceOp::Free { ino }.into()]
+                            } else {
+                                vec![unlink]
+                            }
+                        }
+                    }
+                }
+            };
+            commit(&mut store, &meta, &ops);
+        }
+        let live = durable_view(&meta);
+        let written = store.traffic().batches.load(Ordering::Relaxed);
+        drop(store);
+        let mut store = KvMeta::open(dir.path(), uuid).unwrap();
+        let loaded = store.load().unwrap();
+        assert!(loaded.fragment_blocks.is_empty());
+        assert_eq!(durable_view(&loaded.state), live);
+        assert_eq!(loaded.state.next_ino.load(Ordering::SeqCst), meta.next_ino.load(Ordering::SeqCst));
+        assert!(written > 300);
+        // Orphans go for good.
+        let orphans = loaded.orphans.clone();
+        store.forget(&orphans).unwrap();
+        drop(store);
+        let mut store = KvMeta::open(dir.path(), uuid).unwrap();
+        let again = store.load().unwrap();
+        assert!(again.orphans.is_empty());
+        assert_eq!(durable_view(&again.state), live);
+    }
+
+    #[test]
+    fn a_write_within_the_size_touches_no_onode() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let mut rng = StdRng::seed_from_u64(1);
+        let attr = new_attr(&meta, &mut rng, FileKind::File);
+        let ino = attr.ino;
+        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let map = |lblock: u64| Op::from(DataOp::Map { ino, lblock, entry: Some(BlockEntry::whole(SsdBlock(lblock + 10))) });
+        commit(&mut store, &meta, &[map(0), DataOp::Extend { ino, size: 8192, mtime: 6 }.into()]);
+        let onode_bytes = |s: &KvMeta| s.traffic().onode_bytes.load(Ordering::Relaxed);
+        let (onodes, blocks) = (onode_bytes(&store), store.traffic().block_bytes.load(Ordering::Relaxed));
+        commit(&mut store, &meta, &[map(1), DataOp::Extend { ino, size: 8000, mtime: 7 }.into()]);
+        assert_eq!(onode_bytes(&store), onodes, "an overwrite inside the size rewrites no onode");
+        assert_eq!(store.traffic().block_bytes.load(Ordering::Relaxed) - blocks, 16 + 13, "one flattened block-map record");
+    }
+
+    #[test]
+    fn a_store_of_another_volume_or_none_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        assert!(matches!(KvMeta::open(&dir.path().join("missing"), [1; 16]), Err(Error::NotFormatted(_))));
+        drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap());
+        assert!(matches!(KvMeta::open(dir.path(), [2; 16]), Err(Error::VolumeMismatch { .. })));
+        assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap()), Err(Error::AlreadyFormatted { .. })));
+    }
+
+    #[test]
+    fn fragments_come_back_in_order_and_go_by_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let block = BlockKey { object: Ino(2), lblock: 3 };
+        let other = BlockKey { object: Ino(2), lblock: 4 };
+        for order in [300u32, 2, 256] {
+            store.put_fragment(FragmentKey { block, order }, order as u16, &[order as u8; 10]).unwrap();
+        }
+        store.put_fragment(FragmentKey { block: other, order: 0 }, 0, b"x").unwrap();
+        let orders: Vec<u32> = store.fragments_of(block, 4096).unwrap().iter().map(|f| f.order).collect();
+        assert_eq!(orders, [2, 256, 300]);
+        store.delete_fragments(block).unwrap();
+        assert!(store.fragments_of(block, 4096).unwrap().is_empty());
+        assert_eq!(store.fragments_of(other, 4096).unwrap().len(), 1);
+    }
+}
