@@ -18,8 +18,10 @@ pub(crate) struct CommitContext<'a> {
     pub meta: &'a MetaState,
     /// The state a checkpoint records, as the profile says a crash keeps it.
     pub checkpoint_payload: &'a dyn Fn() -> Vec<u8>,
-    /// Checked in debug builds: a journal record must decode to the ops it holds.
+    /// Debug builds check that a journal record decodes to the ops it holds.
+    #[cfg(debug_assertions)]
     pub pages_per_block: usize,
+    #[cfg(debug_assertions)]
     pub page_bytes: u32,
 }
 

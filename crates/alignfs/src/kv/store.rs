@@ -476,7 +476,15 @@ mod tests {
 
     fn commit(store: &mut KvMeta, meta: &MetaState, ops: &[Op]) {
         let stats = Stats::new(&[]);
-        let cx = CommitContext { stats: &stats, meta, checkpoint_payload: &Vec::new, pages_per_block: 1, page_bytes: 4096 };
+        let cx = CommitContext {
+            stats: &stats,
+            meta,
+            checkpoint_payload: &Vec::new,
+            #[cfg(debug_assertions)]
+            pages_per_block: 1,
+            #[cfg(debug_assertions)]
+            page_bytes: 4096,
+        };
         let mut apply_all = || {
             let mut freed = Freed::default();
             for op in ops {

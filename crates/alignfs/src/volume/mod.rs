@@ -381,7 +381,9 @@ impl Inner {
             stats: &self.stats,
             meta: &self.meta,
             checkpoint_payload: &payload,
+            #[cfg(debug_assertions)]
             pages_per_block: self.geometry.pages_per_block(),
+            #[cfg(debug_assertions)]
             page_bytes: self.geometry.page_bytes,
         })
     }
