@@ -73,7 +73,7 @@ fn measure(args: &Args, buffer_mib: u64, rng: &mut StdRng) -> Result<Row> {
     let blocks = args.volume * MIB / BLOCK;
     let started = Instant::now();
     // Distinct blocks, so every write takes a slot (an overwrite reuses its own). The
-    // usage is read every 64 writes: a stats snapshot takes the journal's lock.
+    // usage is read every 64 writes: a stats snapshot takes the commit lock.
     let mut written = std::collections::HashSet::new();
     while disk.volume().stats().usage.fast_pages_used < target {
         for _ in 0..64 {

@@ -107,7 +107,9 @@ impl KvMeta {
         match store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))? {
             Some(found) if *found == uuid => Ok(store),
             Some(found) => {
-                Err(Error::VolumeMismatch { fast: format!("KV store {} of volume {}", dir.display(), hex(&found)), ssd: hex(&uuid) })
+                let volume = uuid::Uuid::from_slice(&found).map_or_else(|_| "unreadable".to_string(), |u| u.to_string());
+                let ssd = uuid::Uuid::from_bytes(uuid).to_string();
+                Err(Error::VolumeMismatch { fast: format!("KV store {} of volume {volume}", dir.display()), ssd })
             }
             None => Err(Error::NotFormatted(format!("the KV store at {} holds no volume", dir.display()))),
         }
@@ -234,14 +236,22 @@ impl KvMeta {
     pub fn forget(&mut self, objects: &[Ino]) -> Result<()> {
         let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
         for &ino in objects {
-            let key = object_prefix(ino);
-            batch.remove(&self.attrs, key.to_vec());
-            batch.remove(&self.onodes, key.to_vec());
-            self.delete_prefix(&mut batch, &self.blocks, &key)?;
-            self.delete_prefix(&mut batch, &self.fragments, &key)?;
-            self.durable_sizes.remove(&ino);
+            self.remove_object(&mut batch, ino)?;
         }
-        batch.commit().map_err(|e| kv_error(&self.dir, "delete orphans", e))
+        batch.commit().map_err(|e| kv_error(&self.dir, "delete orphans", e))?;
+        for ino in objects {
+            self.durable_sizes.remove(ino);
+        }
+        Ok(())
+    }
+
+    /// Put the deletion of every record of `object` into `batch`.
+    fn remove_object(&self, batch: &mut fjall::OwnedWriteBatch, object: Ino) -> Result<()> {
+        let key = object_prefix(object);
+        batch.remove(&self.attrs, key.to_vec());
+        batch.remove(&self.onodes, key.to_vec());
+        self.delete_prefix(batch, &self.blocks, &key)?;
+        self.delete_prefix(batch, &self.fragments, &key)
     }
 
     /// Store one unaligned piece of a block. It is durable with the next commit's batch.
@@ -293,27 +303,24 @@ impl KvMeta {
                 None => batch.remove(&self.blocks, key.to_vec()),
             }
         }
+        // Each object's onode as this batch leaves it: `None` once the object is gone.
         let mut sizes = Vec::new();
         for &ino in &touched.objects {
-            let key = object_prefix(ino);
             match meta.get(ino) {
                 Some(inode) => {
-                    let record = attr_record(&inode.data.lock()).encode();
+                    let (key, record) = (object_prefix(ino), attr_record(&inode.data.lock()).encode());
                     count(&self.traffic.attr_bytes, key.len(), record.len());
                     batch.insert(&self.attrs, key.to_vec(), record);
                 }
                 None => {
-                    batch.remove(&self.attrs, key.to_vec());
-                    batch.remove(&self.onodes, key.to_vec());
-                    self.delete_prefix(&mut batch, &self.blocks, &key)?;
-                    self.delete_prefix(&mut batch, &self.fragments, &key)?;
+                    self.remove_object(&mut batch, ino)?;
                     sizes.push((ino, None));
                 }
             }
         }
-        for &ino in touched.sizes.iter().chain(&touched.objects) {
+        for &ino in touched.sizes.union(&touched.objects) {
             let Some(size) = meta.get(ino).map(|i| i.size()) else { continue };
-            if self.durable_sizes.get(&ino) != Some(&size) && !sizes.contains(&(ino, Some(size))) {
+            if self.durable_sizes.get(&ino) != Some(&size) {
                 let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
                 count(&self.traffic.onode_bytes, key.len(), value.len());
                 batch.insert(&self.onodes, key.to_vec(), value.to_vec());
