@@ -683,6 +683,29 @@ mod tests {
         assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap()), Err(Error::AlreadyFormatted { .. })));
     }
 
+    /// Records that do not check out make `load` fail with an error naming the record.
+    #[test]
+    fn a_damaged_record_is_an_error_naming_it() {
+        type Damage = fn(&KvMeta);
+        let cases: [(&str, Damage); 4] = [
+            ("attrs", |s| s.attrs.insert(object_prefix(Ino::ROOT).to_vec(), vec![99u8; 5]).unwrap()),
+            ("names", |s| s.names.insert(encode_name_key(Ino::ROOT, b"ghost"), encode_object_id(Ino(40)).to_vec()).unwrap()),
+            ("blocks", |s| s.blocks.insert(BlockKey { object: Ino(40), lblock: 0 }.encode().to_vec(), vec![0u8; 13]).unwrap()),
+            ("onodes", |s| s.onodes.insert(object_prefix(Ino::ROOT).to_vec(), vec![1u8; 3]).unwrap()),
+        ];
+        for (keyspace, damage) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let meta = MetaState::fresh(0, 0, 5);
+            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+            damage(&store);
+            match store.load() {
+                Err(Error::Corrupt { problem, .. }) => assert!(problem.starts_with(keyspace), "{keyspace}: {problem}"),
+                Err(other) => panic!("{keyspace}: {other}"),
+                Ok(_) => panic!("{keyspace}: a damaged record loaded"),
+            }
+        }
+    }
+
     #[test]
     fn fragments_come_back_in_order_and_go_by_prefix() {
         let dir = tempfile::tempdir().unwrap();
