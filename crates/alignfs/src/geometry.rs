@@ -143,6 +143,29 @@ impl MetaLayout {
         Ok(MetaLayout { pages_offset, ..layout })
     }
 
+    /// An SSD whose metadata lives elsewhere (`nvstore`'s KV store): the superblock's
+    /// block alone, no journal, no checkpoint slots.
+    pub fn superblock_only(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        let pages_offset = SUPERBLOCK_BYTES.div_ceil(geometry.block()) * geometry.block();
+        if ssd_bytes < pages_offset + 2 * geometry.block() {
+            return Err(Error::Geometry(format!("SSD of {ssd_bytes} bytes holds fewer than two {}-byte data blocks", geometry.block())));
+        }
+        Ok(MetaLayout { pages_offset, ..MetaLayout::carve(pages_offset, 0, 0) })
+    }
+
+    /// The layout a volume of `profile` has on its devices: on the fast tier when it takes
+    /// one, else at the start of each SSD (`ssd_bytes` is one SSD's).
+    pub fn for_profile(profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        let needs = profile.devices();
+        if needs.fast_tier {
+            MetaLayout::compute(fast_bytes, geometry)
+        } else if needs.kv_store {
+            MetaLayout::superblock_only(ssd_bytes, geometry)
+        } else {
+            MetaLayout::on_ssd(ssd_bytes, geometry)
+        }
+    }
+
     /// SSD blocks the metadata area occupies (never allocated to data).
     pub fn reserved_ssd_blocks(&self, geometry: &Geometry) -> u64 {
         self.pages_offset / geometry.block()

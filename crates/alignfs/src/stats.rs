@@ -55,6 +55,7 @@ counters! {
     migrations_idle: "blocks merged while the volume was idle (scrap: stage 1, filled from the SSD; uhs: the NVM buffer drained)",
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
     namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
+    checksum_errors: "SSD blocks read back with a checksum that does not match their record (nvstore)",
 }
 
 /// What opening the volume took.

@@ -16,11 +16,16 @@ use rand::{Rng, SeedableRng};
 
 const VOLUME_BYTES: u64 = 4 << 20;
 
-/// Fresh simulated devices for a profile, and the options to open them with.
-fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions) {
+/// Fresh simulated devices for a profile, the options to open them with, and the
+/// directory of its KV store when it keeps one (removed when dropped).
+fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions, Option<tempfile::TempDir>) {
     let ssd = Arc::new(SimSsd::new(32 << 20)) as Arc<dyn BlockDevice>;
+    let mut kv_dir = None;
     let devices = if profile.devices().fast_tier {
         Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(8 << 20).unwrap()), ssd)
+    } else if profile.devices().kv_store {
+        let dir = kv_dir.insert(tempfile::tempdir().unwrap());
+        Devices::with_kv(ssd, dir.path())
     } else {
         Devices::ssd_only(ssd)
     };
@@ -30,14 +35,14 @@ fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions) {
         profile.default_geometry()
     };
     let options = VolumeOptions { scrap_mem_bytes: 1 << 20, ..VolumeOptions::default() };
-    (devices, FormatOptions { geometry, profile, force: false }, options)
+    (devices, FormatOptions { geometry, profile, force: false }, options, kv_dir)
 }
 
 #[test]
 fn a_block_volume_reads_back_what_was_written_across_reopen() {
     for profile in Profile::all() {
         let mut rng = StdRng::seed_from_u64(seed(&format!("personalities::block_volume::{}", profile.name())));
-        let (devices, format, options) = devices(profile);
+        let (devices, format, options, _kv) = devices(profile);
         // uhs keeps two static ranges in its NVM zone: requests cross their edges.
         let nvm_ranges = if profile == Profile::UHS { vec![0..65536, (1 << 20) + 512..(1 << 20) + 40960] } else { Vec::new() };
         let layout = BlockLayout { nvm_ranges: nvm_ranges.clone(), ..BlockLayout::new(VOLUME_BYTES) };
@@ -102,7 +107,7 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
 
 #[test]
 fn a_block_volume_needs_a_sector_multiple_and_a_formatted_volume() {
-    let (devices, format, options) = devices(Profile::ORCH);
+    let (devices, format, options, _kv) = devices(Profile::ORCH);
     assert!(matches!(BlockVolume::format(&devices, &format, BlockLayout::new(1000)), Err(Error::InvalidArgument(_))));
     let too_big = BlockLayout::new(31 << 20);
     assert!(matches!(BlockVolume::format(&devices, &format, too_big), Err(Error::InvalidArgument(m)) if m.contains("SSD data space")));
@@ -117,7 +122,7 @@ fn a_block_volume_needs_a_sector_multiple_and_a_formatted_volume() {
 #[test]
 fn an_object_store_keeps_objects_and_clones_across_reopen() {
     for profile in Profile::all() {
-        let (devices, format, options) = devices(profile);
+        let (devices, format, options, _kv) = devices(profile);
         ObjectStore::format(&devices, &format).unwrap();
         let store = ObjectStore::open(devices.clone(), options.clone()).unwrap();
         let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();

@@ -18,6 +18,8 @@ pub(crate) struct CommitContext<'a> {
     pub meta: &'a MetaState,
     /// The state a checkpoint records, as the profile says a crash keeps it.
     pub checkpoint_payload: &'a dyn Fn() -> Vec<u8>,
+    /// The SSD blocks' checksums, where the profile keeps them.
+    pub checksums: Option<&'a crate::layout::BlockChecksums>,
     /// Debug builds check that a journal record decodes to the ops it holds.
     #[cfg(debug_assertions)]
     pub pages_per_block: usize,

@@ -43,7 +43,7 @@ pub fn decode_object_key(key: &[u8]) -> Result<Ino, Short> {
 
 /// One block of one object: the flattened block map's key, and the prefix of that
 /// block's fragments.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockKey {
     pub object: Ino,
     pub lblock: u64,
@@ -123,22 +123,60 @@ impl FragmentKey {
     }
 }
 
-/// A fragment's value: its offset in the block (inoff) and its bytes.
-pub fn encode_fragment(inoff: u16, bytes: &[u8]) -> Vec<u8> {
-    let mut e = Encoder::with_capacity(2 + bytes.len());
-    e.u16(inoff).raw(bytes);
-    e.bytes
+/// A fragment's value: the bytes of one block range `inoff..inoff + len` as a write left
+/// them. Zeros before and after the written bytes are not stored: `bytes` sit at
+/// `inoff + lead`, the rest of the range is zero (a new block's first write zero-fills
+/// its page, and those zeros would otherwise cost a block's worth of KV traffic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FragmentValue {
+    pub inoff: u16,
+    pub len: u16,
+    pub lead: u16,
+    pub bytes: Vec<u8>,
 }
 
-/// `(inoff, bytes)` of a fragment of a `block_bytes` block: non-empty, inside the block.
-pub fn decode_fragment(value: &[u8], block_bytes: u32) -> Result<(u16, &[u8]), Short> {
-    let mut d = Decoder::new(value);
-    let inoff = d.u16()?;
-    let bytes = d.take(d.remaining())?;
-    if bytes.is_empty() || u64::from(inoff) + bytes.len() as u64 > u64::from(block_bytes) {
-        return d.fail(format!("{} bytes at {inoff} do not fit a {block_bytes}-byte block", bytes.len()));
+impl FragmentValue {
+    /// The value recording `data` at `inoff`, its leading and trailing zeros trimmed.
+    pub fn of(inoff: u16, data: &[u8]) -> FragmentValue {
+        let lead = data.iter().position(|&b| b != 0).unwrap_or(data.len());
+        let end = data.iter().rposition(|&b| b != 0).map_or(lead, |last| last + 1);
+        FragmentValue { inoff, len: data.len() as u16, lead: lead as u16, bytes: data[lead..end].to_vec() }
     }
-    Ok((inoff, bytes))
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::with_capacity(6 + self.bytes.len());
+        e.u16(self.inoff).u16(self.len).u16(self.lead).raw(&self.bytes);
+        e.bytes
+    }
+
+    /// A fragment of a `block_bytes` block: a non-empty range inside the block, its bytes
+    /// inside the range.
+    pub fn decode(value: &[u8], block_bytes: u32) -> Result<FragmentValue, Short> {
+        let mut d = Decoder::new(value);
+        let (inoff, len, lead) = (d.u16()?, d.u16()?, d.u16()?);
+        let bytes = d.take(d.remaining())?;
+        if len == 0 || u32::from(inoff) + u32::from(len) > block_bytes {
+            return d.fail(format!("{len} bytes at {inoff} do not fit a {block_bytes}-byte block"));
+        }
+        if usize::from(lead) + bytes.len() > usize::from(len) {
+            return d.fail(format!("{} bytes at {lead} overrun the fragment's {len}", bytes.len()));
+        }
+        Ok(FragmentValue { inoff, len, lead, bytes: bytes.to_vec() })
+    }
+
+    /// The block range it covers.
+    pub fn range(&self) -> (u32, u32) {
+        (u32::from(self.inoff), u32::from(self.inoff) + u32::from(self.len))
+    }
+
+    /// Write the fragment's range into `block` (the whole block's bytes).
+    pub fn lay_over(&self, block: &mut [u8]) {
+        let (start, end) = self.range();
+        let range = &mut block[start as usize..end as usize];
+        range.fill(0);
+        let lead = usize::from(self.lead);
+        range[lead..lead + self.bytes.len()].copy_from_slice(&self.bytes);
+    }
 }
 
 /// The decoupled onode: the record a write touches only when it changes the size.
@@ -288,7 +326,14 @@ mod tests {
             xattrs: [(b"user.etag".to_vec(), b"abc".to_vec())].into(),
         };
         assert_eq!(AttrRecord::decode(&attrs.encode()).unwrap(), attrs);
-        assert_eq!(decode_fragment(&encode_fragment(4000, &[1; 96]), 4096).unwrap(), (4000, &[1u8; 96][..]));
+        let fragment = FragmentValue::of(4000, &[0, 0, 1, 2, 0, 3, 0]);
+        assert_eq!((fragment.lead, fragment.len, fragment.bytes.as_slice()), (2, 7, &[1, 2, 0, 3][..]));
+        assert_eq!(FragmentValue::decode(&fragment.encode(), 4096).unwrap(), fragment);
+        let mut block = vec![9u8; 4096];
+        fragment.lay_over(&mut block);
+        assert_eq!(&block[3999..4008], &[9, 0, 0, 1, 2, 0, 3, 0, 9]);
+        let zeros = FragmentValue::of(0, &[0; 4096]);
+        assert_eq!((zeros.len, zeros.bytes.len(), zeros.encode().len()), (4096, 0, 6));
         assert_eq!(decode_name_key(&encode_name_key(Ino(5), b"obj")).unwrap(), (Ino(5), &b"obj"[..]));
         assert_eq!(decode_object_id(&encode_object_id(Ino(77))).unwrap(), Ino(77));
     }
@@ -304,9 +349,11 @@ mod tests {
         assert!(BlockValue::decode(&hole).unwrap_err().what.contains("hole"));
         let shared_nothing = BlockValue { csum: 0, block: None, fragments: true, shared: true }.encode();
         assert!(BlockValue::decode(&shared_nothing).is_err());
-        assert!(decode_fragment(&encode_fragment(4095, &[0; 2]), 4096).is_err());
-        assert!(decode_fragment(&encode_fragment(0, &[]), 4096).is_err());
-        assert!(decode_fragment(&[1], 4096).is_err());
+        assert!(FragmentValue::decode(&FragmentValue::of(4095, &[1; 2]).encode(), 4096).is_err());
+        assert!(FragmentValue::decode(&FragmentValue::of(0, &[]).encode(), 4096).is_err());
+        let overrun = FragmentValue { inoff: 0, len: 2, lead: 1, bytes: vec![1, 1] };
+        assert!(FragmentValue::decode(&overrun.encode(), 4096).unwrap_err().what.contains("overrun"));
+        assert!(FragmentValue::decode(&[1], 4096).is_err());
         assert!(Onode::decode(&Onode { size: 1, flags: 1 }.encode()).is_err());
         assert!(decode_name_key(&Ino(1).0.to_be_bytes()).is_err());
         let mut attrs = AttrRecord::decode(
@@ -342,7 +389,7 @@ mod tests {
             let _ = BlockKey::decode(&bytes);
             let _ = BlockValue::decode(&bytes);
             let _ = FragmentKey::decode(&bytes);
-            let _ = decode_fragment(&bytes, 4096);
+            let _ = FragmentValue::decode(&bytes, 4096);
             let _ = Onode::decode(&bytes);
             let _ = AttrRecord::decode(&bytes);
             let _ = decode_name_key(&bytes);

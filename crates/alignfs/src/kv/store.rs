@@ -7,21 +7,29 @@
 //! orders commits, so batch order is apply order. A batch that fails leaves memory ahead
 //! of the disk: the store refuses every later commit and the volume must be reopened.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use smallvec::SmallVec;
 
+use super::fragments::FragmentLog;
 use super::records::{
-    decode_fragment, decode_name_key, decode_object_id, decode_object_key, encode_fragment, encode_name_key, encode_object_id,
-    object_prefix, AttrRecord, BlockKey, BlockValue, FragmentKey, Onode,
+    decode_name_key, decode_object_id, decode_object_key, encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey,
+    BlockValue, FragmentKey, FragmentValue, Onode,
 };
 use crate::codec::Short;
 use crate::error::{Error, Result};
 use crate::journal::{CommitContext, MetaStore, MetaUsage};
-use crate::map::{BlockEntry, FileMap};
+use crate::layout::BlockChecksums;
+use crate::map::{BlockEntry, FileMap, PageNo};
 use crate::meta::{DataOp, FileKind, Freed, Ino, Inode, InodeData, MetaState, NamespaceOp, Op};
+
+/// The file that marks a directory as an alignfs KV store (it holds the volume's uuid), so
+/// that formatting with `force` replaces only a store, never other files.
+const MARKER: &str = "ALIGNFS-KV";
 
 /// The `volume` keyspace's keys.
 const UUID_KEY: &[u8] = b"uuid";
@@ -39,23 +47,27 @@ pub struct KvTraffic {
     pub batches: AtomicU64,
 }
 
-/// A fragment as stored: its order in the block, in-block offset and bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Fragment {
-    pub order: u32,
-    pub inoff: u16,
-    pub bytes: Vec<u8>,
+/// A block whose record says it has fragments: the record's value, and the fragments by
+/// order, oldest first.
+pub struct FragmentBlock {
+    pub key: BlockKey,
+    pub value: BlockValue,
+    pub fragments: Vec<(u32, FragmentValue)>,
 }
 
 /// What [`KvMeta::load`] rebuilt.
 pub struct Loaded {
     pub state: MetaState,
-    /// Blocks whose records say they have fragments, with their block-map values. Their
-    /// entries in `state` are not set: the fragment residue store rebuilds them.
-    pub fragment_blocks: Vec<(BlockKey, BlockValue)>,
+    /// Blocks with fragments. Their entries in `state` are not set: the fragment residue
+    /// store rebuilds them.
+    pub fragment_blocks: Vec<FragmentBlock>,
+    /// The checksum of every SSD block a record names.
+    pub checksums: Vec<(u64, u32)>,
     /// Objects a crash left without a name (unlinked while open), dropped from `state`;
     /// [`KvMeta::forget`] deletes their records.
     pub orphans: Vec<Ino>,
+    /// Fragments no record names (put by writes a crash interrupted before their commit).
+    pub stray_fragments: Vec<FragmentKey>,
 }
 
 pub struct KvMeta {
@@ -72,10 +84,11 @@ pub struct KvMeta {
     durable_next_ino: u64,
     /// A batch failed: memory is ahead of the disk.
     failed: bool,
-    traffic: KvTraffic,
+    traffic: Arc<KvTraffic>,
+    log: Arc<FragmentLog>,
 }
 
-fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
+pub(super) fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
     Error::io(format!("KV store {}: {what}", dir.display()), std::io::Error::other(e.to_string()))
 }
 
@@ -93,9 +106,34 @@ impl KvMeta {
         batch.insert(&store.attrs, object_prefix(root.ino).to_vec(), attr_record(&root.data.lock()).encode());
         batch.insert(&store.onodes, object_prefix(root.ino).to_vec(), Onode { size: 0, flags: 0 }.encode().to_vec());
         batch.commit().map_err(|e| kv_error(dir, "format", e))?;
+        let marker = dir.join(MARKER);
+        std::fs::write(&marker, format!("{}\n", uuid::Uuid::from_bytes(uuid)))
+            .map_err(|e| Error::io(format!("write {}", marker.display()), e))?;
         store.durable_next_ino = root.ino.0 + 1;
         store.durable_sizes.insert(root.ino, 0);
         Ok(store)
+    }
+
+    /// Make `dir` ready for a new store: missing or empty is ready; a previous store is
+    /// removed when `force`, refused otherwise; anything else is refused.
+    pub fn clear_dir(dir: &Path, force: bool) -> Result<()> {
+        let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
+        let mut entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("read the directory", e)),
+        };
+        if entries.next().is_none() {
+            return Ok(());
+        }
+        match std::fs::read_to_string(dir.join(MARKER)) {
+            Ok(_) if force => std::fs::remove_dir_all(dir).map_err(|e| io("remove the old KV store", e)),
+            Ok(uuid) => Err(Error::AlreadyFormatted { device: format!("KV store {}", dir.display()), uuid: uuid.trim().to_string() }),
+            Err(_) => Err(Error::WrongDevices(format!(
+                "{} is not empty and holds no alignfs KV store; name a new or empty directory",
+                dir.display()
+            ))),
+        }
     }
 
     /// The store in `dir`, which must belong to the volume `uuid`.
@@ -118,10 +156,13 @@ impl KvMeta {
     fn open_dir(dir: &Path) -> Result<KvMeta> {
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
+        let traffic = Arc::new(KvTraffic::default());
+        let fragments = keyspace("fragments")?;
         Ok(KvMeta {
             dir: dir.to_path_buf(),
+            log: Arc::new(FragmentLog::new(dir.to_path_buf(), fragments.clone(), Arc::clone(&traffic))),
             blocks: keyspace("blocks")?,
-            fragments: keyspace("fragments")?,
+            fragments,
             onodes: keyspace("onodes")?,
             attrs: keyspace("attrs")?,
             names: keyspace("names")?,
@@ -130,12 +171,17 @@ impl KvMeta {
             durable_sizes: HashMap::new(),
             durable_next_ino: 0,
             failed: false,
-            traffic: KvTraffic::default(),
+            traffic,
         })
     }
 
     pub fn traffic(&self) -> &KvTraffic {
         &self.traffic
+    }
+
+    /// The fragment records, for the residue store that puts them.
+    pub fn fragment_log(&self) -> Arc<FragmentLog> {
+        Arc::clone(&self.log)
     }
 
     fn corrupt(&self, keyspace: &str, key: &[u8], short: Short) -> Error {
@@ -144,7 +190,7 @@ impl KvMeta {
 
     /// Rebuild the state from the records: every object with its attributes, size, names
     /// and whole-block entries. Checks that the namespace hangs together.
-    pub fn load(&mut self) -> Result<Loaded> {
+    pub fn load(&mut self, block_bytes: u32) -> Result<Loaded> {
         let read = |e| kv_error(&self.dir, "read", e);
         let next_ino = match self.volume.get(NEXT_INO_KEY).map_err(read)? {
             Some(v) => decode_object_id(&v).map_err(|s| self.corrupt("volume", NEXT_INO_KEY, s))?,
@@ -210,7 +256,14 @@ impl KvMeta {
         for ino in &orphans {
             state.inodes.write().remove(ino);
         }
-        let mut fragment_blocks = Vec::new();
+        let mut fragments: BTreeMap<BlockKey, Vec<(u32, FragmentValue)>> = BTreeMap::new();
+        for item in self.fragments.iter() {
+            let (key, value) = item.into_inner().map_err(read)?;
+            let fragment = FragmentKey::decode(&key).map_err(|s| self.corrupt("fragments", &key, s))?;
+            let value = FragmentValue::decode(&value, block_bytes).map_err(|s| self.corrupt("fragments", &key, s))?;
+            fragments.entry(fragment.block).or_default().push((fragment.order, value));
+        }
+        let (mut fragment_blocks, mut checksums) = (Vec::new(), Vec::new());
         for item in self.blocks.iter() {
             let (key, value) = item.into_inner().map_err(read)?;
             let block = BlockKey::decode(&key).map_err(|s| self.corrupt("blocks", &key, s))?;
@@ -221,22 +274,40 @@ impl KvMeta {
             let Some(inode) = state.get(block.object).filter(|i| i.kind == FileKind::File) else {
                 return Err(self.corrupt("blocks", &key, Short { at: 0, what: "the object is missing or not a file".into() }));
             };
+            if let Some(ssd) = value.block {
+                checksums.push((ssd.0, value.csum));
+            }
             if value.fragments {
-                fragment_blocks.push((block, value));
+                let Some(fragments) = fragments.remove(&block) else {
+                    return Err(self.corrupt("blocks", &key, Short { at: 0, what: "it names fragments, and there are none".into() }));
+                };
+                fragment_blocks.push(FragmentBlock { key: block, value, fragments });
             } else if let Some(ssd) = value.block {
                 inode.map.lock().insert(block.lblock, BlockEntry::Ssd { block: ssd, overlays: Vec::new(), shared: value.shared });
             }
         }
+        let stray_fragments = fragments
+            .into_iter()
+            .filter(|(block, _)| !orphans.contains(&block.object))
+            .flat_map(|(block, list)| list.into_iter().map(move |(order, _)| FragmentKey { block, order }))
+            .collect();
         self.durable_sizes = sizes;
         self.durable_next_ino = next_ino.0;
-        Ok(Loaded { state, fragment_blocks, orphans })
+        Ok(Loaded { state, fragment_blocks, checksums, orphans, stray_fragments })
     }
 
-    /// Delete every record of `objects` (orphans found by [`KvMeta::load`]).
-    pub fn forget(&mut self, objects: &[Ino]) -> Result<()> {
+    /// Delete every record of `objects` (orphans found by [`KvMeta::load`]) and the
+    /// `stray` fragments.
+    pub fn forget(&mut self, objects: &[Ino], stray: &[FragmentKey]) -> Result<()> {
+        if objects.is_empty() && stray.is_empty() {
+            return Ok(());
+        }
         let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
         for &ino in objects {
             self.remove_object(&mut batch, ino)?;
+        }
+        for key in stray {
+            batch.remove(&self.fragments, key.encode().to_vec());
         }
         batch.commit().map_err(|e| kv_error(&self.dir, "delete orphans", e))?;
         for ino in objects {
@@ -254,25 +325,6 @@ impl KvMeta {
         self.delete_prefix(batch, &self.fragments, &key)
     }
 
-    /// Store one unaligned piece of a block. It is durable with the next commit's batch.
-    pub fn put_fragment(&self, key: FragmentKey, inoff: u16, bytes: &[u8]) -> Result<()> {
-        let (key, value) = (key.encode(), encode_fragment(inoff, bytes));
-        self.traffic.fragment_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
-        self.fragments.insert(key.to_vec(), value).map_err(|e| kv_error(&self.dir, "write a fragment", e))
-    }
-
-    /// A block's fragments, oldest first.
-    pub fn fragments_of(&self, block: BlockKey, block_bytes: u32) -> Result<Vec<Fragment>> {
-        let mut out = Vec::new();
-        for item in self.fragments.prefix(block.encode()) {
-            let (key, value) = item.into_inner().map_err(|e| kv_error(&self.dir, "read", e))?;
-            let order = FragmentKey::decode(&key).map_err(|s| self.corrupt("fragments", &key, s))?.order;
-            let (inoff, bytes) = decode_fragment(&value, block_bytes).map_err(|s| self.corrupt("fragments", &key, s))?;
-            out.push(Fragment { order, inoff, bytes: bytes.to_vec() });
-        }
-        Ok(out)
-    }
-
     /// Delete every record under `prefix` in `keyspace` (the paper's prefix delete).
     fn delete_prefix(&self, batch: &mut fjall::OwnedWriteBatch, keyspace: &Keyspace, prefix: &[u8]) -> Result<()> {
         for item in keyspace.prefix(prefix) {
@@ -282,21 +334,21 @@ impl KvMeta {
         Ok(())
     }
 
-    /// A synced block's fragments, dropped once its record no longer names them.
-    pub fn delete_fragments(&self, block: BlockKey) -> Result<()> {
-        let mut batch = self.db.batch();
-        self.delete_prefix(&mut batch, &self.fragments, &block.encode())?;
-        batch.commit().map_err(|e| kv_error(&self.dir, "delete fragments", e))
-    }
-
     /// Write the current record of every key `touched` names; `meta` is applied.
-    fn write_touched(&mut self, meta: &MetaState, touched: &Touched) -> Result<()> {
+    fn write_touched(&mut self, meta: &MetaState, checksums: Option<&BlockChecksums>, touched: &Touched) -> Result<()> {
         let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
         let count = |counter: &AtomicU64, key: usize, value: usize| counter.fetch_add((key + value) as u64, Ordering::Relaxed);
-        for &(ino, lblock) in &touched.blocks {
-            let key = BlockKey { object: ino, lblock }.encode();
-            match meta.get(ino).and_then(|i| i.map.lock().get(&lblock).map(block_value)) {
-                Some(value) => {
+        for ((ino, lblock), before) in &touched.blocks {
+            let key = BlockKey { object: *ino, lblock: *lblock }.encode();
+            let entry = meta.get(*ino).and_then(|i| i.map.lock().get(lblock).cloned());
+            // The fragments of a unit the block no longer holds go in the batch that stops
+            // its record naming them (a synced block's, a replaced page's).
+            for unit in before.iter().filter(|u| !entry.as_ref().is_some_and(|e| e.fast_pages().any(|p| p == **u))) {
+                self.log.drop_into(*unit, &mut batch);
+            }
+            match entry {
+                Some(entry) => {
+                    let value = block_value(&entry, checksums);
                     count(&self.traffic.block_bytes, key.len(), value.len());
                     batch.insert(&self.blocks, key.to_vec(), value.to_vec());
                 }
@@ -314,6 +366,9 @@ impl KvMeta {
                 }
                 None => {
                     self.remove_object(&mut batch, ino)?;
+                    for unit in touched.freed_units.iter().filter(|(object, _)| *object == ino).map(|(_, unit)| *unit) {
+                        self.log.forget(unit);
+                    }
                     sizes.push((ino, None));
                 }
             }
@@ -362,9 +417,10 @@ impl MetaStore for KvMeta {
                 std::io::Error::other("an earlier commit failed; reopen the volume"),
             ));
         }
+        self.log.check()?;
         let touched = Touched::of(cx.meta, ops);
         let freed = apply();
-        if let Err(e) = self.write_touched(cx.meta, &touched) {
+        if let Err(e) = self.write_touched(cx.meta, cx.checksums, &touched) {
             self.failed = true;
             return Err(e);
         }
@@ -389,7 +445,10 @@ impl MetaStore for KvMeta {
 /// object is known only then).
 #[derive(Default)]
 struct Touched {
-    blocks: BTreeSet<(Ino, u64)>,
+    /// Blocks whose entry changes, with the units they held before.
+    blocks: BTreeMap<(Ino, u64), SmallVec<[PageNo; 1]>>,
+    /// The units of objects the ops free.
+    freed_units: Vec<(Ino, PageNo)>,
     /// Objects whose attribute record changes, or which go away.
     objects: BTreeSet<Ino>,
     /// Objects whose size may change.
@@ -404,7 +463,9 @@ impl Touched {
         for op in ops {
             match op {
                 Op::Data(DataOp::Map { ino, lblock, .. }) => {
-                    t.blocks.insert((*ino, *lblock));
+                    t.blocks.entry((*ino, *lblock)).or_insert_with(|| {
+                        meta.get(*ino).and_then(|i| i.map.lock().get(lblock).map(|e| e.fast_pages().collect())).unwrap_or_default()
+                    });
                 }
                 Op::Data(DataOp::Extend { ino, .. }) | Op::Data(DataOp::SetSize { ino, .. }) => {
                     t.sizes.insert(*ino);
@@ -429,10 +490,14 @@ impl Touched {
                     t.names.insert((*to_parent, to_name.clone()));
                     t.objects.extend([*from_parent, *to_parent]);
                 }
-                Op::Namespace(NamespaceOp::SetAttr { ino, .. })
-                | Op::Namespace(NamespaceOp::SetXattr { ino, .. })
-                | Op::Namespace(NamespaceOp::Free { ino }) => {
+                Op::Namespace(NamespaceOp::SetAttr { ino, .. }) | Op::Namespace(NamespaceOp::SetXattr { ino, .. }) => {
                     t.objects.insert(*ino);
+                }
+                Op::Namespace(NamespaceOp::Free { ino }) => {
+                    t.objects.insert(*ino);
+                    if let Some(inode) = meta.get(*ino) {
+                        t.freed_units.extend(inode.map.lock().values().flat_map(|e| e.fast_pages().collect::<Vec<_>>()).map(|u| (*ino, u)));
+                    }
                 }
             }
         }
@@ -441,11 +506,14 @@ impl Touched {
 }
 
 /// A map entry as the flattened block map records it.
-fn block_value(entry: &BlockEntry) -> [u8; super::records::BLOCK_VALUE_BYTES] {
+fn block_value(entry: &BlockEntry, checksums: Option<&BlockChecksums>) -> [u8; super::records::BLOCK_VALUE_BYTES] {
     match entry {
-        BlockEntry::Ssd { block, overlays, shared } => {
-            BlockValue { csum: 0, block: Some(*block), fragments: !overlays.is_empty(), shared: *shared }
-        }
+        BlockEntry::Ssd { block, overlays, shared } => BlockValue {
+            csum: checksums.map_or(0, |c| c.get(*block)),
+            block: Some(*block),
+            fragments: !overlays.is_empty(),
+            shared: *shared,
+        },
         BlockEntry::Fast { .. } => BlockValue { csum: 0, block: None, fragments: true, shared: false },
     }
     .encode()
@@ -487,6 +555,7 @@ mod tests {
             stats: &stats,
             meta,
             checkpoint_payload: &Vec::new,
+            checksums: None,
             #[cfg(debug_assertions)]
             pages_per_block: 1,
             #[cfg(debug_assertions)]
@@ -640,17 +709,17 @@ mod tests {
         let written = store.traffic().batches.load(Ordering::Relaxed);
         drop(store);
         let mut store = KvMeta::open(dir.path(), uuid).unwrap();
-        let loaded = store.load().unwrap();
+        let loaded = store.load(4096).unwrap();
         assert!(loaded.fragment_blocks.is_empty());
         assert_eq!(durable_view(&loaded.state), live);
         assert_eq!(loaded.state.next_ino.load(Ordering::SeqCst), meta.next_ino.load(Ordering::SeqCst));
         assert!(written > 300);
         // Orphans go for good.
         let orphans = loaded.orphans.clone();
-        store.forget(&orphans).unwrap();
+        store.forget(&orphans, &[]).unwrap();
         drop(store);
         let mut store = KvMeta::open(dir.path(), uuid).unwrap();
-        let again = store.load().unwrap();
+        let again = store.load(4096).unwrap();
         assert!(again.orphans.is_empty());
         assert_eq!(durable_view(&again.state), live);
     }
@@ -698,7 +767,7 @@ mod tests {
             let meta = MetaState::fresh(0, 0, 5);
             let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
             damage(&store);
-            match store.load() {
+            match store.load(4096) {
                 Err(Error::Corrupt { problem, .. }) => assert!(problem.starts_with(keyspace), "{keyspace}: {problem}"),
                 Err(other) => panic!("{keyspace}: {other}"),
                 Ok(_) => panic!("{keyspace}: a damaged record loaded"),
@@ -706,21 +775,44 @@ mod tests {
         }
     }
 
+    /// Fragments come back grouped by block, oldest first; those no record names are
+    /// strays; a commit that drops a unit deletes exactly that unit's fragments.
     #[test]
-    fn fragments_come_back_in_order_and_go_by_prefix() {
+    fn fragments_come_back_in_order_and_strays_are_found() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaState::fresh(0, 0, 5);
-        let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
-        let block = BlockKey { object: Ino(2), lblock: 3 };
-        let other = BlockKey { object: Ino(2), lblock: 4 };
-        for order in [300u32, 2, 256] {
-            store.put_fragment(FragmentKey { block, order }, order as u16, &[order as u8; 10]).unwrap();
-        }
-        store.put_fragment(FragmentKey { block: other, order: 0 }, 0, b"x").unwrap();
-        let orders: Vec<u32> = store.fragments_of(block, 4096).unwrap().iter().map(|f| f.order).collect();
-        assert_eq!(orders, [2, 256, 300]);
-        store.delete_fragments(block).unwrap();
-        assert!(store.fragments_of(block, 4096).unwrap().is_empty());
-        assert_eq!(store.fragments_of(other, 4096).unwrap().len(), 1);
+        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let attr = new_attr(&meta, &mut StdRng::seed_from_u64(2), FileKind::File);
+        let ino = attr.ino;
+        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let log = store.fragment_log();
+        let (first, stray) = (BlockKey { object: ino, lblock: 0 }, BlockKey { object: ino, lblock: 1 });
+        log.register(PageNo(0), first, None);
+        log.put(PageNo(0), 0, b"abc");
+        log.put(PageNo(0), 10, b"xyz");
+        log.register(PageNo(1), stray, None);
+        log.put(PageNo(1), 5, b"lost");
+        let fast = |unit: u64| Some(BlockEntry::Fast { pages: vec![(0, PageNo(unit))] });
+        commit(
+            &mut store,
+            &meta,
+            &[DataOp::Map { ino, lblock: 0, entry: fast(0) }.into(), DataOp::Extend { ino, size: 13, mtime: 6 }.into()],
+        );
+        // The page is replaced by one that put a fragment of its own: only the old one's go.
+        log.register(PageNo(2), first, None);
+        log.put(PageNo(2), 1, b"new");
+        commit(&mut store, &meta, &[DataOp::Map { ino, lblock: 0, entry: fast(2) }.into()]);
+        drop((store, log));
+
+        let mut store = KvMeta::open(dir.path(), [1; 16]).unwrap();
+        let loaded = store.load(4096).unwrap();
+        assert_eq!(loaded.fragment_blocks.len(), 1);
+        let block = &loaded.fragment_blocks[0];
+        assert_eq!((block.key, block.value.block, block.value.fragments), (first, None, true));
+        let orders: Vec<(u32, u16)> = block.fragments.iter().map(|(order, f)| (*order, f.inoff)).collect();
+        assert_eq!(orders, [(2, 1)], "the replaced page's fragments are gone, the new one's stay");
+        assert_eq!(loaded.stray_fragments, [FragmentKey { block: stray, order: 0 }]);
+        store.forget(&[], &loaded.stray_fragments).unwrap();
+        assert!(store.load(4096).unwrap().stray_fragments.is_empty());
     }
 }

@@ -2,9 +2,11 @@
 
 mod alloc;
 mod block_refs;
+mod checksums;
 mod superblock;
 
 pub use crate::profile::Profile;
 pub use alloc::BitmapAllocator;
 pub use block_refs::BlockRefs;
+pub use checksums::{BlockChecksums, Mismatch};
 pub use superblock::{DeviceRole, Superblock, MAX_SSDS};

@@ -130,13 +130,10 @@ impl Superblock {
             return Err(corrupt(format!("checksum mismatch (stored {stored:#010x}, computed {actual:#010x})")));
         }
         geometry.validate(profile).map_err(|e| corrupt(e.to_string()))?;
-        let expected = if profile.devices().fast_tier {
-            MetaLayout::compute(fast_bytes, &geometry)
-        } else if fast_bytes != 0 || role != DeviceRole::Ssd {
+        if !profile.devices().fast_tier && (fast_bytes != 0 || role != DeviceRole::Ssd) {
             return Err(corrupt(format!("profile {} has no fast tier", profile.name())));
-        } else {
-            MetaLayout::on_ssd(ssd_bytes / u64::from(ssd_count.max(1)), &geometry)
-        };
+        }
+        let expected = MetaLayout::for_profile(profile, fast_bytes, ssd_bytes / u64::from(ssd_count.max(1)), &geometry);
         if expected.map_err(|e| corrupt(e.to_string()))? != layout {
             return Err(corrupt("metadata layout does not match the device size and geometry".into()));
         }

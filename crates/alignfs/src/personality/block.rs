@@ -58,6 +58,7 @@ impl BlockVolume {
             (Some(fast), _) => Devices {
                 fast: Some(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes))),
                 ssd: Arc::clone(&devices.ssd),
+                kv: None,
             },
         };
         let block = options.geometry.block();

@@ -184,4 +184,9 @@ impl ObjectStore {
     pub fn close(self) -> Result<()> {
         self.volume.close()
     }
+
+    /// Stop as a crash of the process would (tests): nothing is flushed or closed.
+    pub fn simulate_crash(self) {
+        self.volume.simulate_crash();
+    }
 }

@@ -11,28 +11,32 @@
 //! Adding a profile is a new module here that implements both, plus its line in
 //! [`REGISTRY`]. Nothing outside this module matches on a profile.
 
+mod nvstore;
 mod orch;
 mod scrap;
 mod uhs;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout};
 use crate::journal::{checkpoint_payload, AsIs};
+use crate::kv::FragmentLog;
 use crate::meta::{Freed, Inode, Op};
 use crate::partition::{Plan, Rules};
 use crate::residue::ResidueStore;
+use crate::stats::Counter;
 use crate::volume::{Inner, VolumeOptions};
 
 /// Every profile this build implements, in the order `--help` lists them. The one line a
 /// new profile adds.
-const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs];
+const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs, &nvstore::NvStore];
 
 /// Profiles named by the project's plan that are not built yet.
-const PLANNED: &[&str] = &["byte", "nvstore"];
+const PLANNED: &[&str] = &["byte"];
 
 /// The named configuration a volume was formatted with: a registered profile's on-media
 /// code. Only registered codes can be held, so [`Profile::spec`] always finds one.
@@ -121,6 +125,8 @@ pub enum Personality {
     Files,
     /// One fixed-size block volume ([`crate::personality::BlockVolume`]), served over NBD.
     Block,
+    /// Named objects ([`crate::personality::ObjectStore`]), served over S3.
+    Objects,
 }
 
 /// The devices a profile's volume is made of.
@@ -131,6 +137,9 @@ pub struct DeviceNeeds {
     pub fast_tier: bool,
     /// Most SSDs one volume may span.
     pub max_ssds: u32,
+    /// The metadata lives in a KV store in a directory of its own (`nvstore`), not in a
+    /// journal and checkpoints.
+    pub kv_store: bool,
 }
 
 /// What a crash (of the process, or power) keeps of acknowledged work.
@@ -180,17 +189,25 @@ pub(crate) trait ProfileSpec: Sync {
     fn validate_geometry(&self, geometry: &Geometry) -> Result<()>;
     /// Most segments one residue unit's header holds.
     fn max_segments(&self) -> usize;
-    /// The residue store of an opening volume. `fast` is the fast tier when the profile
-    /// takes one; `layout` says where its page zone is.
-    fn residue_store(
-        &self,
-        fast: Option<&Arc<dyn ByteTier>>,
-        layout: &MetaLayout,
-        geometry: &Geometry,
-        options: &VolumeOptions,
-    ) -> Result<Arc<dyn ResidueStore>>;
+    /// The residue store of an opening volume.
+    fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>>;
     /// The runtime policy of an opening volume.
     fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy>;
+}
+
+/// What an opening volume offers its residue store.
+pub(crate) struct ResidueSetup<'a> {
+    /// The fast tier, when the profile takes one.
+    pub fast: Option<&'a Arc<dyn ByteTier>>,
+    /// Where the fast tier's page zone is.
+    pub layout: &'a MetaLayout,
+    pub geometry: &'a Geometry,
+    pub options: &'a VolumeOptions,
+    /// The KV store's fragment records, when the metadata lives in one.
+    pub fragments: Option<&'a Arc<FragmentLog>>,
+    /// Units the volume will restore residue into at open (the KV store's fragment
+    /// pages), numbered from 0.
+    pub units_to_restore: u64,
 }
 
 /// What a commit journals when it is not its ops as they are: their crash projection,
@@ -253,6 +270,25 @@ pub(crate) trait Policy: Send + Sync {
 /// Start a named thread; failure to start is an error, not a panic.
 pub(crate) fn spawn(name: String, work: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
     std::thread::Builder::new().name(name.clone()).spawn(work).map_err(|e| Error::io(format!("start thread {name}"), e))
+}
+
+/// Drain the residue store whenever no write came for `idle` (UHS's "under light load",
+/// NVStore's lazy sync when the device is idle).
+fn drain_when_idle(engine: &Inner, idle: Duration) {
+    let mut writes = engine.writes_so_far();
+    let mut quiet_since = Instant::now();
+    while !engine.shutting_down() {
+        std::thread::sleep(idle / 4);
+        let now = engine.writes_so_far();
+        if now != writes {
+            (writes, quiet_since) = (now, Instant::now());
+        } else if quiet_since.elapsed() >= idle {
+            if let Err(e) = engine.drain_residue(Counter::migrations_idle) {
+                tracing::warn!("idle migration: {e}");
+            }
+            quiet_since = Instant::now();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Promise, Tunable};
-use crate::device::ByteTier;
+use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
+use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::journal::MAX_ENCODED_SEGMENTS;
 use crate::partition::{Residue, Rules};
 use crate::residue::{PmemPages, ResidueStore};
@@ -33,7 +32,7 @@ impl ProfileSpec for Orch {
         "OrchFS: residue in persistent-memory pages and upages (--fast), durable on every write"
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1 }
+        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -54,15 +53,10 @@ impl ProfileSpec for Orch {
     fn max_segments(&self) -> usize {
         UPAGE_MAX_CHUNKS
     }
-    fn residue_store(
-        &self,
-        fast: Option<&Arc<dyn ByteTier>>,
-        layout: &MetaLayout,
-        geometry: &Geometry,
-        _options: &VolumeOptions,
-    ) -> Result<Arc<dyn ResidueStore>> {
-        let fast = fast.ok_or_else(|| Error::WrongDevices("profile orch needs a fast tier (--fast)".into()))?;
-        Ok(Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, geometry.page_bytes)))
+    fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
+        let fast = setup.fast.ok_or_else(|| Error::WrongDevices("profile orch needs a fast tier (--fast)".into()))?;
+        let layout = setup.layout;
+        Ok(Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, setup.geometry.page_bytes)))
     }
     fn policy(&self, _options: &VolumeOptions) -> Box<dyn Policy> {
         Box::new(OrchPolicy)

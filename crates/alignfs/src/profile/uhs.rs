@@ -5,15 +5,13 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::{spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, Tunable};
-use crate::device::ByteTier;
+use super::{drain_when_idle, spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, MetaLayout, KIB, UPAGE_MAX_CHUNKS};
+use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::partition::{Residue, Rules};
 use crate::residue::{HashedSegments, ResidueStore};
-use crate::stats::Counter;
 use crate::volume::{Inner, VolumeOptions};
 
 impl Profile {
@@ -46,7 +44,7 @@ impl ProfileSpec for Uhs {
         Personality::Block
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1 }
+        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -70,14 +68,9 @@ impl ProfileSpec for Uhs {
     fn max_segments(&self) -> usize {
         UPAGE_MAX_CHUNKS
     }
-    fn residue_store(
-        &self,
-        fast: Option<&Arc<dyn ByteTier>>,
-        layout: &MetaLayout,
-        geometry: &Geometry,
-        options: &VolumeOptions,
-    ) -> Result<Arc<dyn ResidueStore>> {
-        let fast = fast.ok_or_else(|| Error::WrongDevices("profile uhs needs an NVM device (--fast)".into()))?;
+    fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
+        let (layout, geometry, options) = (setup.layout, setup.geometry, setup.options);
+        let fast = setup.fast.ok_or_else(|| Error::WrongDevices("profile uhs needs an NVM device (--fast)".into()))?;
         if options.segment_bytes < geometry.page() {
             return Err(Error::InvalidArgument(format!(
                 "an NVM buffer segment of {} bytes holds no {}-byte slot",
@@ -121,28 +114,11 @@ impl Policy for UhsPolicy {
     /// migration: once no write came for [`IDLE_BEFORE_DRAIN`], the buffer is drained.
     fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
-        let drain = spawn("alignfs-uhs-drain".into(), move || drain_when_idle(&worker))?;
+        let drain = spawn("alignfs-uhs-drain".into(), move || drain_when_idle(&worker, IDLE_BEFORE_DRAIN))?;
         Ok(vec![engine.start_maintenance()?, drain])
     }
 
     fn merge_commit_batch(&self) -> usize {
         32
-    }
-}
-
-fn drain_when_idle(engine: &Inner) {
-    let mut writes = engine.writes_so_far();
-    let mut quiet_since = Instant::now();
-    while !engine.shutting_down() {
-        std::thread::sleep(IDLE_BEFORE_DRAIN / 4);
-        let now = engine.writes_so_far();
-        if now != writes {
-            (writes, quiet_since) = (now, Instant::now());
-        } else if quiet_since.elapsed() >= IDLE_BEFORE_DRAIN {
-            if let Err(e) = engine.drain_residue(Counter::migrations_idle) {
-                tracing::warn!("idle migration: {e}");
-            }
-            quiet_since = Instant::now();
-        }
     }
 }

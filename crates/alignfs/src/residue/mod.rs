@@ -14,10 +14,12 @@
 //! same trait.
 
 mod hashed_segments;
+mod kv_fragments;
 mod pmem_pages;
 mod scrap_pages;
 
 pub use hashed_segments::HashedSegments;
+pub use kv_fragments::KvFragments;
 pub use pmem_pages::PmemPages;
 pub use scrap_pages::ScrapPages;
 

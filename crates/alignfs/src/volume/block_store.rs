@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Inner;
 use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::map::SsdBlock;
 use crate::stats::Counter;
 
@@ -170,6 +170,9 @@ impl Inner {
         for request in batch.iter().filter(|r| r.op == IoOp::Write) {
             let (at, len) = (request.offset_bytes, request.buf.len() as u64);
             assert!(at % block == 0 && len % block == 0, "SSD write of {len} bytes at {at} is not whole {block}-byte blocks");
+            if let Some(checksums) = &self.checksums {
+                checksums.record(SsdBlock(at / block), &request.buf, block as usize);
+            }
         }
         InFlight {
             gauges: &self.ssd_in_flight,
@@ -178,6 +181,21 @@ impl Inner {
             #[cfg(debug_assertions)]
             ranges,
         }
+    }
+
+    /// Check whole blocks read from `first` on against their checksums, where the profile
+    /// keeps them; a mismatch is corrupt data on the SSD, reported with its block.
+    pub(crate) fn verify_read(&self, first: SsdBlock, image: &[u8]) -> Result<()> {
+        let Some(checksums) = &self.checksums else { return Ok(()) };
+        checksums.verify(first, image, self.geometry.block() as usize).map_err(|m| {
+            self.stats.add(Counter::checksum_errors, 1);
+            Error::corrupt(
+                "data block",
+                &self.ssd.describe(),
+                m.block.0 * self.geometry.block(),
+                format!("SSD block {} fails its checksum (recorded {:#010x}, read {:#010x})", m.block.0, m.expected, m.found),
+            )
+        })
     }
 
     /// Whether SSD `member` has at least the busy threshold of the volume's IO in flight

@@ -185,6 +185,16 @@ impl Inner {
         };
         self.stats.add(Counter::ssd_read_bytes, read_bytes);
         self.stats.add(Counter::migration_read_bytes, read_bytes);
+        // A damaged block must not be merged into a new one with a fresh, valid checksum.
+        let checked = fills.iter().zip(&filled).try_for_each(|(&i, disk)| match work[i].entry.ssd_block() {
+            Some(block) => self.verify_read(block, disk),
+            None => Ok(()),
+        });
+        if let Err(e) = checked {
+            self.buffers.give(filled);
+            self.buffers.give(images);
+            return Err(e);
+        }
         for (&i, mut disk) in fills.iter().zip(filled) {
             self.residue_pieces(&work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
             std::mem::swap(&mut images[i], &mut disk);

@@ -39,7 +39,7 @@ use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::journal::{CommitContext, MetaStore};
-use crate::layout::{BlockRefs, Profile, Superblock};
+use crate::layout::{BlockChecksums, BlockRefs, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, DataOp, Freed, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
@@ -145,6 +145,8 @@ pub(crate) struct Inner {
     /// The profile's answers to the data path's questions.
     policy: Box<dyn Policy>,
     blocks: BlockRefs,
+    /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
+    checksums: Option<BlockChecksums>,
     pub(crate) meta: MetaState,
     /// The commit lock and the store it guards: where metadata becomes durable.
     committer: Mutex<Box<dyn MetaStore>>,
@@ -381,6 +383,7 @@ impl Inner {
             stats: &self.stats,
             meta: &self.meta,
             checkpoint_payload: &payload,
+            checksums: self.checksums.as_ref(),
             #[cfg(debug_assertions)]
             pages_per_block: self.geometry.pages_per_block(),
             #[cfg(debug_assertions)]

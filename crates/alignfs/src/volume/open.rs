@@ -1,6 +1,7 @@
 //! Formatting and opening: superblocks, the metadata area, checkpoints and replay,
 //! allocators rebuilt from the maps, then the profile's policy and workers.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,29 +13,40 @@ use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, Io
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{
-    checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, PmemWindow, Replay, SsdWindow,
+    checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, MetaStore, PmemWindow, Replay, SsdWindow,
 };
-use crate::layout::{BlockRefs, DeviceRole, Superblock};
+use crate::kv::{restore_fragment_pages, FragmentBlock, FragmentLog, KvMeta};
+use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock};
+use crate::map::SsdBlock;
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
+use crate::profile::ResidueSetup;
 use crate::residue::ResidueStore;
 use crate::stats::Stats;
 
 /// The devices of a volume: its SSD (one, or several joined in a
 /// [`crate::device::DeviceSet`]) and, for a profile that keeps residue and metadata in
-/// one, its fast tier. Without a fast tier the metadata lives at the start of the SSD.
+/// one, its fast tier. Without a fast tier the metadata lives at the start of the SSD,
+/// or in a KV store in a directory of its own (`nvstore`).
 #[derive(Clone)]
 pub struct Devices {
     pub fast: Option<Arc<dyn ByteTier>>,
     pub ssd: Arc<dyn BlockDevice>,
+    /// The KV metadata store's directory, for a profile that keeps one.
+    pub kv: Option<PathBuf>,
 }
 
 impl Devices {
     pub fn new(fast: Arc<dyn ByteTier>, ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: Some(fast), ssd }
+        Devices { fast: Some(fast), ssd, kv: None }
     }
 
     pub fn ssd_only(ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: None, ssd }
+        Devices { fast: None, ssd, kv: None }
+    }
+
+    /// One SSD and the directory of the volume's KV metadata store.
+    pub fn with_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>) -> Devices {
+        Devices { fast: None, ssd, kv: Some(dir.into()) }
     }
 }
 
@@ -145,8 +157,13 @@ impl Volume {
     pub fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
         let profile = options.profile;
         options.geometry.validate(profile)?;
-        match (&devices.fast, profile.devices().fast_tier) {
+        let needs = profile.devices();
+        if devices.kv.is_some() && !needs.kv_store {
+            return Err(Error::WrongDevices(format!("profile {} keeps no KV store; drop the KV directory", profile.name())));
+        }
+        match (&devices.fast, needs.fast_tier) {
             (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
+            (None, false) if needs.kv_store => format_with_kv(devices.ssd.as_ref(), devices.kv.as_deref(), options),
             (None, false) => format_on_ssd(&devices.ssd, options),
             (None, true) => Err(Error::WrongDevices(format!("profile {} needs a fast tier", profile.name()))),
             (Some(_), false) => {
@@ -160,17 +177,21 @@ impl Volume {
     /// written before every check passed.
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
-        let Devices { fast, ssd } = devices;
+        let Devices { fast, ssd, kv } = devices;
         let (superblock, meta_name) = match &fast {
             Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
             None => check_on_ssd(ssd.as_ref())?,
         };
-        Self::assemble(fast, ssd, superblock, meta_name, options, started)
+        if kv.is_some() && !superblock.profile.devices().kv_store {
+            return Err(Error::WrongDevices(format!("an {} volume keeps no KV store; drop the KV directory", superblock.profile.name())));
+        }
+        Self::assemble(fast, ssd, kv.as_deref(), superblock, meta_name, options, started)
     }
 
     fn assemble(
         fast: Option<Arc<dyn ByteTier>>,
         ssd: Arc<dyn BlockDevice>,
+        kv: Option<&Path>,
         superblock: Superblock,
         meta_name: String,
         options: VolumeOptions,
@@ -186,30 +207,31 @@ impl Volume {
         }
         let geometry = superblock.geometry;
         let layout = superblock.layout;
-        let (ppb, page_bytes) = (geometry.pages_per_block(), geometry.page_bytes);
-        let meta_device = match &fast {
-            Some(fast) => MetaDevice::Fast(fast),
-            None => MetaDevice::Ssd(&ssd),
+        let recovered = if superblock.profile.devices().kv_store {
+            recover_kv(kv, &superblock, &options, started)?
+        } else {
+            let meta_device = match &fast {
+                Some(fast) => MetaDevice::Fast(fast),
+                None => MetaDevice::Ssd(&ssd),
+            };
+            recover_journal(meta_device, &superblock, &meta_name, started)?
         };
-        let (journal_window, mut checkpoints) = windows(meta_device, &layout, &meta_name)?;
-        let checkpoint = checkpoints.load(ppb, page_bytes)?;
-        let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, &meta_name)?;
-        let meta = checkpoint.state;
-        let orphans = apply_records(&meta, &replay, &superblock, &meta_name)?;
+        let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
         let spec = superblock.profile.spec();
-        let residue = spec.residue_store(fast.as_ref(), &layout, &geometry, &options)?;
+        let residue = spec.residue_store(&ResidueSetup {
+            fast: fast.as_ref(),
+            layout: &layout,
+            geometry: &geometry,
+            options: &options,
+            fragments: fragments.as_ref().map(|(log, _)| log),
+            units_to_restore: fragments.as_ref().map_or(0, |(_, blocks)| blocks.len() as u64),
+        })?;
+        if let Some((log, blocks)) = &fragments {
+            restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes)?;
+        }
         let policy = spec.policy(&options);
         let blocks = BlockRefs::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
         claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
-        let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
-        let recovery = RecoveryReport {
-            duration: started.elapsed(),
-            checkpoint_generation: checkpoint.generation,
-            records_replayed: replay.payloads.len() as u64,
-            torn_tail_dropped: replay.torn_tail.is_some(),
-            orphans_dropped: orphans.len() as u64,
-            clean: replay.payloads.is_empty(),
-        };
         let superblock_ssds = superblock.ssd_count as usize;
         let inner = Arc::new(Inner {
             superblock,
@@ -219,10 +241,11 @@ impl Volume {
             residue,
             policy,
             blocks,
+            checksums,
             meta,
-            committer: Mutex::new(Box::new(JournalStore::new(journal, checkpoints))),
+            committer: Mutex::new(store),
             namespace: Mutex::new(()),
-            stats: Stats::new(&checkpoint.counters),
+            stats: Stats::new(&counters),
             options,
             ssd_writes_done: AtomicU64::new(0),
             ssd_writes_flushed: Mutex::new(0),
@@ -247,6 +270,69 @@ impl Volume {
         let workers = if background { inner.policy.start_workers(&inner)? } else { Vec::new() };
         Ok(Volume { inner, workers, closed: false })
     }
+}
+
+/// The metadata as recovered from its store, and what the rest of opening needs of it.
+struct Recovered {
+    meta: MetaState,
+    store: Box<dyn MetaStore>,
+    /// The counters as last persisted.
+    counters: Vec<u64>,
+    recovery: RecoveryReport,
+    /// The KV store's fragment records, and the blocks whose pages are rebuilt from them.
+    fragments: Option<(Arc<FragmentLog>, Vec<FragmentBlock>)>,
+    checksums: Option<BlockChecksums>,
+}
+
+/// The newest checkpoint with the journal replayed over it.
+fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &str, started: Instant) -> Result<Recovered> {
+    let geometry = superblock.geometry;
+    let (journal_window, mut checkpoints) = windows(device, &superblock.layout, meta_name)?;
+    let checkpoint = checkpoints.load(geometry.pages_per_block(), geometry.page_bytes)?;
+    let replay = Journal::replay(journal_window.as_ref(), checkpoint.next_seq, meta_name)?;
+    let meta = checkpoint.state;
+    let orphans = apply_records(&meta, &replay, superblock, meta_name)?;
+    let journal = Journal::resume(journal_window, replay.end, replay.next_seq);
+    let recovery = RecoveryReport {
+        duration: started.elapsed(),
+        checkpoint_generation: checkpoint.generation,
+        records_replayed: replay.payloads.len() as u64,
+        torn_tail_dropped: replay.torn_tail.is_some(),
+        orphans_dropped: orphans.len() as u64,
+        clean: replay.payloads.is_empty(),
+    };
+    let store = Box::new(JournalStore::new(journal, checkpoints));
+    Ok(Recovered { meta, store, counters: checkpoint.counters, recovery, fragments: None, checksums: None })
+}
+
+/// The records of the volume's KV store, with what a crash left behind (objects without a
+/// name, fragments no record names) deleted unless the volume opens read-only.
+fn recover_kv(dir: Option<&Path>, superblock: &Superblock, options: &VolumeOptions, started: Instant) -> Result<Recovered> {
+    let dir = dir.ok_or_else(|| {
+        Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
+    })?;
+    let mut store = KvMeta::open(dir, superblock.uuid)?;
+    let loaded = store.load(superblock.geometry.block_bytes)?;
+    if !options.read_only {
+        store.forget(&loaded.orphans, &loaded.stray_fragments)?;
+    }
+    let checksums = BlockChecksums::new(superblock.ssd_blocks());
+    for &(block, sum) in &loaded.checksums {
+        if !checksums.set(SsdBlock(block), sum) {
+            let problem = format!("a record names SSD block {block}, beyond the volume's {}", superblock.ssd_blocks());
+            return Err(Error::corrupt("KV record", &dir.display().to_string(), 0, problem));
+        }
+    }
+    let recovery = RecoveryReport {
+        duration: started.elapsed(),
+        checkpoint_generation: 0,
+        records_replayed: 0,
+        torn_tail_dropped: false,
+        orphans_dropped: loaded.orphans.len() as u64,
+        clean: loaded.orphans.is_empty() && loaded.stray_fragments.is_empty(),
+    };
+    let fragments = Some((store.fragment_log(), loaded.fragment_blocks));
+    Ok(Recovered { meta: loaded.state, store: Box::new(store), counters: Vec::new(), recovery, fragments, checksums: Some(checksums) })
 }
 
 /// Apply the replayed journal records to the checkpoint's state, then drop the inodes a
@@ -311,6 +397,24 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<
         let copy = Superblock { ssd_index: member as u32, ..superblock.clone() };
         write_ssd_superblock(ssd.as_ref(), member, &copy.encode())?;
     }
+    Ok(superblock)
+}
+
+/// One SSD and a KV store: the superblock alone on the SSD, the metadata in the store.
+/// The store is checked before anything is written, and the superblock goes last.
+fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, options: &FormatOptions) -> Result<Superblock> {
+    let name = options.profile.name();
+    let dir = kv.ok_or_else(|| Error::WrongDevices(format!("profile {name} keeps its metadata in a KV store: name its directory")))?;
+    if !options.force {
+        refuse_existing(&[(read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+    }
+    let layout = MetaLayout::superblock_only(usable_ssd_bytes(ssd, &options.geometry), &options.geometry)?;
+    let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd, layout)? };
+    KvMeta::clear_dir(dir, options.force)?;
+    write_ssd_superblock(ssd, 0, &[0u8; SUPERBLOCK_BYTES as usize])?;
+    let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
+    drop(KvMeta::create(dir, superblock.uuid, &fresh.get(Ino::ROOT).expect("a fresh state has its root"))?);
+    write_ssd_superblock(ssd, 0, &superblock.encode())?;
     Ok(superblock)
 }
 

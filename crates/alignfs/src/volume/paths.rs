@@ -104,7 +104,7 @@ fn create_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], options: &Form
         }
         None => None,
     };
-    Ok(Devices { fast, ssd })
+    Ok(Devices { fast, ssd, kv: None })
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.

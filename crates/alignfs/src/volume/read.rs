@@ -7,7 +7,7 @@ use super::{Inner, ReadMode, Volume};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
-use crate::map::{BlockEntry, Overlay, PageNo};
+use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{FileKind, Ino, Inode};
 use crate::stats::Counter;
 
@@ -61,6 +61,26 @@ impl Volume {
     }
 }
 
+/// Where the bytes of one direct SSD read go: skip `skip` bytes of the buffer, copy `len`
+/// to `dest` in the output. `verify` names the logical and SSD block when the profile
+/// checks checksums (the read then covers the whole block).
+struct DirectPiece {
+    skip: usize,
+    dest: usize,
+    len: usize,
+    verify: Option<(u64, SsdBlock)>,
+}
+
+/// A checksum error of a block read for `inode`, naming the object and the offset.
+fn damaged_object(e: Error, inode: &Inode, offset: u64) -> Error {
+    match e {
+        Error::Corrupt { structure, device, offset: at, problem } => {
+            Error::Corrupt { structure, device, offset: at, problem: format!("object {} at byte {offset}: {problem}", inode.ino.0) }
+        }
+        other => other,
+    }
+}
+
 /// One piece of a read served from a fast page: (page, offset in page, offset in output, length).
 type PageCopy = (PageNo, u32, usize, usize);
 
@@ -87,6 +107,10 @@ impl Inner {
         if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
             let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
             let buf = self.submit_ssd(vec![request]).wait()?.remove(0);
+            if let Err(e) = self.verify_read(block, &buf) {
+                self.buffers.give([buf]);
+                return Err(e);
+            }
             image.copy_from_slice(&buf);
             read = buf.len() as u64;
             self.buffers.give([buf]);
@@ -156,7 +180,8 @@ impl Inner {
             let map = inode.map.lock();
             (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
         };
-        let mut direct: Vec<(IoRequest, usize, usize, usize)> = Vec::new();
+        let mut direct: Vec<(IoRequest, DirectPiece)> = Vec::new();
+        let verified = self.checksums.is_some();
         let mut copies: Vec<PageCopy> = Vec::new();
         for (lb, entry) in &entries {
             let block_start = lb * block;
@@ -183,12 +208,19 @@ impl Inner {
                         let dest = out_at + (rs - s) as usize;
                         self.stats.add(Counter::ssd_read_bytes, re - rs);
                         match self.options.read_mode {
+                            _ if verified => {
+                                let at = ssd_block.0 * block;
+                                let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: self.buffers.take(block as usize) };
+                                let verify = Some((*lb, *ssd_block));
+                                direct.push((request, DirectPiece { skip: rs as usize, dest, len: (re - rs) as usize, verify }));
+                            }
                             ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
                             ReadMode::Direct => {
                                 let align = IO_ALIGN as u64;
                                 let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
                                 let request = IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
-                                direct.push((request, (device_at - a0) as usize, dest, (re - rs) as usize));
+                                let (skip, len) = ((device_at - a0) as usize, (re - rs) as usize);
+                                direct.push((request, DirectPiece { skip, dest, len, verify: None }));
                             }
                         }
                     }
@@ -204,11 +236,23 @@ impl Inner {
             }
         }
         if !direct.is_empty() {
-            let (requests, places): (Vec<IoRequest>, Vec<(usize, usize, usize)>) =
-                direct.into_iter().map(|(r, skip, dest, len)| (r, (skip, dest, len))).unzip();
+            let (requests, places): (Vec<IoRequest>, Vec<DirectPiece>) = direct.into_iter().unzip();
             let buffers = self.submit_ssd(requests).wait()?;
-            for (buf, (skip, dest, len)) in buffers.iter().zip(places) {
+            let mut damaged = None;
+            for (buf, DirectPiece { skip, dest, len, verify }) in buffers.iter().zip(places) {
+                if let Some((lb, ssd_block)) = verify {
+                    if let Err(e) = self.verify_read(ssd_block, buf) {
+                        damaged.get_or_insert(damaged_object(e, inode, lb * block));
+                        continue;
+                    }
+                }
                 out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
+            }
+            if verified {
+                self.buffers.give(buffers);
+            }
+            if let Some(e) = damaged {
+                return Err(e);
             }
         }
         for (unit, in_page, dest, len) in copies {

@@ -12,10 +12,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{spawn, DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, Tunable};
-use crate::device::ByteTier;
+use super::{spawn, DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, MetaLayout, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
+use crate::geometry::{Geometry, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
 use crate::journal::checkpoint_payload;
 use crate::layout::MAX_SSDS;
 use crate::meta::{DataOp, Freed, Ino, Inode, Op};
@@ -46,7 +45,7 @@ impl ProfileSpec for Scrap {
         "WSBuffer: residue in DRAM scrap pages (--scrap-mem), SSDs only, durable on fsync"
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: MAX_SSDS }
+        DeviceNeeds { fast_tier: false, max_ssds: MAX_SSDS, kv_store: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnSync
@@ -70,14 +69,8 @@ impl ProfileSpec for Scrap {
     fn max_segments(&self) -> usize {
         SCRAP_MAX_SEGMENTS
     }
-    fn residue_store(
-        &self,
-        _fast: Option<&Arc<dyn ByteTier>>,
-        _layout: &MetaLayout,
-        geometry: &Geometry,
-        options: &VolumeOptions,
-    ) -> Result<Arc<dyn ResidueStore>> {
-        Ok(Arc::new(ScrapPages::new(options.scrap_mem_bytes, geometry.page_bytes)?))
+    fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
+        Ok(Arc::new(ScrapPages::new(setup.options.scrap_mem_bytes, setup.geometry.page_bytes)?))
     }
     fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy> {
         Box::new(ScrapPolicy(Arc::new(ScrapState {

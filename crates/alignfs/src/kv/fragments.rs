@@ -1,0 +1,179 @@
+//! NVStore's fragment records, shared by the residue store that writes them (one put per
+//! unaligned piece, [`crate::residue::KvFragments`]) and the metadata store that deletes
+//! them in the batch that stops a block's record naming them ([`super::KvMeta`]).
+//!
+//! Orders are per block and only grow while the block has fragments, so a block's
+//! fragments replay oldest first. Each residue unit holds one block's fragment page; the
+//! log remembers which orders each unit put, so that dropping a unit deletes exactly its
+//! keys (NVStore's prefix delete, without the scan) and never a newer unit's.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use fjall::{Keyspace, OwnedWriteBatch};
+use parking_lot::Mutex;
+
+use super::records::{BlockKey, FragmentKey, FragmentValue};
+use super::store::{kv_error, FragmentBlock, KvTraffic};
+use crate::error::{Error, Result};
+use crate::map::{BlockEntry, Chunks, Overlay, PageNo};
+use crate::meta::MetaState;
+use crate::residue::ResidueStore;
+
+/// The orders one unit put for its block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UnitOrders {
+    block: BlockKey,
+    orders: (u32, u32),
+}
+
+#[derive(Default)]
+struct Registry {
+    units: HashMap<PageNo, UnitOrders>,
+    /// The next order of each block that has units, and how many it has.
+    blocks: HashMap<BlockKey, (u32, usize)>,
+}
+
+pub struct FragmentLog {
+    dir: PathBuf,
+    fragments: Keyspace,
+    traffic: Arc<KvTraffic>,
+    /// A put failed: the next commit must fail rather than acknowledge the write.
+    failed: AtomicBool,
+    registry: Mutex<Registry>,
+}
+
+impl FragmentLog {
+    pub(super) fn new(dir: PathBuf, fragments: Keyspace, traffic: Arc<KvTraffic>) -> FragmentLog {
+        FragmentLog { dir, fragments, traffic, failed: AtomicBool::new(false), registry: Mutex::default() }
+    }
+
+    /// `unit` now holds `block`'s fragment page; with `orders`, the ones it holds already
+    /// (rebuilt at open).
+    pub fn register(&self, unit: PageNo, block: BlockKey, restored: Option<Range<u32>>) {
+        let mut registry = self.registry.lock();
+        let (next, units) = registry.blocks.entry(block).or_insert((0, 0));
+        let orders = match restored {
+            Some(range) => {
+                *next = (*next).max(range.end);
+                (range.start, range.end)
+            }
+            None => (*next, *next),
+        };
+        *units += 1;
+        registry.units.insert(unit, UnitOrders { block, orders });
+    }
+
+    /// Put `data`, the bytes at `inoff` of `unit`'s block, as the block's next fragment.
+    /// Durable with the next synced batch (the commit that acknowledges the write).
+    pub fn put(&self, unit: PageNo, inoff: u32, data: &[u8]) {
+        let key = {
+            let mut registry = self.registry.lock();
+            let Registry { units, blocks } = &mut *registry;
+            let entry = units.get_mut(&unit).expect("a unit is registered before it is written");
+            let next = &mut blocks.get_mut(&entry.block).expect("a registered unit's block").0;
+            let key = FragmentKey { block: entry.block, order: *next };
+            *next += 1;
+            entry.orders.1 = *next;
+            key
+        };
+        let (key, value) = (key.encode(), FragmentValue::of(inoff as u16, data).encode());
+        self.traffic.fragment_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+        if let Err(e) = self.fragments.insert(key, value) {
+            tracing::error!("{}", kv_error(&self.dir, "write a fragment", e));
+            self.failed.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Forget `unit`; its fragments' keys, for the caller to delete.
+    fn take(&self, unit: PageNo) -> Option<(BlockKey, (u32, u32))> {
+        let mut registry = self.registry.lock();
+        let orders = registry.units.remove(&unit)?;
+        if let Some((_, units)) = registry.blocks.get_mut(&orders.block) {
+            *units -= 1;
+            if *units == 0 {
+                // Every older key of the block is deleted before any newer put: orders
+                // may start again.
+                registry.blocks.remove(&orders.block);
+            }
+        }
+        Some((orders.block, orders.orders))
+    }
+
+    /// Delete `unit`'s fragments in `batch` (the commit that drops it from its block).
+    pub(super) fn drop_into(&self, unit: PageNo, batch: &mut OwnedWriteBatch) {
+        if let Some((block, (first, end))) = self.take(unit) {
+            for order in first..end {
+                batch.remove(&self.fragments, FragmentKey { block, order }.encode().to_vec());
+            }
+        }
+    }
+
+    /// Forget `unit` without deleting its keys (its object's records are deleted whole).
+    pub(super) fn forget(&self, unit: PageNo) {
+        self.take(unit);
+    }
+
+    /// A unit goes back to the free pool: delete what it put unless a commit did (a write
+    /// that failed before its commit leaves fragments no record names).
+    pub fn release(&self, unit: PageNo) {
+        if let Some((block, (first, end))) = self.take(unit) {
+            for order in first..end {
+                if let Err(e) = self.fragments.remove(FragmentKey { block, order }.encode()) {
+                    tracing::warn!("{}", kv_error(&self.dir, "delete a fragment", e));
+                }
+            }
+        }
+    }
+
+    /// Whether a put failed since the store opened.
+    pub(super) fn check(&self) -> Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(Error::io(
+                format!("KV store {}", self.dir.display()),
+                std::io::Error::other("a fragment could not be written; reopen the volume"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Rebuild the fragment pages at open: block `i` of `blocks` gets unit `i`, its fragments
+/// laid over zeros in order, and its map entry in `meta` (over its SSD block when the
+/// record names one). The engine then claims the units like any other.
+pub fn restore_fragment_pages(
+    meta: &MetaState,
+    residue: &dyn ResidueStore,
+    log: &FragmentLog,
+    blocks: &[FragmentBlock],
+    page_bytes: u32,
+) -> Result<()> {
+    let mut page = vec![0u8; page_bytes as usize];
+    for (i, block) in blocks.iter().enumerate() {
+        let unit = PageNo(i as u64);
+        let (Some(inode), Some(first), Some(last)) = (meta.get(block.key.object), block.fragments.first(), block.fragments.last()) else {
+            continue; // `load` gives only blocks of live objects with fragments
+        };
+        page.fill(0);
+        let mut chunks = Chunks::default();
+        for (_, fragment) in &block.fragments {
+            fragment.lay_over(&mut page);
+            let (start, end) = fragment.range();
+            chunks = chunks.with(start, end);
+        }
+        residue.write(unit, 0, &page);
+        log.register(unit, block.key, Some(first.0..last.0 + 1));
+        let entry = match block.value.block {
+            Some(ssd) => {
+                let overlay = if chunks.covers_whole(page_bytes) { Overlay::Page(unit) } else { Overlay::Upage { page: unit, chunks } };
+                BlockEntry::Ssd { block: ssd, overlays: vec![(0, overlay)], shared: block.value.shared }
+            }
+            None => BlockEntry::Fast { pages: vec![(0, unit)] },
+        };
+        inode.map.lock().insert(block.key.lblock, entry);
+    }
+    Ok(())
+}

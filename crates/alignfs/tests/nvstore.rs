@@ -1,0 +1,260 @@
+#![allow(clippy::unwrap_used)]
+//! The `nvstore` profile: objects kept as NVStore keeps them (unaligned pieces as KV
+//! fragments, whole blocks on the SSD with checksums), checked against a model across
+//! clean closes and crashes, with damaged blocks detected on read.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use alignfs::device::{BlockDevice, SimSsd};
+use alignfs::personality::ObjectStore;
+use alignfs::stats::Counter;
+use alignfs::test_support::seed;
+use alignfs::{Devices, Error, FormatOptions, Geometry, Profile, VolumeOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+struct Fixture {
+    ssd: Arc<SimSsd>,
+    kv: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(geometry: Geometry) -> Fixture {
+        let fixture = Fixture { ssd: Arc::new(SimSsd::new(64 << 20)), kv: tempfile::tempdir().unwrap() };
+        let format = FormatOptions { geometry, profile: Profile::NVSTORE, force: false };
+        ObjectStore::format(&fixture.devices(), &format).unwrap();
+        fixture
+    }
+
+    fn devices(&self) -> Devices {
+        Devices::with_kv(Arc::clone(&self.ssd) as Arc<dyn BlockDevice>, self.kv.path())
+    }
+
+    fn open(&self, options: &VolumeOptions) -> ObjectStore {
+        ObjectStore::open(self.devices(), options.clone()).unwrap()
+    }
+}
+
+fn quiet() -> VolumeOptions {
+    VolumeOptions { background: false, scrap_mem_bytes: 4 << 20, ..VolumeOptions::default() }
+}
+
+fn counter(store: &ObjectStore, which: Counter) -> u64 {
+    store.volume().stats().counters.iter().find(|(c, _)| *c == which).map_or(0, |(_, v)| *v)
+}
+
+fn check_model(store: &ObjectStore, model: &BTreeMap<Vec<u8>, Vec<u8>>, context: &str) {
+    let names: Vec<Vec<u8>> = store.list(b"").unwrap().into_iter().map(|o| o.name).collect();
+    assert_eq!(names, model.keys().cloned().collect::<Vec<_>>(), "{context}: names");
+    for (name, data) in model {
+        let got = store.get(name).unwrap();
+        assert!(got == *data, "{context}: {} differs ({} bytes, model {})", String::from_utf8_lossy(name), got.len(), data.len());
+    }
+}
+
+/// Random object operations (unaligned writes, appends, truncates, clones, removes,
+/// syncs of fragment pages), with clean closes and crashes between rounds: every
+/// acknowledged operation is there after each reopen, byte for byte.
+#[test]
+fn objects_match_a_model_across_closes_and_crashes() {
+    for geometry in [Profile::NVSTORE.default_geometry(), Geometry { block_bytes: 8192, page_bytes: 8192, ..Geometry::default() }] {
+        let fixture = Fixture::new(geometry);
+        let mut rng = StdRng::seed_from_u64(seed(&format!("nvstore::model::{}", geometry.block_bytes)));
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for round in 0..6 {
+            let store = fixture.open(&quiet());
+            check_model(&store, &model, &format!("round {round} opening"));
+            for step in 0..150 {
+                let name = format!("obj{}", rng.random_range(0..8)).into_bytes();
+                match rng.random_range(0..20) {
+                    0..=9 => {
+                        let data = model.entry(name.clone()).or_default();
+                        if data.is_empty() && store.stat(&name).is_err() {
+                            store.create(&name).unwrap();
+                        }
+                        let offset = match rng.random_range(0..3) {
+                            0 => data.len(),
+                            _ => rng.random_range(0..data.len() + 1),
+                        };
+                        let len = match rng.random_range(0..4) {
+                            0 => 2048,
+                            1 => rng.random_range(1..600),
+                            2 => rng.random_range(1..20_000),
+                            _ => geometry.block_bytes as usize * rng.random_range(1..4),
+                        };
+                        let bytes: Vec<u8> = (0..len).map(|_| rng.random_range(1..=255)).collect();
+                        store.write(&name, offset as u64, &bytes).unwrap();
+                        if data.len() < offset + len {
+                            data.resize(offset + len, 0);
+                        }
+                        data[offset..offset + len].copy_from_slice(&bytes);
+                    }
+                    10 | 11 if model.contains_key(&name) => {
+                        let size = rng.random_range(0..40_000);
+                        store.truncate(&name, size as u64).unwrap();
+                        model.get_mut(&name).unwrap().resize(size, 0);
+                    }
+                    12 if model.contains_key(&name) => {
+                        let target = format!("copy{}", rng.random_range(0..3)).into_bytes();
+                        store.clone_object(&name, &target).unwrap();
+                        let copy = model[&name].clone();
+                        model.insert(target, copy);
+                    }
+                    13 if model.contains_key(&name) => {
+                        store.remove(&name).unwrap();
+                        model.remove(&name);
+                    }
+                    14 => {
+                        store.volume().migrate_all().unwrap();
+                    }
+                    15 => {
+                        let data: Vec<u8> = (0..rng.random_range(0..9000)).map(|_| rng.random()).collect();
+                        store.put(&name, &data).unwrap();
+                        model.insert(name, data);
+                    }
+                    _ => {}
+                }
+                if step % 50 == 49 {
+                    check_model(&store, &model, &format!("round {round} step {step}"));
+                }
+            }
+            if round % 2 == 0 {
+                store.simulate_crash();
+            } else {
+                store.close().unwrap();
+            }
+        }
+        let store = fixture.open(&quiet());
+        check_model(&store, &model, "last open");
+        assert_eq!(store.volume().check(), []);
+        store.close().unwrap();
+    }
+}
+
+/// The SSD offset where `pattern` starts (it is written whole-block aligned).
+fn find_on_ssd(ssd: &SimSsd, pattern: &[u8]) -> u64 {
+    let image = ssd.peek(0, ssd.len_bytes() as usize);
+    image.windows(pattern.len()).step_by(512).position(|w| w == pattern).map(|i| i as u64 * 512).expect("the pattern is on the SSD")
+}
+
+/// A flipped bit in an object's block is an error naming the object and offset, never
+/// wrong data; other objects still read; a damaged block is not merged into a new one.
+#[test]
+fn a_damaged_block_is_an_error_naming_the_object() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8 + 1).collect();
+    store.put(b"victim", &pattern).unwrap();
+    store.put(b"bystander", &[5u8; 8192]).unwrap();
+    store.close().unwrap();
+    let at = find_on_ssd(&fixture.ssd, &pattern[4096..]);
+    fixture.ssd.poke(at + 100, &[pattern[4196] ^ 0x10]);
+
+    let store = fixture.open(&quiet());
+    assert_eq!(store.get(b"bystander").unwrap(), [5u8; 8192]);
+    let mut head = [0u8; 4096];
+    assert_eq!(store.read(b"victim", 0, &mut head).unwrap(), 4096, "the undamaged block reads");
+    match store.read(b"victim", 4096, &mut [0u8; 10]) {
+        Err(Error::Corrupt { problem, .. }) => {
+            assert!(problem.contains("at byte 4096") && problem.contains("checksum"), "{problem}");
+        }
+        other => panic!("a damaged block read as {other:?}"),
+    }
+    assert!(store.get(b"victim").is_err());
+    assert_eq!(counter(&store, Counter::checksum_errors), 2);
+    // A fragment over the damaged block: syncing it must fail, not launder the damage.
+    store.write(b"victim", 5000, b"fragment").unwrap();
+    assert!(matches!(store.volume().migrate_all(), Err(Error::Corrupt { .. })));
+    assert!(store.read(b"victim", 4096, &mut [0u8; 10]).is_err());
+    store.close().unwrap();
+}
+
+/// An unaligned write inside an existing block is one fragment put and one block-map
+/// record: no SSD write, no read, no onode. A sync writes the block once and deletes the
+/// fragments, so the next open restores no fragment page.
+#[test]
+fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    store.put(b"obj", &vec![1u8; 16384]).unwrap();
+    let (ssd_before, reads_before) = (counter(&store, Counter::ssd_write_bytes), counter(&store, Counter::ssd_read_bytes));
+    for block in 0..4u64 {
+        store.write(b"obj", block * 4096 + 2048, &[9u8; 2048]).unwrap();
+    }
+    assert_eq!(counter(&store, Counter::ssd_write_bytes), ssd_before, "fragments are not SSD writes");
+    assert_eq!(counter(&store, Counter::ssd_read_bytes), reads_before, "no read before an unaligned write");
+    assert_eq!(store.volume().stats().usage.fast_pages_used, 4, "one fragment page per block");
+    store.simulate_crash();
+
+    let store = fixture.open(&quiet());
+    let mut expected = vec![1u8; 16384];
+    for block in 0..4 {
+        expected[block * 4096 + 2048..(block + 1) * 4096].fill(9);
+    }
+    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(store.volume().stats().usage.fast_pages_used, 4, "fragment pages come back from the KV store");
+    assert_eq!(store.volume().migrate_all().unwrap(), 4);
+    assert_eq!(counter(&store, Counter::migration_read_bytes), 4 * 4096, "each block is read once to merge its fragments");
+    store.close().unwrap();
+    let store = fixture.open(&quiet());
+    assert_eq!(store.volume().stats().usage.fast_pages_used, 0, "the synced blocks' fragments are gone");
+    assert_eq!(store.get(b"obj").unwrap(), expected);
+    store.close().unwrap();
+}
+
+/// Fragment pages are synced once the volume has been idle for a while.
+#[test]
+fn fragment_pages_are_synced_when_the_volume_is_idle() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&VolumeOptions { background: true, ..quiet() });
+    store.put(b"obj", &vec![3u8; 8192]).unwrap();
+    store.write(b"obj", 100, b"unaligned").unwrap();
+    assert_eq!(store.volume().stats().usage.fast_pages_used, 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.volume().stats().usage.fast_pages_used > 0 {
+        assert!(std::time::Instant::now() < deadline, "the idle sync never came");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(counter(&store, Counter::migrations_idle), 1);
+    let mut out = [0u8; 9];
+    store.read(b"obj", 100, &mut out).unwrap();
+    assert_eq!(&out, b"unaligned");
+    store.close().unwrap();
+}
+
+/// The KV directory is part of the volume: missing, foreign or reused directories are
+/// clear errors that change nothing.
+#[test]
+fn the_kv_directory_is_checked() {
+    let ssd = || Arc::new(SimSsd::new(16 << 20)) as Arc<dyn BlockDevice>;
+    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+    let refused = alignfs::Volume::format(&Devices::ssd_only(ssd()), &format);
+    assert!(matches!(refused, Err(Error::WrongDevices(m)) if m.contains("KV store")));
+
+    let first = Fixture::new(Profile::NVSTORE.default_geometry());
+    let second = Fixture::new(Profile::NVSTORE.default_geometry());
+    let opened = alignfs::Volume::open(Devices::ssd_only(Arc::clone(&first.ssd) as Arc<dyn BlockDevice>), quiet());
+    assert!(matches!(opened, Err(Error::WrongDevices(m)) if m.contains("KV store")));
+    let crossed = alignfs::Volume::open(Devices::with_kv(Arc::clone(&first.ssd) as Arc<dyn BlockDevice>, second.kv.path()), quiet());
+    assert!(matches!(crossed, Err(Error::VolumeMismatch { .. })), "another volume's KV store");
+
+    // Formatting over a store needs force; over other files it is refused even then.
+    let again = alignfs::Volume::format(&Devices::with_kv(ssd(), first.kv.path()), &format);
+    assert!(matches!(again, Err(Error::AlreadyFormatted { .. })));
+    let foreign = tempfile::tempdir().unwrap();
+    std::fs::write(foreign.path().join("notes.txt"), b"keep me").unwrap();
+    let forced = FormatOptions { force: true, ..format.clone() };
+    assert!(matches!(alignfs::Volume::format(&Devices::with_kv(ssd(), foreign.path()), &forced), Err(Error::WrongDevices(_))));
+    assert_eq!(std::fs::read(foreign.path().join("notes.txt")).unwrap(), b"keep me");
+    let store = first.open(&quiet());
+    store.put(b"kept", b"yes").unwrap();
+    store.close().unwrap();
+    let replacement = ssd();
+    ObjectStore::format(&Devices::with_kv(Arc::clone(&replacement), first.kv.path()), &forced).unwrap();
+    let old = alignfs::Volume::open(first.devices(), quiet());
+    assert!(matches!(old, Err(Error::VolumeMismatch { .. })), "the old SSD no longer matches the store");
+    let store = ObjectStore::open(Devices::with_kv(replacement, first.kv.path()), quiet()).unwrap();
+    assert!(store.list(b"").unwrap().is_empty(), "a forced format starts empty");
+    store.close().unwrap();
+}
