@@ -80,6 +80,24 @@ for bad in "--profile uhs --nvm-range 5M" "--profile uhs --nvm-range 8M-4M" "--p
     grep -qE "START-END|must be non-empty|512 or 4096|format block volumes" "$work/err"
     if [[ -e $work/uhs.img ]]; then echo "smoke: a refused mkfs $bad created a device" >&2; exit 1; fi
 done
+# An nvstore volume: its KV store beside the image by default or where --kv says; a
+# directory holding other files is refused; stat and fsck read it; mount says what serves
+# it instead.
+"$bin" mkfs --profile nvstore --ssd "$work/nv.img:64M" | grep -q "KV store $work/nv.img.kv"
+mkdir "$work/not-a-store" && touch "$work/not-a-store/keep"
+if "$bin" mkfs --profile nvstore --force --ssd "$work/nv2.img:64M" --kv "$work/not-a-store" 2>"$work/err"; then
+    echo "smoke: mkfs --kv over a directory of other files must refuse" >&2; exit 1
+fi
+grep -q "holds no alignfs KV store" "$work/err"
+if [[ -e $work/nv2.img ]]; then echo "smoke: a refused mkfs created a device" >&2; exit 1; fi
+"$bin" mkfs --profile nvstore --ssd "$work/nv3.img:64M" --kv "$work/nv3-kv" >/dev/null
+"$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" --json | grep -q '"profile": "nvstore"'
+"$bin" fsck --ssd "$work/nv.img" | grep -q ': clean$'
+if "$bin" fsck --ssd "$work/nv3.img" >"$work/out"; then echo "smoke: fsck without the volume's --kv must fail" >&2; exit 1; fi
+if "$bin" mount --ssd "$work/nv.img" --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
+    echo "smoke: mount of an object store must fail" >&2; exit 1
+fi
+grep -q "object store, not a file system" "$work/err"
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"

@@ -36,7 +36,7 @@ fn devices(block: bool) -> Devices {
         let layout = BlockLayout { nvm_ranges: vec![NVM_RANGE], ..BlockLayout::new(VOLUME_BYTES) };
         format_block_paths(Some(&fast), ssds, &format, layout, None).unwrap().1.close().unwrap();
     } else {
-        format_paths(Some(&fast), ssds, &FormatOptions::default(), None).unwrap().1.close().unwrap();
+        format_paths(Some(&fast), ssds, None, &FormatOptions::default(), None).unwrap().1.close().unwrap();
     }
     let c = |p: &std::path::Path| CString::new(p.to_str().unwrap()).unwrap();
     Devices { fast: c(&fast.path), ssd: c(&ssd.path), _dirs: (dir, shm) }

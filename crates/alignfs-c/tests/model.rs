@@ -24,7 +24,7 @@ fn devices() -> Devices {
     let shm = tempfile::tempdir_in("/dev/shm").unwrap();
     let fast = DeviceSpec { path: shm.path().join("fast"), size: Some(8 << 20) };
     let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(128 << 20) };
-    let (_, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None).unwrap();
+    let (_, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None).unwrap();
     volume.close().unwrap();
     let c = |p: &std::path::Path| CString::new(p.to_str().unwrap()).unwrap();
     Devices { fast: c(&fast.path), ssd: c(&ssd.path), _dirs: (dir, shm) }

@@ -393,8 +393,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let ssd = DeviceSpec { path: ssd_path.clone(), size: Some(ssd_bytes) };
     let split_bytes = u32::try_from(parse_size(&args.split_size)?).context("--split-size")?;
     let geometry = alignfs::Geometry { split_bytes, io_workers: args.io_workers, ..alignfs::Geometry::default() };
-    let (_, volume) =
-        format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions { geometry, ..FormatOptions::default() }, None::<IoBackend>)?;
+    let (_, volume) = format_paths(
+        Some(&fast),
+        std::slice::from_ref(&ssd),
+        None,
+        &FormatOptions { geometry, ..FormatOptions::default() },
+        None::<IoBackend>,
+    )?;
     volume.close()?;
     let mut alignfs = AlignfsSystem { volume: None, ino: Ino::ROOT, fast: fast_path.clone(), ssd: ssd_path.clone() };
     alignfs.reopen(ReadMode::Buffered)?;

@@ -14,7 +14,7 @@ use alignfs::geometry::MIB;
 use alignfs::personality::BlockLayout;
 use alignfs::profile::Personality;
 use alignfs::stats::{Counter, VolumeReport};
-use alignfs::volume::{format_block_paths, format_paths, open_paths_with_faults, DeviceSpec};
+use alignfs::volume::{format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -29,7 +29,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Format a new volume: a fast tier and an SSD (`orch`, `uhs`), or SSDs alone (`scrap`).
+    /// Format a new volume: a fast tier and an SSD (`orch`, `uhs`), SSDs alone (`scrap`), or
+    /// an SSD and a KV store directory (`nvstore`).
     Mkfs(MkfsArgs),
     /// Mount a volume through FUSE (the default devices are formatted on first use).
     Mount(mount::MountArgs),
@@ -65,6 +66,10 @@ struct DeviceArgs {
     /// Directory for the default SSD image (env ALIGNFS_DATA_DIR; default /var/tmp/alignfs).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
+    /// The KV store of an `nvstore` volume: a directory, on this disk or another
+    /// (default: beside the SSD, SSD.kv).
+    #[arg(long, value_name = "DIR")]
+    kv: Option<PathBuf>,
     /// SSD IO backend (default: io_uring when the kernel allows it).
     #[arg(long, value_enum)]
     io_backend: Option<BackendArg>,
@@ -117,8 +122,9 @@ struct MkfsArgs {
     #[command(flatten)]
     devices: DeviceArgs,
     /// Profile: `orch` (OrchFS: persistent fast tier + SSD, durable on every write),
-    /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync) or
-    /// `uhs` (UHS: a block volume over NVM + SSD, served with `alignfs nbd`).
+    /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync),
+    /// `uhs` (UHS: a block volume over NVM + SSD, served with `alignfs nbd`) or `nvstore`
+    /// (NVStore: an object store, unaligned pieces as fragments in a KV store, `--kv`).
     #[arg(long, default_value = "orch")]
     profile: String,
     /// Block volumes (`uhs`): the volume's size (default: as large as the SSD allows).
@@ -204,8 +210,12 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
             let layout = block.layout().clone();
             (sb, block.into_volume(), Some(layout))
         }
+        None if profile.personality() == Personality::Objects => {
+            let (sb, store) = format_object_paths(&ssds, args.devices.kv.as_deref(), &options, args.devices.backend())?;
+            (sb, store.into_volume(), None)
+        }
         None => {
-            let (sb, volume) = format_paths(fast.as_ref(), &ssds, &options, args.devices.backend())?;
+            let (sb, volume) = format_paths(fast.as_ref(), &ssds, args.devices.kv.as_deref(), &options, args.devices.backend())?;
             (sb, volume, None)
         }
     };
@@ -221,11 +231,16 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         bytesize::ByteSize(u64::from(geometry.split_bytes)),
         geometry.io_workers
     );
-    println!(
-        "  metadata:  journal {}, checkpoint slots 2 x {}",
-        bytesize::ByteSize(sb.layout.journal_bytes),
-        bytesize::ByteSize(sb.layout.checkpoint_bytes)
-    );
+    if profile.devices().kv_store {
+        let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path));
+        println!("  metadata:  KV store {}", kv.display());
+    } else {
+        println!(
+            "  metadata:  journal {}, checkpoint slots 2 x {}",
+            bytesize::ByteSize(sb.layout.journal_bytes),
+            bytesize::ByteSize(sb.layout.checkpoint_bytes)
+        );
+    }
     if let Some(layout) = block {
         println!("  block volume: {} bytes ({}), {}-byte sectors", layout.size, bytesize::ByteSize(layout.size), layout.sector_bytes);
         for r in &layout.nvm_ranges {
@@ -282,7 +297,8 @@ fn stat(args: &StatArgs) -> Result<()> {
         None => {
             let (fast, ssds) = args.devices.specs()?;
             let options = VolumeOptions { read_only: true, background: false, read_mode: ReadMode::Buffered, ..VolumeOptions::default() };
-            open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options, args.devices.backend(), None)?.report()
+            let kv = args.devices.kv.as_deref();
+            open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options, args.devices.backend(), None)?.report()
         }
     };
     if args.json {
@@ -301,7 +317,8 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let ssd_list: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
     let devices = if ssd_only { ssd_list.join(" + ") } else { format!("{} + {}", fast.path.display(), ssd_list.join(" + ")) };
     println!("checking superblocks, checkpoint, journal and unit references of {devices}");
-    let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options, args.devices.backend(), None) {
+    let kv = args.devices.kv.as_deref();
+    let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options, args.devices.backend(), None) {
         Ok(volume) => volume,
         Err(e) => {
             println!("FAILED: {e}");
@@ -310,13 +327,19 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
         }
     };
     let recovery = volume.recovery();
-    println!(
-        "  ok: checkpoint generation {}, {} journal records replayed{}{}",
-        recovery.checkpoint_generation,
-        recovery.records_replayed,
-        if recovery.torn_tail_dropped { ", a torn unacknowledged tail record would be dropped" } else { "" },
-        if recovery.orphans_dropped > 0 { format!(", {} orphaned inodes would be freed", recovery.orphans_dropped) } else { String::new() }
-    );
+    let orphans =
+        if recovery.orphans_dropped > 0 { format!(", {} orphaned inodes would be freed", recovery.orphans_dropped) } else { String::new() };
+    if volume.superblock().profile.devices().kv_store {
+        println!("  ok: every KV record decodes and the namespace hangs together{orphans}");
+    } else {
+        println!(
+            "  ok: checkpoint generation {}, {} journal records replayed{}{}",
+            recovery.checkpoint_generation,
+            recovery.records_replayed,
+            if recovery.torn_tail_dropped { ", a torn unacknowledged tail record would be dropped" } else { "" },
+            orphans
+        );
+    }
     println!("checking namespace connectivity, link counts and maps");
     let problems = volume.check();
     for p in &problems {
@@ -342,8 +365,14 @@ fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    // `scrap` keeps its residue in DRAM scrap pages instead of a fast tier.
-    let residue = if r.fast_device == "none" { "scrap mem" } else { "fast tier" };
+    let kv_store = Profile::parse(&r.profile).is_ok_and(|p| p.devices().kv_store);
+    // `scrap` keeps its residue in DRAM scrap pages instead of a fast tier, `nvstore` in
+    // fragment pages whose fragments are in its KV store.
+    let residue = match (kv_store, r.fast_device.as_str()) {
+        (true, _) => "fragments",
+        (false, "none") => "scrap mem",
+        _ => "fast tier",
+    };
     println!(
         "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
         r.usage.fast_pages_used,
@@ -357,6 +386,14 @@ fn print_report(r: &VolumeReport) {
         r.usage.ssd_blocks_total,
         pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total)
     );
+    if kv_store {
+        println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
+        println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
+        println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
+        println!("counters (lifetime, as of the last clean close when offline):");
+        print_counters(r);
+        return;
+    }
     println!(
         "  journal:   {} of {} used",
         bytesize::ByteSize(r.usage.journal_used_bytes),
@@ -378,6 +415,10 @@ fn print_report(r: &VolumeReport) {
     );
     println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
     println!("counters (lifetime):");
+    print_counters(r);
+}
+
+fn print_counters(r: &VolumeReport) {
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
     for &c in Counter::ALL {

@@ -231,9 +231,19 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
     let profile = volume.superblock().profile;
-    if profile.personality() == alignfs::profile::Personality::Block {
-        volume.close()?;
-        bail!("the volume is a {} block volume, not a file system: serve it with `alignfs nbd`", profile.name());
+    match profile.personality() {
+        alignfs::profile::Personality::Files => {}
+        alignfs::profile::Personality::Block => {
+            volume.close()?;
+            bail!("the volume is a {} block volume, not a file system: serve it with `alignfs nbd`", profile.name());
+        }
+        alignfs::profile::Personality::Objects => {
+            volume.close()?;
+            bail!(
+                "the volume is an {} object store, not a file system; the S3 gateway that serves it (`alignfs s3`) is not built yet",
+                profile.name()
+            );
+        }
     }
     warn_unused_options(args, profile);
     let recovery = volume.recovery().clone();
@@ -316,7 +326,8 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     // for it to let go of the devices rather than fail.
     let started = Instant::now();
     loop {
-        match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), options.clone(), devices.backend(), faults.clone()) {
+        let kv = devices.kv.as_deref();
+        match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
             Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.devices().fast_tier => {
@@ -342,7 +353,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
 }
 
 fn format_defaults(fast: &DeviceSpec, ssd: &DeviceSpec) -> Result<()> {
-    let (sb, volume) = format_paths(Some(fast), std::slice::from_ref(ssd), &FormatOptions::default(), None)?;
+    let (sb, volume) = format_paths(Some(fast), std::slice::from_ref(ssd), None, &FormatOptions::default(), None)?;
     volume.close()?;
     println!(
         "formatted a new default volume {}: fast tier {} ({}), SSD image {} ({})",

@@ -128,6 +128,7 @@ fn objects_match_a_model_across_closes_and_crashes() {
         let store = fixture.open(&quiet());
         check_model(&store, &model, "last open");
         assert_eq!(store.volume().check(), []);
+        assert!(counter(&store, Counter::app_writes) > 100, "counters are kept across clean closes");
         store.close().unwrap();
     }
 }

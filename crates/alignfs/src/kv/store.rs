@@ -34,6 +34,8 @@ const MARKER: &str = "ALIGNFS-KV";
 /// The `volume` keyspace's keys.
 const UUID_KEY: &[u8] = b"uuid";
 const NEXT_INO_KEY: &[u8] = b"next-ino";
+/// The counters as of the last clean close (little-endian u64s, in `Counter::ALL` order).
+const COUNTERS_KEY: &[u8] = b"counters";
 
 /// User bytes (keys + values) written per record class since the store opened: the
 /// metadata traffic NVStore's evaluation counts, before the KV store's own amplification.
@@ -114,20 +116,19 @@ impl KvMeta {
         Ok(store)
     }
 
-    /// Make `dir` ready for a new store: missing or empty is ready; a previous store is
-    /// removed when `force`, refused otherwise; anything else is refused.
-    pub fn clear_dir(dir: &Path, force: bool) -> Result<()> {
-        let io = |what: &str, e| Error::io(format!("{what} {}", dir.display()), e);
+    /// Whether a new store may be made in `dir`: missing or empty, or holding a previous
+    /// store and `force`. Returns whether a previous store is there. Changes nothing.
+    pub fn check_dir(dir: &Path, force: bool) -> Result<bool> {
         let mut entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(io("read the directory", e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Error::io(format!("read the directory {}", dir.display()), e)),
         };
         if entries.next().is_none() {
-            return Ok(());
+            return Ok(false);
         }
         match std::fs::read_to_string(dir.join(MARKER)) {
-            Ok(_) if force => std::fs::remove_dir_all(dir).map_err(|e| io("remove the old KV store", e)),
+            Ok(_) if force => Ok(true),
             Ok(uuid) => Err(Error::AlreadyFormatted { device: format!("KV store {}", dir.display()), uuid: uuid.trim().to_string() }),
             Err(_) => Err(Error::WrongDevices(format!(
                 "{} is not empty and holds no alignfs KV store; name a new or empty directory",
@@ -136,10 +137,18 @@ impl KvMeta {
         }
     }
 
+    /// Make `dir` ready for a new store ([`KvMeta::check_dir`]), removing a previous one.
+    pub fn clear_dir(dir: &Path, force: bool) -> Result<()> {
+        if KvMeta::check_dir(dir, force)? {
+            std::fs::remove_dir_all(dir).map_err(|e| Error::io(format!("remove the old KV store {}", dir.display()), e))?;
+        }
+        Ok(())
+    }
+
     /// The store in `dir`, which must belong to the volume `uuid`.
     pub fn open(dir: &Path, uuid: [u8; 16]) -> Result<KvMeta> {
         if !dir.is_dir() {
-            return Err(Error::NotFormatted(format!("no KV store at {}", dir.display())));
+            return Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()));
         }
         let store = KvMeta::open_dir(dir)?;
         match store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))? {
@@ -149,7 +158,7 @@ impl KvMeta {
                 let ssd = uuid::Uuid::from_bytes(uuid).to_string();
                 Err(Error::VolumeMismatch { fast: format!("KV store {} of volume {volume}", dir.display()), ssd })
             }
-            None => Err(Error::NotFormatted(format!("the KV store at {} holds no volume", dir.display()))),
+            None => Err(Error::BadPath(dir.to_path_buf(), "holds a KV store of no volume (formatting was interrupted?)".into())),
         }
     }
 
@@ -296,6 +305,12 @@ impl KvMeta {
         Ok(Loaded { state, fragment_blocks, checksums, orphans, stray_fragments })
     }
 
+    /// The counters saved by the last clean close; empty if there is none.
+    pub fn counters(&self) -> Result<Vec<u64>> {
+        let saved = self.volume.get(COUNTERS_KEY).map_err(|e| kv_error(&self.dir, "read", e))?;
+        Ok(saved.map_or_else(Vec::new, |v| v.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect()))
+    }
+
     /// Delete every record of `objects` (orphans found by [`KvMeta::load`]) and the
     /// `stray` fragments.
     pub fn forget(&mut self, objects: &[Ino], stray: &[FragmentKey]) -> Result<()> {
@@ -432,8 +447,11 @@ impl MetaStore for KvMeta {
         false
     }
 
-    fn checkpoint(&mut self, _cx: &CommitContext<'_>) -> Result<()> {
-        Ok(())
+    /// At a clean close: only the counters, which no commit writes.
+    fn checkpoint(&mut self, cx: &CommitContext<'_>) -> Result<()> {
+        let counters: Vec<u8> = cx.stats.all().iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.volume.insert(COUNTERS_KEY, counters).map_err(|e| kv_error(&self.dir, "save the counters", e))?;
+        self.db.persist(PersistMode::SyncData).map_err(|e| kv_error(&self.dir, "save the counters", e))
     }
 
     fn usage(&self) -> MetaUsage {
@@ -746,7 +764,7 @@ mod tests {
     fn a_store_of_another_volume_or_none_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaState::fresh(0, 0, 5);
-        assert!(matches!(KvMeta::open(&dir.path().join("missing"), [1; 16]), Err(Error::NotFormatted(_))));
+        assert!(matches!(KvMeta::open(&dir.path().join("missing"), [1; 16]), Err(Error::BadPath(..))));
         drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap());
         assert!(matches!(KvMeta::open(dir.path(), [2; 16]), Err(Error::VolumeMismatch { .. })));
         assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap()), Err(Error::AlreadyFormatted { .. })));

@@ -181,6 +181,11 @@ impl ObjectStore {
         &self.volume
     }
 
+    /// Give up the object view for the engine underneath.
+    pub fn into_volume(self) -> Volume {
+        self.volume
+    }
+
     pub fn close(self) -> Result<()> {
         self.volume.close()
     }

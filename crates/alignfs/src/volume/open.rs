@@ -332,7 +332,8 @@ fn recover_kv(dir: Option<&Path>, superblock: &Superblock, options: &VolumeOptio
         clean: loaded.orphans.is_empty() && loaded.stray_fragments.is_empty(),
     };
     let fragments = Some((store.fragment_log(), loaded.fragment_blocks));
-    Ok(Recovered { meta: loaded.state, store: Box::new(store), counters: Vec::new(), recovery, fragments, checksums: Some(checksums) })
+    let counters = store.counters()?;
+    Ok(Recovered { meta: loaded.state, store: Box::new(store), counters, recovery, fragments, checksums: Some(checksums) })
 }
 
 /// Apply the replayed journal records to the checkpoint's state, then drop the inodes a

@@ -7,8 +7,9 @@ use super::{Devices, FormatOptions, Volume, VolumeOptions};
 use crate::device::{BlockDevice, ByteTier, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
+use crate::kv::KvMeta;
 use crate::layout::Superblock;
-use crate::personality::{BlockLayout, BlockVolume};
+use crate::personality::{BlockLayout, BlockVolume, ObjectStore};
 
 /// The embedded default fast tier: a file on tmpfs.
 pub const DEFAULT_FAST_PATH: &str = "/dev/shm/alignfs/fast";
@@ -17,6 +18,13 @@ pub const DEFAULT_FAST_PATH: &str = "/dev/shm/alignfs/fast";
 /// `/var/tmp/alignfs`.
 pub fn default_data_dir() -> PathBuf {
     std::env::var_os("ALIGNFS_DATA_DIR").map_or_else(|| PathBuf::from("/var/tmp/alignfs"), PathBuf::from)
+}
+
+/// Where a volume's KV store lives unless named: beside its (first) SSD, `SSD.kv`.
+pub fn default_kv_dir(ssd: &Path) -> PathBuf {
+    let mut dir = ssd.as_os_str().to_owned();
+    dir.push(".kv");
+    PathBuf::from(dir)
 }
 
 /// A device named on the command line: `PATH` or `PATH:SIZE` (size used when creating).
@@ -48,14 +56,16 @@ fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoB
 }
 
 /// Create (when sized) and format the devices the profile takes: a fast tier and one SSD
-/// (`orch`), or one or more SSDs alone (`scrap`; `fast` must then be `None`).
+/// (`orch`), one or more SSDs alone (`scrap`; `fast` must then be `None`), or one SSD and
+/// a KV store directory (`nvstore`; `kv`, by default beside the SSD).
 pub fn format_paths(
     fast: Option<&DeviceSpec>,
     ssds: &[DeviceSpec],
+    kv: Option<&Path>,
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
-    let devices = create_devices(fast, ssds, options, backend)?;
+    let devices = create_devices(fast, ssds, kv, options, backend)?;
     let superblock = Volume::format(&devices, options)?;
     let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
     Ok((superblock, Volume::open(devices, quiet)?))
@@ -69,25 +79,52 @@ pub fn format_block_paths(
     layout: BlockLayout,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, BlockVolume)> {
-    let devices = create_devices(fast, ssds, options, backend)?;
+    let devices = create_devices(fast, ssds, None, options, backend)?;
     let superblock = BlockVolume::format(&devices, options, layout)?;
     let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
     Ok((superblock, BlockVolume::open(devices, quiet)?))
 }
 
+/// [`format_paths`] for an object store (the `nvstore` profile's personality).
+pub fn format_object_paths(
+    ssds: &[DeviceSpec],
+    kv: Option<&Path>,
+    options: &FormatOptions,
+    backend: Option<IoBackend>,
+) -> Result<(Superblock, ObjectStore)> {
+    let devices = create_devices(None, ssds, kv, options, backend)?;
+    let superblock = ObjectStore::format(&devices, options)?;
+    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
+    Ok((superblock, ObjectStore::open(devices, quiet)?))
+}
+
 /// The devices of a volume about to be formatted, created when sized.
-fn create_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], options: &FormatOptions, backend: Option<IoBackend>) -> Result<Devices> {
+fn create_devices(
+    fast: Option<&DeviceSpec>,
+    ssds: &[DeviceSpec],
+    kv: Option<&Path>,
+    options: &FormatOptions,
+    backend: Option<IoBackend>,
+) -> Result<Devices> {
     options.geometry.validate(options.profile)?;
     let (profile, needs) = (options.profile.name(), options.profile.devices());
     match (fast, needs.fast_tier, ssds.len()) {
         (_, _, 0) => return Err(Error::WrongDevices("no SSD named".into())),
         (None, true, _) => return Err(Error::WrongDevices(format!("profile {profile} needs a fast tier"))),
         (Some(_), false, _) => return Err(Error::WrongDevices(format!("profile {profile} has no fast tier; name only the SSDs"))),
+        _ if kv.is_some() && !needs.kv_store => {
+            return Err(Error::WrongDevices(format!("profile {profile} keeps no KV store; drop the KV directory")))
+        }
         (_, _, n) if n as u64 > u64::from(needs.max_ssds) => {
             let most = if needs.max_ssds == 1 { "one SSD".to_string() } else { format!("{} SSDs at most", needs.max_ssds) };
             return Err(Error::WrongDevices(format!("profile {profile} takes {most}, not {n}")));
         }
         _ => {}
+    }
+    let kv = needs.kv_store.then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
+    if let Some(dir) = &kv {
+        // Before any device file is created: a refused directory leaves nothing behind.
+        KvMeta::check_dir(dir, options.force)?;
     }
     let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ssds.len());
     for ssd in ssds {
@@ -104,7 +141,7 @@ fn create_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], options: &Form
         }
         None => None,
     };
-    Ok(Devices { fast, ssd, kv: None })
+    Ok(Devices { fast, ssd, kv })
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
@@ -131,30 +168,33 @@ pub fn ssd_superblock(ssd: &Path) -> Result<Option<Superblock>> {
 /// Open a formatted volume by path, with the IO shape its superblock records. `fast` is
 /// not used when the SSD holds a volume of a profile without a fast tier.
 pub fn open_paths(fast: &Path, ssd: &Path, options: VolumeOptions, backend: Option<IoBackend>) -> Result<Volume> {
-    open_paths_with_faults(fast, &[ssd.to_path_buf()], options, backend, None)
+    open_paths_with_faults(fast, &[ssd.to_path_buf()], None, options, backend, None)
 }
 
-/// [`open_paths`] for any number of SSDs (in any order), with them behind a
-/// [`FaultyDevice`] when a plan is given (the suites' `alignfs mount --inject-faults`).
+/// [`open_paths`] for any number of SSDs (in any order), the KV store's directory when it
+/// is not beside the SSD, with the SSDs behind a [`FaultyDevice`] when a plan is given
+/// (the suites' `alignfs mount --inject-faults`).
 pub fn open_paths_with_faults(
     fast: &Path,
     ssds: &[PathBuf],
+    kv: Option<&Path>,
     options: VolumeOptions,
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Volume> {
-    Volume::open(open_devices(fast, ssds, options.read_only, backend, faults)?, options)
+    Volume::open(open_devices(fast, ssds, kv, options.read_only, backend, faults)?, options)
 }
 
 /// Open a formatted block volume by path (`alignfs nbd`).
 pub fn open_block_paths(fast: &Path, ssds: &[PathBuf], options: VolumeOptions, backend: Option<IoBackend>) -> Result<BlockVolume> {
-    BlockVolume::open(open_devices(fast, ssds, options.read_only, backend, None)?, options)
+    BlockVolume::open(open_devices(fast, ssds, None, options.read_only, backend, None)?, options)
 }
 
 /// The devices of a formatted volume, with the IO shape its superblock records.
 fn open_devices(
     fast: &Path,
     ssds: &[PathBuf],
+    kv: Option<&Path>,
     read_only: bool,
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
@@ -177,6 +217,9 @@ fn open_devices(
             members.push(Arc::new(FileSsd::open(path, &ssd_options(&superblock.geometry, None, backend, read_only))?));
         }
         let device = join_members(members, |_| superblock.member_bytes())?;
+        if superblock.profile.devices().kv_store {
+            return Ok(Devices::with_kv(with_faults(device), kv.map_or_else(|| default_kv_dir(first), Path::to_path_buf)));
+        }
         return Ok(Devices::ssd_only(with_faults(device)));
     }
     if ssds.len() > 1 {
@@ -242,7 +285,7 @@ mod tests {
     #[test]
     fn format_and_open_real_files() {
         let (dir, _shm, fast, ssd) = scratch_devices();
-        let (superblock, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None).unwrap();
+        let (superblock, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         volume.write(f, 1234, &data).unwrap();
@@ -257,7 +300,7 @@ mod tests {
         }
         // Formatting again without force names the existing volume.
         assert!(matches!(
-            format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None),
+            format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None),
             Err(Error::AlreadyFormatted { .. })
         ));
         assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
@@ -269,8 +312,8 @@ mod tests {
         let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
         let geometry = Geometry::for_profile(crate::Profile::SCRAP);
         let options = FormatOptions { geometry, profile: crate::Profile::SCRAP, force: false };
-        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), &options, None), Err(Error::WrongDevices(_))));
-        let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), &options, None).unwrap();
+        assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &options, None), Err(Error::WrongDevices(_))));
+        let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), None, &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let data: Vec<u8> = (0..700_000u32).map(|i| (i % 251) as u8).collect();
         volume.write(f, 777, &data).unwrap();
@@ -287,9 +330,9 @@ mod tests {
     #[test]
     fn one_writer_or_many_readers() {
         let (_dir, _shm, fast, ssd) = scratch_devices();
-        let (_, formatted) = format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions::default(), None).unwrap();
+        let (_, formatted) = format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None).unwrap();
         assert!(matches!(
-            format_paths(Some(&fast), std::slice::from_ref(&ssd), &FormatOptions { force: true, ..FormatOptions::default() }, None),
+            format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions { force: true, ..FormatOptions::default() }, None),
             Err(Error::InUse(_))
         ));
         formatted.close().unwrap();
