@@ -56,6 +56,7 @@ counters! {
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
     namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
     checksum_errors: "SSD blocks read back with a checksum that does not match their record (nvstore)",
+    pages_merged_by_reads: "fragment pages a read filled from their SSD block, so their sync reads nothing (nvstore: FP -> DP)",
 }
 
 /// What opening the volume took.

@@ -193,10 +193,10 @@ fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
     for block in 0..4 {
         expected[block * 4096 + 2048..(block + 1) * 4096].fill(9);
     }
-    assert_eq!(store.get(b"obj").unwrap(), expected);
     assert_eq!(store.volume().stats().usage.fast_pages_used, 4, "fragment pages come back from the KV store");
     assert_eq!(store.volume().migrate_all().unwrap(), 4);
     assert_eq!(counter(&store, Counter::migration_read_bytes), 4 * 4096, "each block is read once to merge its fragments");
+    assert_eq!(store.get(b"obj").unwrap(), expected);
     store.close().unwrap();
     let store = fixture.open(&quiet());
     assert_eq!(store.volume().stats().usage.fast_pages_used, 0, "the synced blocks' fragments are gone");
@@ -257,5 +257,39 @@ fn the_kv_directory_is_checked() {
     assert!(matches!(old, Err(Error::VolumeMismatch { .. })), "the old SSD no longer matches the store");
     let store = ObjectStore::open(Devices::with_kv(replacement, first.kv.path()), quiet()).unwrap();
     assert!(store.list(b"").unwrap().is_empty(), "a forced format starts empty");
+    store.close().unwrap();
+}
+
+/// NVStore's Table 2 for reads: a read that hits a fragment page merges it with its block
+/// (FP -> DP), so the sync writes the block without reading it; a crash still keeps the
+/// fragments, and the block reads the same.
+#[test]
+fn a_read_turns_a_fragment_page_into_a_dirty_page() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    store.put(b"obj", &vec![1u8; 8192]).unwrap();
+    store.write(b"obj", 100, b"fragment one").unwrap();
+    store.write(b"obj", 4096 + 10, b"fragment two").unwrap();
+    let mut expected = vec![1u8; 8192];
+    expected[100..112].copy_from_slice(b"fragment one");
+    expected[4106..4118].copy_from_slice(b"fragment two");
+    let mut head = vec![0u8; 4096];
+    store.read(b"obj", 0, &mut head).unwrap();
+    assert_eq!(head, expected[..4096]);
+    assert_eq!(counter(&store, Counter::pages_merged_by_reads), 1, "the first block's page is now dirty");
+    store.write(b"obj", 200, b"after the merge").unwrap();
+    expected[200..215].copy_from_slice(b"after the merge");
+    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(counter(&store, Counter::pages_merged_by_reads), 2, "get read both blocks");
+    store.simulate_crash();
+
+    // Reopened, both are fragment pages again; a read makes the second one dirty.
+    let store = fixture.open(&quiet());
+    let mut tail = vec![0u8; 4096];
+    store.read(b"obj", 4096, &mut tail).unwrap();
+    assert_eq!(tail, expected[4096..], "the fragments rebuild the same bytes");
+    assert_eq!(store.volume().migrate_all().unwrap(), 2);
+    assert_eq!(counter(&store, Counter::migration_read_bytes), 4096, "only the fragment page is read to sync; the dirty one is not");
+    assert_eq!(store.get(b"obj").unwrap(), expected);
     store.close().unwrap();
 }

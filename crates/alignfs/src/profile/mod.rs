@@ -260,6 +260,12 @@ pub(crate) trait Policy: Send + Sync {
     /// Wake the profile's workers (shutdown, or work queued).
     fn wake_workers(&self) {}
 
+    /// Whether a read that fetched a block under partial residue keeps the merged page as
+    /// the block's residue (NVStore's FP → DP: the sync then needs no device read).
+    fn keep_merged_on_read(&self) -> bool {
+        false
+    }
+
     /// Blocks a background merge commits per journal record.
     fn merge_commit_batch(&self) -> usize;
 

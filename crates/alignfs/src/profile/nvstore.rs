@@ -91,6 +91,11 @@ impl Policy for NvStorePolicy {
         Ok(vec![engine.start_maintenance()?, sync])
     }
 
+    /// Table 2: a read that hits a fragment page merges it with the device block (FP → DP).
+    fn keep_merged_on_read(&self) -> bool {
+        true
+    }
+
     fn merge_commit_batch(&self) -> usize {
         32
     }

@@ -61,6 +61,38 @@ impl Volume {
     }
 }
 
+impl Inner {
+    /// NVStore's read of a fragment page (Table 2, FP -> DP): the SSD block just read
+    /// fills the page around its fragments, and the entry names the whole page, so later
+    /// reads and the sync read nothing from the device. The caller holds the block's read
+    /// lock, so no writer or merge changes it; the page's fragment bytes are left alone,
+    /// and what a crash keeps (the fragments) is unchanged.
+    fn keep_merged(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, disk: &[u8]) {
+        let page = self.geometry.page_bytes;
+        let BlockEntry::Ssd { overlays, .. } = entry else { return };
+        let [(0, Overlay::Upage { page: unit, chunks })] = overlays.as_slice() else { return };
+        if self.geometry.pages_per_block() != 1 {
+            return;
+        }
+        let mut at = 0u32;
+        for &(start, end) in chunks.ranges().iter().chain(std::iter::once(&(page, page))) {
+            if at < start {
+                self.residue.write(*unit, at, &disk[at as usize..start as usize]);
+            }
+            at = end;
+        }
+        let mut map = inode.map.lock();
+        if let Some(BlockEntry::Ssd { overlays, .. }) = map.get_mut(&lblock) {
+            if let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() {
+                if overlay.page() == *unit {
+                    *overlay = Overlay::Page(*unit);
+                    self.stats.add(Counter::pages_merged_by_reads, 1);
+                }
+            }
+        }
+    }
+}
+
 /// Where the bytes of one direct SSD read go: skip `skip` bytes of the buffer, copy `len`
 /// to `dest` in the output. `verify` names the logical and SSD block when the profile
 /// checks checksums (the read then covers the whole block).
@@ -244,6 +276,12 @@ impl Inner {
                     if let Err(e) = self.verify_read(ssd_block, buf) {
                         damaged.get_or_insert(damaged_object(e, inode, lb * block));
                         continue;
+                    }
+                    if self.policy.keep_merged_on_read() {
+                        let entry = entries.iter().find(|(l, _)| *l == lb).and_then(|(_, e)| e.as_ref());
+                        if let Some(entry) = entry {
+                            self.keep_merged(inode, lb, entry, buf);
+                        }
                     }
                 }
                 out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
