@@ -293,3 +293,156 @@ fn a_read_turns_a_fragment_page_into_a_dirty_page() {
     assert_eq!(store.get(b"obj").unwrap(), expected);
     store.close().unwrap();
 }
+
+/// One object operation of the kill -9 test, derived from a seed and the objects so far.
+enum ObjectOp {
+    Write { name: Vec<u8>, offset: usize, data: Vec<u8> },
+    Truncate { name: Vec<u8>, size: usize },
+    Put { name: Vec<u8>, data: Vec<u8> },
+    Remove { name: Vec<u8> },
+    Clone { from: Vec<u8>, to: Vec<u8> },
+}
+
+type Objects = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn next_op(rng: &mut StdRng, model: &Objects) -> ObjectOp {
+    let name = format!("o{}", rng.random_range(0..6)).into_bytes();
+    let exists = model.contains_key(&name);
+    match rng.random_range(0..10) {
+        0 if exists => ObjectOp::Truncate { name, size: rng.random_range(0..30_000) },
+        1 if exists => ObjectOp::Remove { name },
+        2 if exists => ObjectOp::Clone { from: name, to: format!("c{}", rng.random_range(0..2)).into_bytes() },
+        0..=3 => ObjectOp::Put { name, data: (0..rng.random_range(0..20_000)).map(|_| rng.random()).collect() },
+        _ if !exists => ObjectOp::Put { name, data: vec![rng.random(); rng.random_range(1..5000)] },
+        _ => {
+            let len = model[&name].len();
+            let offset = rng.random_range(0..len + 1);
+            let size = if rng.random_bool(0.6) { rng.random_range(1..3000) } else { rng.random_range(1..12_000) };
+            ObjectOp::Write { name, offset, data: (0..size).map(|_| rng.random()).collect() }
+        }
+    }
+}
+
+fn apply_to_model(model: &mut Objects, op: &ObjectOp) {
+    match op {
+        ObjectOp::Write { name, offset, data } => {
+            let object = model.get_mut(name).expect("writes go to existing objects");
+            if object.len() < offset + data.len() {
+                object.resize(offset + data.len(), 0);
+            }
+            object[*offset..offset + data.len()].copy_from_slice(data);
+        }
+        ObjectOp::Truncate { name, size } => model.get_mut(name).expect("exists").resize(*size, 0),
+        ObjectOp::Put { name, data } => drop(model.insert(name.clone(), data.clone())),
+        ObjectOp::Remove { name } => drop(model.remove(name)),
+        ObjectOp::Clone { from, to } => {
+            let copy = model[from].clone();
+            model.insert(to.clone(), copy);
+        }
+    }
+}
+
+fn apply_to_store(store: &ObjectStore, op: &ObjectOp) -> alignfs::Result<()> {
+    match op {
+        ObjectOp::Write { name, offset, data } => store.write(name, *offset as u64, data),
+        ObjectOp::Truncate { name, size } => store.truncate(name, *size as u64),
+        ObjectOp::Put { name, data } => store.put(name, data),
+        ObjectOp::Remove { name } => store.remove(name),
+        ObjectOp::Clone { from, to } => store.clone_object(from, to),
+    }
+}
+
+fn read_all(store: &ObjectStore) -> Objects {
+    store.list(b"").unwrap().into_iter().map(|o| (o.name.clone(), store.get(&o.name).unwrap())).collect()
+}
+
+const CHILD_ENV: &str = "ALIGNFS_NVSTORE_KILL_CHILD";
+
+/// The child of the kill -9 test: run operations from a seed until killed, printing
+/// `ack N` once operation N returned.
+fn kill_child(spec: &str) {
+    use std::io::Write;
+    let mut parts = spec.split('|');
+    let (ssd, kv, seed) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap().parse::<u64>().unwrap());
+    let options = VolumeOptions { background: true, ..quiet() };
+    let store = alignfs::volume::open_object_paths(std::path::Path::new(ssd), Some(std::path::Path::new(kv)), options, None).unwrap();
+    let mut model = read_all(&store);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = std::io::stdout().lock();
+    for n in 1.. {
+        let op = next_op(&mut rng, &model);
+        apply_to_store(&store, &op).unwrap();
+        apply_to_model(&mut model, &op);
+        writeln!(out, "ack {n}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// A process writing objects is killed with SIGKILL at random moments: after each kill,
+/// every acknowledged operation is there, and the one in flight is there or not (each
+/// byte of its object old or new), never anything else.
+#[test]
+fn acknowledged_operations_survive_kill_9() {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        kill_child(&spec);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ssd, kv) = (dir.path().join("ssd.img"), dir.path().join("kv"));
+    let spec = alignfs::volume::DeviceSpec { path: ssd.clone(), size: Some(96 << 20) };
+    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+    alignfs::volume::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1.close().unwrap();
+    let mut rng = StdRng::seed_from_u64(seed("nvstore::kill_9"));
+    let mut model = Objects::new();
+    let mut total = 0;
+    for round in 0..6 {
+        let child_seed: u64 = rng.random();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "acknowledged_operations_survive_kill_9", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, format!("{}|{}|{child_seed}", ssd.display(), kv.display()))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(rng.random_range(150..700)));
+        child.kill().unwrap();
+        let output = child.wait_with_output().unwrap();
+        let acked = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix("ack ").and_then(|n| n.parse::<usize>().ok()))
+            .max()
+            .unwrap_or(0);
+        total += acked;
+        let mut ops = StdRng::seed_from_u64(child_seed);
+        for _ in 0..acked {
+            let op = next_op(&mut ops, &model);
+            apply_to_model(&mut model, &op);
+        }
+        let mut after = model.clone();
+        let in_flight = next_op(&mut ops, &model);
+        apply_to_model(&mut after, &in_flight);
+
+        let options = VolumeOptions { background: false, ..quiet() };
+        let store = alignfs::volume::open_object_paths(&ssd, Some(&kv), options, None).unwrap();
+        let found = read_all(&store);
+        let names: std::collections::BTreeSet<&Vec<u8>> = found.keys().chain(model.keys()).chain(after.keys()).collect();
+        for name in names {
+            let (got, old, new) = (found.get(name), model.get(name), after.get(name));
+            let byte = |v: Option<&Vec<u8>>, i: usize| v.and_then(|v| v.get(i)).copied().unwrap_or(0);
+            let blend = got.is_some_and(|g| {
+                [old, new].iter().any(|v| v.is_some_and(|v| v.len() == g.len()))
+                    && g.iter().enumerate().all(|(i, b)| *b == byte(old, i) || *b == byte(new, i))
+            });
+            assert!(
+                got == old || got == new || blend,
+                "round {round}, {acked} acknowledged: {} is neither its acknowledged state nor the one in flight",
+                String::from_utf8_lossy(name)
+            );
+        }
+        assert_eq!(store.volume().check(), [], "round {round}");
+        model = found;
+        store.close().unwrap();
+    }
+    eprintln!("kill -9: 6 rounds, {total} operations acknowledged");
+    assert!(total > 30, "the children acknowledged only {total} operations");
+}

@@ -21,8 +21,8 @@ pub use check::Problem;
 pub use namespace::{DirEntry, RenameFlags, SetAttrRequest, StatFs, XattrSet, MAX_NAME_BYTES, MAX_SYMLINK_BYTES};
 pub use open::Devices;
 pub use paths::{
-    default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths, open_paths,
-    open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH,
+    default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths, open_object_paths,
+    open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH,
 };
 pub use read::SeekTarget;
 pub use resize::FallocateMode;

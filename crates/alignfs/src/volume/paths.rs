@@ -190,6 +190,20 @@ pub fn open_block_paths(fast: &Path, ssds: &[PathBuf], options: VolumeOptions, b
     BlockVolume::open(open_devices(fast, ssds, None, options.read_only, backend, None)?, options)
 }
 
+/// Open a formatted object store by path: its SSD and its KV store (`kv`, by default
+/// beside the SSD).
+pub fn open_object_paths(ssd: &Path, kv: Option<&Path>, options: VolumeOptions, backend: Option<IoBackend>) -> Result<ObjectStore> {
+    match ssd_superblock(ssd)? {
+        None => return Err(Error::NotFormatted(ssd.display().to_string())),
+        Some(superblock) if !superblock.profile.devices().kv_store => {
+            let profile = superblock.profile.name();
+            return Err(Error::WrongPersonality(format!("{} holds an {profile} volume, not an nvstore object store", ssd.display())));
+        }
+        Some(_) => {}
+    }
+    ObjectStore::open(open_devices(Path::new(""), &[ssd.to_path_buf()], kv, options.read_only, backend, None)?, options)
+}
+
 /// The devices of a formatted volume, with the IO shape its superblock records.
 fn open_devices(
     fast: &Path,
