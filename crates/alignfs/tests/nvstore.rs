@@ -305,6 +305,19 @@ enum ObjectOp {
 
 type Objects = BTreeMap<Vec<u8>, Vec<u8>>;
 
+impl ObjectOp {
+    fn describe(&self) -> String {
+        let name = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
+        match self {
+            ObjectOp::Write { name: n, offset, data } => format!("write {} bytes at {offset} of {}", data.len(), name(n)),
+            ObjectOp::Truncate { name: n, size } => format!("truncate {} to {size}", name(n)),
+            ObjectOp::Put { name: n, data } => format!("put {} bytes as {}", data.len(), name(n)),
+            ObjectOp::Remove { name: n } => format!("remove {}", name(n)),
+            ObjectOp::Clone { from, to } => format!("clone {} to {}", name(from), name(to)),
+        }
+    }
+}
+
 fn next_op(rng: &mut StdRng, model: &Objects) -> ObjectOp {
     let name = format!("o{}", rng.random_range(0..6)).into_bytes();
     let exists = model.contains_key(&name);
@@ -435,8 +448,13 @@ fn acknowledged_operations_survive_kill_9() {
             });
             assert!(
                 got == old || got == new || blend,
-                "round {round}, {acked} acknowledged: {} is neither its acknowledged state nor the one in flight",
-                String::from_utf8_lossy(name)
+                "round {round}, {acked} acknowledged: {} is neither its acknowledged state nor the one in flight \
+                 (lengths: found {:?}, acknowledged {:?}, in flight {:?}; in flight: {})",
+                String::from_utf8_lossy(name),
+                got.map(Vec::len),
+                old.map(Vec::len),
+                new.map(Vec::len),
+                in_flight.describe()
             );
         }
         assert_eq!(store.volume().check(), [], "round {round}");

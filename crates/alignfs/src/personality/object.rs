@@ -103,8 +103,7 @@ impl ObjectStore {
     /// into place, so readers and a crash see the old object or the new one.
     pub fn put(&self, name: &[u8], data: &[u8]) -> Result<()> {
         Self::check_name(name)?;
-        let staged = format!("{}", self.next_staged.fetch_add(1, Ordering::Relaxed)).into_bytes();
-        let ino = self.volume.create_file(self.staging, &staged, 0o600, 0, 0)?.ino;
+        let (staged, ino) = self.stage()?;
         let written = self.volume.write(ino, 0, data).and_then(|_| self.volume.fsync(ino));
         if let Err(e) = written {
             let _ = self.volume.unlink(self.staging, &staged);
@@ -160,15 +159,25 @@ impl ObjectStore {
         Ok(out)
     }
 
-    /// Make `dst` (created if missing) a copy of `src` that shares its blocks.
+    /// Make `dst` (replaced or created) a copy of `src` that shares its blocks. Like a
+    /// put, the copy is made under a staging name and renamed into place, so readers and
+    /// a crash see the old `dst` or the whole copy.
     pub fn clone_object(&self, src: &[u8], dst: &[u8]) -> Result<()> {
         let source = self.object(src)?;
-        let target = match self.object(dst) {
-            Ok(ino) => ino,
-            Err(Error::NotFound) => self.volume.create_file(self.objects, dst, 0o600, 0, 0)?.ino,
-            Err(e) => return Err(e),
-        };
-        self.volume.clone_file(source, target)
+        Self::check_name(dst)?;
+        let staged = self.stage()?;
+        if let Err(e) = self.volume.clone_file(source, staged.1) {
+            let _ = self.volume.unlink(self.staging, &staged.0);
+            return Err(e);
+        }
+        self.volume.rename(self.staging, &staged.0, self.objects, dst, RenameFlags::default())
+    }
+
+    /// A new, empty object under a fresh staging name: (name, inode).
+    fn stage(&self) -> Result<(Vec<u8>, Ino)> {
+        let staged = format!("{}", self.next_staged.fetch_add(1, Ordering::Relaxed)).into_bytes();
+        let ino = self.volume.create_file(self.staging, &staged, 0o600, 0, 0)?.ino;
+        Ok((staged, ino))
     }
 
     /// Make every acknowledged write to the object durable.
