@@ -6,7 +6,7 @@ mod health;
 mod mount;
 mod nbd;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use alignfs::device::IoBackend;
@@ -313,11 +313,21 @@ fn stat(args: &StatArgs) -> Result<()> {
 fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let (fast, ssds) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
-    let ssd_only = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().is_some_and(|sb| !sb.profile.devices().fast_tier);
+    let needs = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().map(|sb| sb.profile.devices());
     let ssd_list: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
-    let devices = if ssd_only { ssd_list.join(" + ") } else { format!("{} + {}", fast.path.display(), ssd_list.join(" + ")) };
-    println!("checking superblocks, checkpoint, journal and unit references of {devices}");
     let kv = args.devices.kv.as_deref();
+    match needs {
+        Some(needs) if needs.kv_store => {
+            let dir = kv.map_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path), Path::to_path_buf);
+            println!("checking the superblock, the KV records and unit references of {} + {}", ssd_list[0], dir.display());
+        }
+        Some(needs) if !needs.fast_tier => {
+            println!("checking superblocks, checkpoint, journal and unit references of {}", ssd_list.join(" + "));
+        }
+        _ => {
+            println!("checking superblocks, checkpoint, journal and unit references of {} + {}", fast.path.display(), ssd_list.join(" + "))
+        }
+    }
     let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options, args.devices.backend(), None) {
         Ok(volume) => volume,
         Err(e) => {
