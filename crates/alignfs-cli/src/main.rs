@@ -314,20 +314,20 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let (fast, ssds) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
     let needs = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().map(|sb| sb.profile.devices());
-    let ssd_list: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
     let kv = args.devices.kv.as_deref();
-    match needs {
+    let mut devices: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
+    let what = match needs {
         Some(needs) if needs.kv_store => {
-            let dir = kv.map_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path), Path::to_path_buf);
-            println!("checking the superblock, the KV records and unit references of {} + {}", ssd_list[0], dir.display());
+            devices.push(kv.map_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path), Path::to_path_buf).display().to_string());
+            "the superblock, the KV records"
         }
-        Some(needs) if !needs.fast_tier => {
-            println!("checking superblocks, checkpoint, journal and unit references of {}", ssd_list.join(" + "));
-        }
+        Some(needs) if !needs.fast_tier => "superblocks, checkpoint, journal",
         _ => {
-            println!("checking superblocks, checkpoint, journal and unit references of {} + {}", fast.path.display(), ssd_list.join(" + "))
+            devices.insert(0, fast.path.display().to_string());
+            "superblocks, checkpoint, journal"
         }
-    }
+    };
+    println!("checking {what} and unit references of {}", devices.join(" + "));
     let volume = match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options, args.devices.backend(), None) {
         Ok(volume) => volume,
         Err(e) => {
@@ -399,36 +399,30 @@ fn print_report(r: &VolumeReport) {
     if kv_store {
         println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
         println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
-        println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
-        println!("counters (lifetime, as of the last clean close when offline):");
-        print_counters(r);
-        return;
+    } else {
+        println!(
+            "  journal:   {} of {} used",
+            bytesize::ByteSize(r.usage.journal_used_bytes),
+            bytesize::ByteSize(r.usage.journal_capacity_bytes),
+        );
+        // All metadata must fit one checkpoint slot; a full one refuses new data (ENOSPC).
+        println!(
+            "  checkpoint: {} of {} used ({:.1}%), generation {}",
+            bytesize::ByteSize(r.usage.checkpoint_used_bytes),
+            bytesize::ByteSize(r.usage.checkpoint_capacity_bytes),
+            pct(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
+            r.usage.checkpoint_generation
+        );
+        println!(
+            "  open:      {} journal records replayed in {:.3} ms{}",
+            r.records_replayed,
+            r.recovery_us as f64 / 1000.0,
+            if r.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
+        );
     }
-    println!(
-        "  journal:   {} of {} used",
-        bytesize::ByteSize(r.usage.journal_used_bytes),
-        bytesize::ByteSize(r.usage.journal_capacity_bytes),
-    );
-    // All metadata must fit one checkpoint slot; a full one refuses new data (ENOSPC).
-    println!(
-        "  checkpoint: {} of {} used ({:.1}%), generation {}",
-        bytesize::ByteSize(r.usage.checkpoint_used_bytes),
-        bytesize::ByteSize(r.usage.checkpoint_capacity_bytes),
-        pct(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
-        r.usage.checkpoint_generation
-    );
-    println!(
-        "  open:      {} journal records replayed in {:.3} ms{}",
-        r.records_replayed,
-        r.recovery_us as f64 / 1000.0,
-        if r.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
-    );
     println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
-    println!("counters (lifetime):");
-    print_counters(r);
-}
-
-fn print_counters(r: &VolumeReport) {
+    // Offline, a KV store's counters are those saved at its last clean close.
+    println!("counters (lifetime{}):", if kv_store { ", as of the last clean close when offline" } else { "" });
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
     for &c in Counter::ALL {

@@ -144,13 +144,7 @@ impl FragmentLog {
 /// Rebuild the fragment pages at open: block `i` of `blocks` gets unit `i`, its fragments
 /// laid over zeros in order, and its map entry in `meta` (over its SSD block when the
 /// record names one). The engine then claims the units like any other.
-pub fn restore_fragment_pages(
-    meta: &MetaState,
-    residue: &dyn ResidueStore,
-    log: &FragmentLog,
-    blocks: &[FragmentBlock],
-    page_bytes: u32,
-) -> Result<()> {
+pub fn restore_fragment_pages(meta: &MetaState, residue: &dyn ResidueStore, log: &FragmentLog, blocks: &[FragmentBlock], page_bytes: u32) {
     let mut page = vec![0u8; page_bytes as usize];
     for (i, block) in blocks.iter().enumerate() {
         let unit = PageNo(i as u64);
@@ -175,5 +169,4 @@ pub fn restore_fragment_pages(
         };
         inode.map.lock().insert(block.key.lblock, entry);
     }
-    Ok(())
 }

@@ -514,7 +514,7 @@ impl Touched {
                 Op::Namespace(NamespaceOp::Free { ino }) => {
                     t.objects.insert(*ino);
                     if let Some(inode) = meta.get(*ino) {
-                        t.freed_units.extend(inode.map.lock().values().flat_map(|e| e.fast_pages().collect::<Vec<_>>()).map(|u| (*ino, u)));
+                        t.freed_units.extend(inode.map.lock().values().flat_map(BlockEntry::fast_pages).map(|u| (*ino, u)));
                     }
                 }
             }

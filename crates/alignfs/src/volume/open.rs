@@ -227,7 +227,7 @@ impl Volume {
             units_to_restore: fragments.as_ref().map_or(0, |(_, blocks)| blocks.len() as u64),
         })?;
         if let Some((log, blocks)) = &fragments {
-            restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes)?;
+            restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes);
         }
         let policy = spec.policy(&options);
         let blocks = BlockRefs::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());

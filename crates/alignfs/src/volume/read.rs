@@ -278,8 +278,8 @@ impl Inner {
                         continue;
                     }
                     if self.policy.keep_merged_on_read() {
-                        let entry = entries.iter().find(|(l, _)| *l == lb).and_then(|(_, e)| e.as_ref());
-                        if let Some(entry) = entry {
+                        // `entries` holds the read's blocks in order, from its first.
+                        if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
                             self.keep_merged(inode, lb, entry, buf);
                         }
                     }
