@@ -5,6 +5,7 @@ mod defaults;
 mod health;
 mod mount;
 mod nbd;
+mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -45,6 +46,9 @@ enum Command {
     /// Serve a block volume (`uhs`) over NBD until interrupted: qemu, nbdinfo, nbdcopy,
     /// nbdfuse, fio's nbd engine or the kernel's nbd module can use it.
     Nbd(nbd::NbdArgs),
+    /// Serve an object store (`nvstore`) over S3 until interrupted: awscli, boto3, s3cmd,
+    /// rclone and other S3 clients can use it.
+    S3(s3::S3Args),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
     /// Probe a mount: exit 0 if its daemon answers, 1 if it died or hangs (for watchdogs).
@@ -247,6 +251,9 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
             println!("  NVM zone:  bytes {}-{} ({})", r.start, r.end, bytesize::ByteSize(r.end - r.start));
         }
         println!("  serve it:  alignfs nbd {}", args.devices.as_args());
+    }
+    if profile.personality() == Personality::Objects {
+        println!("  serve it:  alignfs s3 {} --keys FILE", args.devices.as_args());
     }
     volume.close()?;
     Ok(())
@@ -453,6 +460,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Nbd(args) => nbd::run(args),
+        Command::S3(args) => s3::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Health(args) => match health::run(args) {
             Ok(true) => return ExitCode::SUCCESS,

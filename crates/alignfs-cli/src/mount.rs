@@ -239,10 +239,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         }
         alignfs::profile::Personality::Objects => {
             volume.close()?;
-            bail!(
-                "the volume is an {} object store, not a file system; the S3 gateway that serves it (`alignfs s3`) is not built yet",
-                profile.name()
-            );
+            bail!("the volume is an {} object store, not a file system: serve it with `alignfs s3`", profile.name());
         }
     }
     warn_unused_options(args, profile);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, SimSsd};
-use alignfs::personality::ObjectStore;
+use alignfs::personality::{Bucket, ObjectStore};
 use alignfs::stats::Counter;
 use alignfs::test_support::seed;
 use alignfs::{Devices, Error, FormatOptions, Geometry, Profile, VolumeOptions};
@@ -24,6 +24,9 @@ impl Fixture {
         let fixture = Fixture { ssd: Arc::new(SimSsd::new(64 << 20)), kv: tempfile::tempdir().unwrap() };
         let format = FormatOptions { geometry, profile: Profile::NVSTORE, force: false };
         ObjectStore::format(&fixture.devices(), &format).unwrap();
+        let store = fixture.open(&quiet());
+        store.create_bucket(b"b").unwrap();
+        store.close().unwrap();
         fixture
     }
 
@@ -40,15 +43,20 @@ fn quiet() -> VolumeOptions {
     VolumeOptions { background: false, scrap_mem_bytes: 4 << 20, ..VolumeOptions::default() }
 }
 
+/// The bucket every test uses.
+fn b(store: &ObjectStore) -> Bucket<'_> {
+    store.bucket(b"b").unwrap()
+}
+
 fn counter(store: &ObjectStore, which: Counter) -> u64 {
     store.volume().stats().counters.iter().find(|(c, _)| *c == which).map_or(0, |(_, v)| *v)
 }
 
 fn check_model(store: &ObjectStore, model: &BTreeMap<Vec<u8>, Vec<u8>>, context: &str) {
-    let names: Vec<Vec<u8>> = store.list(b"").unwrap().into_iter().map(|o| o.name).collect();
+    let names: Vec<Vec<u8>> = b(&store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| o.name).collect();
     assert_eq!(names, model.keys().cloned().collect::<Vec<_>>(), "{context}: names");
     for (name, data) in model {
-        let got = store.get(name).unwrap();
+        let got = b(&store).get(name).unwrap();
         assert!(got == *data, "{context}: {} differs ({} bytes, model {})", String::from_utf8_lossy(name), got.len(), data.len());
     }
 }
@@ -70,8 +78,8 @@ fn objects_match_a_model_across_closes_and_crashes() {
                 match rng.random_range(0..20) {
                     0..=9 => {
                         let data = model.entry(name.clone()).or_default();
-                        if data.is_empty() && store.stat(&name).is_err() {
-                            store.create(&name).unwrap();
+                        if data.is_empty() && b(&store).stat(&name).is_err() {
+                            b(&store).create(&name).unwrap();
                         }
                         let offset = match rng.random_range(0..3) {
                             0 => data.len(),
@@ -84,7 +92,7 @@ fn objects_match_a_model_across_closes_and_crashes() {
                             _ => geometry.block_bytes as usize * rng.random_range(1..4),
                         };
                         let bytes: Vec<u8> = (0..len).map(|_| rng.random_range(1..=255)).collect();
-                        store.write(&name, offset as u64, &bytes).unwrap();
+                        b(&store).write(&name, offset as u64, &bytes).unwrap();
                         if data.len() < offset + len {
                             data.resize(offset + len, 0);
                         }
@@ -92,17 +100,17 @@ fn objects_match_a_model_across_closes_and_crashes() {
                     }
                     10 | 11 if model.contains_key(&name) => {
                         let size = rng.random_range(0..40_000);
-                        store.truncate(&name, size as u64).unwrap();
+                        b(&store).truncate(&name, size as u64).unwrap();
                         model.get_mut(&name).unwrap().resize(size, 0);
                     }
                     12 if model.contains_key(&name) => {
                         let target = format!("copy{}", rng.random_range(0..3)).into_bytes();
-                        store.clone_object(&name, &target).unwrap();
+                        b(&store).clone_object(&b(&store), &name, &target).unwrap();
                         let copy = model[&name].clone();
                         model.insert(target, copy);
                     }
                     13 if model.contains_key(&name) => {
-                        store.remove(&name).unwrap();
+                        b(&store).remove(&name).unwrap();
                         model.remove(&name);
                     }
                     14 => {
@@ -110,7 +118,7 @@ fn objects_match_a_model_across_closes_and_crashes() {
                     }
                     15 => {
                         let data: Vec<u8> = (0..rng.random_range(0..9000)).map(|_| rng.random()).collect();
-                        store.put(&name, &data).unwrap();
+                        b(&store).put(&name, &data).unwrap();
                         model.insert(name, data);
                     }
                     _ => {}
@@ -146,28 +154,28 @@ fn a_damaged_block_is_an_error_naming_the_object() {
     let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
     let store = fixture.open(&quiet());
     let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8 + 1).collect();
-    store.put(b"victim", &pattern).unwrap();
-    store.put(b"bystander", &[5u8; 8192]).unwrap();
+    b(&store).put(b"victim", &pattern).unwrap();
+    b(&store).put(b"bystander", &[5u8; 8192]).unwrap();
     store.close().unwrap();
     let at = find_on_ssd(&fixture.ssd, &pattern[4096..]);
     fixture.ssd.poke(at + 100, &[pattern[4196] ^ 0x10]);
 
     let store = fixture.open(&quiet());
-    assert_eq!(store.get(b"bystander").unwrap(), [5u8; 8192]);
+    assert_eq!(b(&store).get(b"bystander").unwrap(), [5u8; 8192]);
     let mut head = [0u8; 4096];
-    assert_eq!(store.read(b"victim", 0, &mut head).unwrap(), 4096, "the undamaged block reads");
-    match store.read(b"victim", 4096, &mut [0u8; 10]) {
+    assert_eq!(b(&store).read(b"victim", 0, &mut head).unwrap(), 4096, "the undamaged block reads");
+    match b(&store).read(b"victim", 4096, &mut [0u8; 10]) {
         Err(Error::Corrupt { problem, .. }) => {
             assert!(problem.contains("at byte 4096") && problem.contains("checksum"), "{problem}");
         }
         other => panic!("a damaged block read as {other:?}"),
     }
-    assert!(store.get(b"victim").is_err());
+    assert!(b(&store).get(b"victim").is_err());
     assert_eq!(counter(&store, Counter::checksum_errors), 2);
     // A fragment over the damaged block: syncing it must fail, not launder the damage.
-    store.write(b"victim", 5000, b"fragment").unwrap();
+    b(&store).write(b"victim", 5000, b"fragment").unwrap();
     assert!(matches!(store.volume().migrate_all(), Err(Error::Corrupt { .. })));
-    assert!(store.read(b"victim", 4096, &mut [0u8; 10]).is_err());
+    assert!(b(&store).read(b"victim", 4096, &mut [0u8; 10]).is_err());
     store.close().unwrap();
 }
 
@@ -178,10 +186,10 @@ fn a_damaged_block_is_an_error_naming_the_object() {
 fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
     let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
     let store = fixture.open(&quiet());
-    store.put(b"obj", &vec![1u8; 16384]).unwrap();
+    b(&store).put(b"obj", &vec![1u8; 16384]).unwrap();
     let (ssd_before, reads_before) = (counter(&store, Counter::ssd_write_bytes), counter(&store, Counter::ssd_read_bytes));
     for block in 0..4u64 {
-        store.write(b"obj", block * 4096 + 2048, &[9u8; 2048]).unwrap();
+        b(&store).write(b"obj", block * 4096 + 2048, &[9u8; 2048]).unwrap();
     }
     assert_eq!(counter(&store, Counter::ssd_write_bytes), ssd_before, "fragments are not SSD writes");
     assert_eq!(counter(&store, Counter::ssd_read_bytes), reads_before, "no read before an unaligned write");
@@ -196,11 +204,11 @@ fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
     assert_eq!(store.volume().stats().usage.fast_pages_used, 4, "fragment pages come back from the KV store");
     assert_eq!(store.volume().migrate_all().unwrap(), 4);
     assert_eq!(counter(&store, Counter::migration_read_bytes), 4 * 4096, "each block is read once to merge its fragments");
-    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
     store.close().unwrap();
     let store = fixture.open(&quiet());
     assert_eq!(store.volume().stats().usage.fast_pages_used, 0, "the synced blocks' fragments are gone");
-    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
     store.close().unwrap();
 }
 
@@ -209,8 +217,8 @@ fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
 fn fragment_pages_are_synced_when_the_volume_is_idle() {
     let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
     let store = fixture.open(&VolumeOptions { background: true, ..quiet() });
-    store.put(b"obj", &vec![3u8; 8192]).unwrap();
-    store.write(b"obj", 100, b"unaligned").unwrap();
+    b(&store).put(b"obj", &vec![3u8; 8192]).unwrap();
+    b(&store).write(b"obj", 100, b"unaligned").unwrap();
     assert_eq!(store.volume().stats().usage.fast_pages_used, 1);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while store.volume().stats().usage.fast_pages_used > 0 {
@@ -219,7 +227,7 @@ fn fragment_pages_are_synced_when_the_volume_is_idle() {
     }
     assert_eq!(counter(&store, Counter::migrations_idle), 1);
     let mut out = [0u8; 9];
-    store.read(b"obj", 100, &mut out).unwrap();
+    b(&store).read(b"obj", 100, &mut out).unwrap();
     assert_eq!(&out, b"unaligned");
     store.close().unwrap();
 }
@@ -249,14 +257,14 @@ fn the_kv_directory_is_checked() {
     assert!(matches!(alignfs::Volume::format(&Devices::with_kv(ssd(), foreign.path()), &forced), Err(Error::WrongDevices(_))));
     assert_eq!(std::fs::read(foreign.path().join("notes.txt")).unwrap(), b"keep me");
     let store = first.open(&quiet());
-    store.put(b"kept", b"yes").unwrap();
+    b(&store).put(b"kept", b"yes").unwrap();
     store.close().unwrap();
     let replacement = ssd();
     ObjectStore::format(&Devices::with_kv(Arc::clone(&replacement), first.kv.path()), &forced).unwrap();
     let old = alignfs::Volume::open(first.devices(), quiet());
     assert!(matches!(old, Err(Error::VolumeMismatch { .. })), "the old SSD no longer matches the store");
     let store = ObjectStore::open(Devices::with_kv(replacement, first.kv.path()), quiet()).unwrap();
-    assert!(store.list(b"").unwrap().is_empty(), "a forced format starts empty");
+    assert!(store.buckets().unwrap().is_empty(), "a forced format starts empty");
     store.close().unwrap();
 }
 
@@ -267,30 +275,30 @@ fn the_kv_directory_is_checked() {
 fn a_read_turns_a_fragment_page_into_a_dirty_page() {
     let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
     let store = fixture.open(&quiet());
-    store.put(b"obj", &vec![1u8; 8192]).unwrap();
-    store.write(b"obj", 100, b"fragment one").unwrap();
-    store.write(b"obj", 4096 + 10, b"fragment two").unwrap();
+    b(&store).put(b"obj", &vec![1u8; 8192]).unwrap();
+    b(&store).write(b"obj", 100, b"fragment one").unwrap();
+    b(&store).write(b"obj", 4096 + 10, b"fragment two").unwrap();
     let mut expected = vec![1u8; 8192];
     expected[100..112].copy_from_slice(b"fragment one");
     expected[4106..4118].copy_from_slice(b"fragment two");
     let mut head = vec![0u8; 4096];
-    store.read(b"obj", 0, &mut head).unwrap();
+    b(&store).read(b"obj", 0, &mut head).unwrap();
     assert_eq!(head, expected[..4096]);
     assert_eq!(counter(&store, Counter::pages_merged_by_reads), 1, "the first block's page is now dirty");
-    store.write(b"obj", 200, b"after the merge").unwrap();
+    b(&store).write(b"obj", 200, b"after the merge").unwrap();
     expected[200..215].copy_from_slice(b"after the merge");
-    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
     assert_eq!(counter(&store, Counter::pages_merged_by_reads), 2, "get read both blocks");
     store.simulate_crash();
 
     // Reopened, both are fragment pages again; a read makes the second one dirty.
     let store = fixture.open(&quiet());
     let mut tail = vec![0u8; 4096];
-    store.read(b"obj", 4096, &mut tail).unwrap();
+    b(&store).read(b"obj", 4096, &mut tail).unwrap();
     assert_eq!(tail, expected[4096..], "the fragments rebuild the same bytes");
     assert_eq!(store.volume().migrate_all().unwrap(), 2);
     assert_eq!(counter(&store, Counter::migration_read_bytes), 4096, "only the fragment page is read to sync; the dirty one is not");
-    assert_eq!(store.get(b"obj").unwrap(), expected);
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
     store.close().unwrap();
 }
 
@@ -357,16 +365,16 @@ fn apply_to_model(model: &mut Objects, op: &ObjectOp) {
 
 fn apply_to_store(store: &ObjectStore, op: &ObjectOp) -> alignfs::Result<()> {
     match op {
-        ObjectOp::Write { name, offset, data } => store.write(name, *offset as u64, data),
-        ObjectOp::Truncate { name, size } => store.truncate(name, *size as u64),
-        ObjectOp::Put { name, data } => store.put(name, data),
-        ObjectOp::Remove { name } => store.remove(name),
-        ObjectOp::Clone { from, to } => store.clone_object(from, to),
+        ObjectOp::Write { name, offset, data } => b(&store).write(name, *offset as u64, data),
+        ObjectOp::Truncate { name, size } => b(&store).truncate(name, *size as u64),
+        ObjectOp::Put { name, data } => b(&store).put(name, data),
+        ObjectOp::Remove { name } => b(&store).remove(name),
+        ObjectOp::Clone { from, to } => b(&store).clone_object(&b(&store), from, to),
     }
 }
 
 fn read_all(store: &ObjectStore) -> Objects {
-    store.list(b"").unwrap().into_iter().map(|o| (o.name.clone(), store.get(&o.name).unwrap())).collect()
+    b(&store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| (o.name.clone(), b(&store).get(&o.name).unwrap())).collect()
 }
 
 const CHILD_ENV: &str = "ALIGNFS_NVSTORE_KILL_CHILD";
@@ -404,7 +412,9 @@ fn acknowledged_operations_survive_kill_9() {
     let (ssd, kv) = (dir.path().join("ssd.img"), dir.path().join("kv"));
     let spec = alignfs::volume::DeviceSpec { path: ssd.clone(), size: Some(96 << 20) };
     let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
-    alignfs::volume::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1.close().unwrap();
+    let store = alignfs::volume::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1;
+    store.create_bucket(b"b").unwrap();
+    store.close().unwrap();
     let mut rng = StdRng::seed_from_u64(seed("nvstore::kill_9"));
     let mut model = Objects::new();
     let mut total = 0;

@@ -125,35 +125,145 @@ fn an_object_store_keeps_objects_and_clones_across_reopen() {
         let (devices, format, options, _kv) = devices(profile);
         ObjectStore::format(&devices, &format).unwrap();
         let store = ObjectStore::open(devices.clone(), options.clone()).unwrap();
+        store.create_bucket(b"logs").unwrap();
+        store.create_bucket(b"other").unwrap();
+        assert!(matches!(store.create_bucket(b"logs"), Err(Error::Exists)));
+        let (logs, other) = (store.bucket(b"logs").unwrap(), store.bucket(b"other").unwrap());
         let big: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
-        store.put(b"logs.1", b"first").unwrap();
-        store.put(b"logs.2", &big).unwrap();
-        store.put(b"data", b"unrelated").unwrap();
-        store.put(b"logs.1", b"replaced").unwrap();
-        store.create(b"sparse").unwrap();
-        assert!(matches!(store.create(b"sparse"), Err(Error::Exists)));
-        store.write(b"sparse", 1 << 20, b"far out").unwrap();
-        store.truncate(b"data", 3).unwrap();
-        store.clone_object(b"logs.2", b"logs.2.copy").unwrap();
-        store.write(b"logs.2.copy", 10, b"changed in the copy only").unwrap();
+        logs.put(b"2026/1", b"first").unwrap();
+        logs.put(b"2026/2", &big).unwrap();
+        logs.put(b"data", b"unrelated").unwrap();
+        logs.put(b"2026/1", b"replaced").unwrap();
+        logs.create(b"sparse").unwrap();
+        assert!(matches!(logs.create(b"sparse"), Err(Error::Exists)));
+        logs.write(b"sparse", 1 << 20, b"far out").unwrap();
+        logs.truncate(b"data", 3).unwrap();
+        other.clone_object(&logs, b"2026/2", b"2026/2.copy").unwrap();
+        other.write(b"2026/2.copy", 10, b"changed in the copy only").unwrap();
         let mut copy = big.clone();
         copy[10..34].copy_from_slice(b"changed in the copy only");
-        assert!(matches!(store.put(b"a/b", b"x"), Err(Error::InvalidName(_))));
-        assert!(matches!(store.get(b"missing"), Err(Error::NotFound)));
-        store.remove(b"logs.2").unwrap();
+        assert!(matches!(logs.put(b"..", b"x"), Err(Error::InvalidName(_))));
+        assert!(matches!(logs.put(b"nul\0", b"x"), Err(Error::InvalidName(_))));
+        assert!(matches!(logs.put(&[b'/'; 128], b"x"), Err(Error::NameTooLong)));
+        assert!(matches!(logs.get(b"missing"), Err(Error::NotFound)));
+        assert!(matches!(store.remove_bucket(b"logs"), Err(Error::NotEmpty)));
+        logs.remove(b"2026/2").unwrap();
+        drop((logs, other));
         store.close().unwrap();
 
         let store = ObjectStore::open(devices, options).unwrap();
-        let names: Vec<Vec<u8>> = store.list(b"logs.").unwrap().into_iter().map(|o| o.name).collect();
-        assert_eq!(names, [b"logs.1".to_vec(), b"logs.2.copy".to_vec()], "{}", profile.name());
-        assert_eq!(store.get(b"logs.1").unwrap(), b"replaced");
-        assert!(store.get(b"logs.2.copy").unwrap() == copy, "{}: the clone differs", profile.name());
-        assert_eq!(store.get(b"data").unwrap(), b"unr");
-        assert_eq!(store.stat(b"sparse").unwrap().size, (1 << 20) + 7);
+        let names: Vec<Vec<u8>> = store.buckets().unwrap().into_iter().map(|b| b.name).collect();
+        assert_eq!(names, [b"logs".to_vec(), b"other".to_vec()]);
+        let (logs, other) = (store.bucket(b"logs").unwrap(), store.bucket(b"other").unwrap());
+        let names: Vec<Vec<u8>> = logs.list(b"2026/", None, 10).unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, [b"2026/1".to_vec()], "{}", profile.name());
+        assert_eq!(logs.get(b"2026/1").unwrap(), b"replaced");
+        assert!(other.get(b"2026/2.copy").unwrap() == copy, "{}: the clone differs", profile.name());
+        assert_eq!(logs.get(b"data").unwrap(), b"unr");
+        assert_eq!(logs.stat(b"sparse").unwrap().size, (1 << 20) + 7);
         let mut out = [1u8; 16];
-        assert_eq!(store.read(b"sparse", 100, &mut out).unwrap(), 16);
+        assert_eq!(logs.read(b"sparse", 100, &mut out).unwrap(), 16);
         assert_eq!(out, [0u8; 16]);
         assert_eq!(store.volume().check(), [], "{}", profile.name());
+        drop((logs, other));
+        store.close().unwrap();
+    }
+}
+
+/// Names holding `/` list in the byte order of the names themselves (`a.b` < `a/b` <
+/// `a0`), by prefix, a page at a time, whatever the encoding in the directory does.
+#[test]
+fn object_listings_follow_name_order_by_prefix_and_page() {
+    let (devices, format, options, _kv) = devices(Profile::NVSTORE);
+    ObjectStore::format(&devices, &format).unwrap();
+    let store = ObjectStore::open(devices, options).unwrap();
+    store.create_bucket(b"b").unwrap();
+    let bucket = store.bucket(b"b").unwrap();
+    let mut names: Vec<&[u8]> = vec![b"a", b"a.", b"a.b", b"a.\xc3\xa9", b"a/", b"a/b", b"a/b/c", b"a//", b"a0", b"b", b"\xe2\x82\xac"];
+    for name in &names {
+        bucket.put(name, name).unwrap();
+    }
+    names.sort();
+    let list = |prefix: &[u8], after: Option<&[u8]>, limit: usize| -> Vec<Vec<u8>> {
+        bucket.list(prefix, after, limit).unwrap().into_iter().map(|o| o.name).collect()
+    };
+    assert_eq!(list(b"", None, usize::MAX), names);
+    for prefix in [&b""[..], b"a", b"a.", b"a/", b"a/b", b"z"] {
+        let expected: Vec<Vec<u8>> = names.iter().filter(|n| n.starts_with(prefix)).map(|n| n.to_vec()).collect();
+        assert_eq!(list(prefix, None, usize::MAX), expected, "prefix {:?}", String::from_utf8_lossy(prefix));
+        let mut paged = Vec::new();
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = list(prefix, after.as_deref(), 2);
+            if page.is_empty() {
+                break;
+            }
+            after = page.last().cloned();
+            paged.extend(page);
+        }
+        assert_eq!(paged, expected, "prefix {:?} in pages of 2", String::from_utf8_lossy(prefix));
+    }
+    for name in &names {
+        assert_eq!(bucket.get(name).unwrap(), *name);
+    }
+    drop(bucket);
+    store.close().unwrap();
+}
+
+/// A transaction's changes are checked before any applies, and a crash after the commit
+/// keeps all of them: two objects published and one removed.
+#[test]
+fn object_transactions_apply_whole_or_not_at_all() {
+    for profile in [Profile::NVSTORE, Profile::ORCH] {
+        let (devices, format, options, _kv) = devices(profile);
+        ObjectStore::format(&devices, &format).unwrap();
+        let store = ObjectStore::open(devices.clone(), options.clone()).unwrap();
+        store.create_bucket(b"b").unwrap();
+        let bucket = store.bucket(b"b").unwrap();
+        bucket.put(b"old", b"old bytes").unwrap();
+        bucket.put(b"x", b"x bytes").unwrap();
+
+        // A removal of a missing object fails the whole transaction: the staged object is
+        // not published and "old" stays.
+        let staged = store.stage().unwrap();
+        staged.write(0, b"never").unwrap();
+        let mut transaction = store.transaction();
+        transaction.publish(staged, &bucket, b"new").unwrap();
+        transaction.remove(&bucket, b"old").unwrap();
+        transaction.remove(&bucket, b"missing").unwrap();
+        assert!(matches!(transaction.commit(), Err(Error::NotFound)));
+        let names: Vec<Vec<u8>> = bucket.list(b"", None, 10).unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, [b"old".to_vec(), b"x".to_vec()]);
+
+        // One name twice is refused.
+        let mut transaction = store.transaction();
+        transaction.remove(&bucket, b"x").unwrap();
+        let staged = store.stage().unwrap();
+        transaction.publish(staged, &bucket, b"x").unwrap();
+        assert!(matches!(transaction.commit(), Err(Error::InvalidArgument(m)) if m.contains("twice")));
+
+        let (mut a, b) = (store.stage().unwrap(), store.stage().unwrap());
+        a.write(0, b"new a").unwrap();
+        a.set_attribute(b"etag of a");
+        b.write(100, b"new b").unwrap();
+        let mut transaction = store.transaction();
+        transaction.publish(a, &bucket, b"dir/a").unwrap();
+        transaction.publish(b, &bucket, b"x").unwrap();
+        transaction.remove(&bucket, b"old").unwrap();
+        transaction.commit().unwrap();
+        drop(bucket);
+        store.simulate_crash();
+
+        let store = ObjectStore::open(devices, options).unwrap();
+        let bucket = store.bucket(b"b").unwrap();
+        let names: Vec<Vec<u8>> = bucket.list(b"", None, 10).unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, [b"dir/a".to_vec(), b"x".to_vec()], "{}", profile.name());
+        assert_eq!(bucket.get(b"dir/a").unwrap(), b"new a");
+        assert_eq!(bucket.attribute(b"dir/a").unwrap().as_deref(), Some(&b"etag of a"[..]));
+        assert_eq!(bucket.attribute(b"x").unwrap(), None);
+        assert_eq!(&bucket.get(b"x").unwrap()[100..], b"new b");
+        assert_eq!(store.volume().check(), [], "{}", profile.name());
+        drop(bucket);
         store.close().unwrap();
     }
 }

@@ -15,4 +15,4 @@ mod object;
 
 pub use block::BlockVolume;
 pub use nvm_zone::{BlockLayout, MAX_NVM_RANGES};
-pub use object::{ObjectInfo, ObjectStore};
+pub use object::{decode_name, encode_name, Bucket, BucketInfo, ObjectHandle, ObjectInfo, ObjectStore, Staged, Transaction};

@@ -46,6 +46,20 @@ pub enum XattrSet {
     ReplaceOnly,
 }
 
+/// Most changes one [`Volume::commit_changes`] takes: they go in one metadata record.
+pub const MAX_CHANGES: usize = 4096;
+
+/// One change of a namespace transaction ([`Volume::commit_changes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamespaceChange {
+    /// Move a name, replacing what the target names (a rename without flags).
+    Rename { from_parent: Ino, from_name: Vec<u8>, to_parent: Ino, to_name: Vec<u8> },
+    /// Remove a non-directory's name.
+    Unlink { parent: Ino, name: Vec<u8> },
+    /// Set an extended attribute (create or replace).
+    SetXattr { ino: Ino, name: Vec<u8>, value: Vec<u8> },
+}
+
 #[derive(Clone, Debug)]
 pub struct StatFs {
     pub block_bytes: u64,
@@ -113,6 +127,96 @@ impl Inner {
                 None => return false,
             }
         }
+    }
+
+    /// The ops of an unlink or rmdir, checked; the caller holds the namespace lock.
+    fn plan_remove(&self, parent: Ino, name: &[u8], directory: bool) -> Result<Vec<Op>> {
+        if name == b"." {
+            return Err(Error::InvalidArgument("cannot remove \".\"".into()));
+        }
+        if name == b".." {
+            return Err(Error::NotEmpty);
+        }
+        let ino = self.child(parent, name)?.ok_or(Error::NotFound)?;
+        let inode = self.get(ino)?;
+        check_replaceable(&inode, directory)?;
+        let unlink = Op::Namespace(NamespaceOp::Unlink { parent, name: name.to_vec(), time: now_ns() });
+        Ok(std::iter::once(unlink).chain(free_if_last_name(&inode)).collect())
+    }
+
+    /// The ops of a rename, checked; the caller holds the namespace lock. Renaming a name
+    /// onto itself plans nothing.
+    fn plan_rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<Vec<Op>> {
+        check_name(from_name)?;
+        check_name(to_name)?;
+        if flags.exchange && flags.no_replace {
+            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+        }
+        let source = self.child(from_parent, from_name)?.ok_or(Error::NotFound)?;
+        let target = self.child(to_parent, to_name)?;
+        let source_dir = self.get(source)?.kind == FileKind::Dir;
+        if source_dir && self.is_ancestor(source, to_parent) {
+            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+        }
+        let mut free = None;
+        if flags.exchange {
+            let target = target.ok_or(Error::NotFound)?;
+            if self.get(target)?.kind == FileKind::Dir && self.is_ancestor(target, from_parent) {
+                return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+            }
+        } else if let Some(target) = target {
+            if flags.no_replace {
+                return Err(Error::Exists);
+            }
+            if target == source {
+                return Ok(Vec::new());
+            }
+            let replaced = self.get(target)?;
+            check_replaceable(&replaced, source_dir)?;
+            free = free_if_last_name(&replaced);
+        }
+        let op = Op::Namespace(NamespaceOp::Rename {
+            from_parent,
+            from_name: from_name.to_vec(),
+            to_parent,
+            to_name: to_name.to_vec(),
+            exchange: flags.exchange,
+            time: now_ns(),
+        });
+        Ok(std::iter::once(op).chain(free).collect())
+    }
+
+    /// The op setting (`Some`) or removing (`None`) an extended attribute, checked; the
+    /// caller holds the namespace lock.
+    fn plan_xattr(&self, ino: Ino, name: &[u8], value: Option<&[u8]>, mode: XattrSet) -> Result<Op> {
+        if name.is_empty() || name.contains(&0) {
+            return Err(Error::InvalidName("an extended attribute name must be non-empty and hold no NUL byte".into()));
+        }
+        if name.len() > XATTR_NAME_MAX {
+            return Err(Error::NameTooLong);
+        }
+        let inode = self.get(ino)?;
+        let data = inode.data.lock();
+        let existing = data.xattrs.get(name);
+        let Some(value) = value else {
+            if existing.is_none() {
+                return Err(Error::NoAttribute);
+            }
+            return Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() }));
+        };
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(Error::TooLarge(format!("extended attribute values hold at most {XATTR_VALUE_MAX} bytes")));
+        }
+        match (mode, existing) {
+            (XattrSet::CreateOnly, Some(_)) => return Err(Error::Exists),
+            (XattrSet::ReplaceOnly, None) => return Err(Error::NoAttribute),
+            _ => {}
+        }
+        let others: usize = data.xattrs.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
+        if others + name.len() + value.len() > XATTR_TOTAL_MAX {
+            return Err(Error::NoSpace);
+        }
+        Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: Some(value.to_vec()), ctime: now_ns() }))
     }
 
     fn commit_namespace(&self, ops: &[Op]) -> Result<()> {
@@ -221,8 +325,21 @@ impl Volume {
     }
 
     pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        self.readdir_from(ino, std::ops::Bound::Unbounded, usize::MAX)
+    }
+
+    /// Up to `limit` entries of a directory from `start` on, in byte order of their names:
+    /// one page of a large directory without copying the rest.
+    pub fn readdir_from(&self, ino: Ino, start: std::ops::Bound<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
         let dir = self.inner.dir(ino)?;
-        let entries: Vec<(Vec<u8>, Ino)> = dir.data.lock().entries.iter().map(|(n, i)| (n.clone(), *i)).collect();
+        let entries: Vec<(Vec<u8>, Ino)> = dir
+            .data
+            .lock()
+            .entries
+            .range::<[u8], _>((start, std::ops::Bound::Unbounded))
+            .take(limit)
+            .map(|(n, i)| (n.clone(), *i))
+            .collect();
         Ok(entries.into_iter().filter_map(|(name, ino)| self.inner.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind })).collect())
     }
 
@@ -251,61 +368,76 @@ impl Volume {
 
     fn remove(&self, parent: Ino, name: &[u8], directory: bool) -> Result<()> {
         self.inner.check_writable()?;
-        if name == b"." {
-            return Err(Error::InvalidArgument("cannot remove \".\"".into()));
-        }
-        if name == b".." {
-            return Err(Error::NotEmpty);
-        }
         let _ns = self.inner.namespace.lock();
-        let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
-        let inode = self.inner.get(ino)?;
-        check_replaceable(&inode, directory)?;
-        let unlink = Op::Namespace(NamespaceOp::Unlink { parent, name: name.to_vec(), time: now_ns() });
-        let ops: Vec<Op> = std::iter::once(unlink).chain(free_if_last_name(&inode)).collect();
+        let ops = self.inner.plan_remove(parent, name, directory)?;
         self.inner.commit_namespace(&ops)
     }
 
     pub fn rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<()> {
         self.inner.check_writable()?;
-        check_name(from_name)?;
-        check_name(to_name)?;
-        if flags.exchange && flags.no_replace {
-            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+        let _ns = self.inner.namespace.lock();
+        let ops = self.inner.plan_rename(from_parent, from_name, to_parent, to_name, flags)?;
+        self.inner.commit_namespace(&ops)
+    }
+
+    /// Apply `changes` as one transaction: every change is checked first, then all are
+    /// committed in one metadata record, so a crash leaves all of them or none. Each is
+    /// checked against the namespace as it was before the transaction, so no name may be
+    /// touched twice, no inode may lose two names, and an inode that loses its last name
+    /// takes no attribute, and an inode takes at most one attribute: such a transaction is refused (`InvalidArgument`) unapplied.
+    pub fn commit_changes(&self, changes: &[NamespaceChange]) -> Result<()> {
+        self.inner.check_writable()?;
+        if changes.len() > MAX_CHANGES {
+            return Err(Error::InvalidArgument(format!("a transaction holds at most {MAX_CHANGES} changes, not {}", changes.len())));
         }
         let _ns = self.inner.namespace.lock();
-        let source = self.inner.child(from_parent, from_name)?.ok_or(Error::NotFound)?;
-        let target = self.inner.child(to_parent, to_name)?;
-        let source_dir = self.inner.get(source)?.kind == FileKind::Dir;
-        if source_dir && self.inner.is_ancestor(source, to_parent) {
-            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+        let mut names = std::collections::HashSet::new();
+        let mut dropped = std::collections::HashSet::new();
+        let mut touch_name = |parent: Ino, name: &[u8]| {
+            if names.insert((parent, name.to_vec())) {
+                Ok(())
+            } else {
+                Err(Error::InvalidArgument(format!("a transaction changes the name {:?} twice", String::from_utf8_lossy(name))))
+            }
+        };
+        let mut ops = Vec::new();
+        let mut xattrs = Vec::new();
+        for change in changes {
+            let (replaced, planned) = match change {
+                NamespaceChange::Rename { from_parent, from_name, to_parent, to_name } => {
+                    touch_name(*from_parent, from_name)?;
+                    touch_name(*to_parent, to_name)?;
+                    let planned = self.inner.plan_rename(*from_parent, from_name, *to_parent, to_name, RenameFlags::default())?;
+                    (self.inner.child(*to_parent, to_name)?, planned)
+                }
+                NamespaceChange::Unlink { parent, name } => {
+                    touch_name(*parent, name)?;
+                    let planned = self.inner.plan_remove(*parent, name, false)?;
+                    (self.inner.child(*parent, name)?, planned)
+                }
+                NamespaceChange::SetXattr { ino, name, value } => {
+                    if xattrs.iter().any(|(other, _)| other == ino) {
+                        return Err(Error::InvalidArgument(format!("a transaction sets two attributes of inode {}", ino.0)));
+                    }
+                    xattrs.push((*ino, self.inner.plan_xattr(*ino, name, Some(value), XattrSet::CreateOrReplace)?));
+                    continue;
+                }
+            };
+            if let Some(ino) = replaced {
+                if !dropped.insert(ino) {
+                    return Err(Error::InvalidArgument(format!("a transaction drops two names of inode {}", ino.0)));
+                }
+            }
+            ops.extend(planned);
         }
-        let mut free = None;
-        if flags.exchange {
-            let target = target.ok_or(Error::NotFound)?;
-            if self.inner.get(target)?.kind == FileKind::Dir && self.inner.is_ancestor(target, from_parent) {
-                return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
-            }
-        } else if let Some(target) = target {
-            if flags.no_replace {
-                return Err(Error::Exists);
-            }
-            if target == source {
-                return Ok(());
-            }
-            let replaced = self.inner.get(target)?;
-            check_replaceable(&replaced, source_dir)?;
-            free = free_if_last_name(&replaced);
+        if let Some((ino, _)) = xattrs.iter().find(|(ino, _)| dropped.contains(ino)) {
+            return Err(Error::InvalidArgument(format!("a transaction sets an attribute of inode {} while removing it", ino.0)));
         }
-        let op = Op::Namespace(NamespaceOp::Rename {
-            from_parent,
-            from_name: from_name.to_vec(),
-            to_parent,
-            to_name: to_name.to_vec(),
-            exchange: flags.exchange,
-            time: now_ns(),
-        });
-        let ops: Vec<Op> = std::iter::once(op).chain(free).collect();
+        // Attributes first: a later op of the same record may free nothing they touch.
+        let ops: Vec<Op> = xattrs.into_iter().map(|(_, op)| op).chain(ops).collect();
+        if ops.is_empty() {
+            return Ok(());
+        }
         self.inner.commit_namespace(&ops)
     }
 
@@ -364,45 +496,16 @@ impl Volume {
 
     pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
         self.inner.check_writable()?;
-        if name.is_empty() || name.contains(&0) {
-            return Err(Error::InvalidName("an extended attribute name must be non-empty and hold no NUL byte".into()));
-        }
-        if name.len() > XATTR_NAME_MAX {
-            return Err(Error::NameTooLong);
-        }
-        if value.len() > XATTR_VALUE_MAX {
-            return Err(Error::TooLarge(format!("extended attribute values hold at most {XATTR_VALUE_MAX} bytes")));
-        }
         let _ns = self.inner.namespace.lock();
-        let inode = self.inner.get(ino)?;
-        {
-            let data = inode.data.lock();
-            let existing = data.xattrs.get(name);
-            match (mode, existing) {
-                (XattrSet::CreateOnly, Some(_)) => return Err(Error::Exists),
-                (XattrSet::ReplaceOnly, None) => return Err(Error::NoAttribute),
-                _ => {}
-            }
-            let others: usize = data.xattrs.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
-            if others + name.len() + value.len() > XATTR_TOTAL_MAX {
-                return Err(Error::NoSpace);
-            }
-        }
-        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::SetXattr {
-            ino,
-            name: name.to_vec(),
-            value: Some(value.to_vec()),
-            ctime: now_ns(),
-        })])
+        let op = self.inner.plan_xattr(ino, name, Some(value), mode)?;
+        self.inner.commit_namespace(&[op])
     }
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.inner.check_writable()?;
         let _ns = self.inner.namespace.lock();
-        if !self.inner.get(ino)?.data.lock().xattrs.contains_key(name) {
-            return Err(Error::NoAttribute);
-        }
-        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() })])
+        let op = self.inner.plan_xattr(ino, name, None, XattrSet::ReplaceOnly)?;
+        self.inner.commit_namespace(&[op])
     }
 
     pub fn statfs(&self) -> StatFs {

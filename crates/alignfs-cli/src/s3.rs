@@ -1,0 +1,83 @@
+//! `alignfs s3`: serve an object store over S3 until SIGINT or SIGTERM, then close it
+//! cleanly.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use alignfs::profile::Personality;
+use alignfs::volume::{open_object_paths, ssd_superblock};
+use alignfs::VolumeOptions;
+use alignfs_s3::{Gateway, Limits, ServerConfig};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::DeviceArgs;
+
+#[derive(Args)]
+pub struct S3Args {
+    #[command(flatten)]
+    devices: DeviceArgs,
+    /// TCP address to listen on (loopback unless you say otherwise).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9000")]
+    listen: String,
+    /// The access keys accepted (SigV4): a file of `ACCESS_KEY SECRET_KEY` lines, readable
+    /// by its owner alone.
+    #[arg(long, value_name = "FILE", required_unless_present = "anonymous")]
+    keys: Option<PathBuf>,
+    /// Accept unsigned requests from anyone who can reach the address (tests on loopback).
+    #[arg(long, conflicts_with = "keys")]
+    anonymous: bool,
+    /// Serve read-only: every write gets AccessDenied.
+    #[arg(long)]
+    read_only: bool,
+    /// Largest object a PUT, or a part an UploadPart, may carry.
+    #[arg(long, value_name = "SIZE", default_value = "5G")]
+    max_object_size: String,
+}
+
+pub fn run(args: &S3Args) -> Result<()> {
+    let (_, ssds) = args.devices.specs()?;
+    let ssd = &ssds[0].path;
+    let Some(superblock) = ssd_superblock(ssd).ok().flatten() else {
+        bail!("{} holds no alignfs volume; format one with `alignfs mkfs --profile nvstore`", ssd.display());
+    };
+    let profile = superblock.profile;
+    if profile.personality() != Personality::Objects {
+        bail!("the volume is a {} volume, not an object store; format one with `alignfs mkfs --profile nvstore`", profile.name());
+    }
+    let auth = match &args.keys {
+        Some(path) => Some(alignfs_s3::load_keys(path).map_err(anyhow::Error::msg)?),
+        None => None,
+    };
+    let max_object_bytes = alignfs::geometry::parse_size(&args.max_object_size).context("--max-object-size")?;
+    let limits = Limits { max_object_bytes, ..Limits::default() };
+    let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
+    let options = VolumeOptions { read_only: args.read_only, ..VolumeOptions::default() };
+    let store = Arc::new(open_object_paths(ssd, args.devices.kv.as_deref(), options, args.devices.backend())?);
+    let gateway = Gateway::new(Arc::clone(&store), limits)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the async runtime")?;
+    println!(
+        "serving alignfs {} object store {} on http://{} ({}{})",
+        profile.name(),
+        superblock.uuid_string(),
+        listener.local_addr()?,
+        if args.anonymous { "anonymous requests" } else { "SigV4, keys from the key file" },
+        if args.read_only { ", read-only" } else { "" }
+    );
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        println!("stopping: finishing requests in progress, then closing the store");
+    };
+    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth }, shutdown))?;
+    // Bodies still streaming hold the store; the runtime's end drops them.
+    drop(runtime);
+    let store = Arc::try_unwrap(store).map_err(|_| anyhow::anyhow!("a request still holds the store"))?;
+    store.close()?;
+    println!("closed cleanly");
+    Ok(())
+}
