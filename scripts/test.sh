@@ -3,7 +3,8 @@
 # the CLI (mkfs, stat, fsck, bench --quick) on throwaway devices, then the POSIX suites and
 # applications against a real mount (scripts/suites.sh), the kill -9 crash loop
 # (scripts/crash.sh; both need root and /dev/fuse), the uhs block volume through real NBD
-# clients (scripts/nbd.sh), device faults through a mount, programs
+# clients (scripts/nbd.sh), the nvstore object store through real S3 clients
+# (scripts/s3.sh), device faults through a mount, programs
 # under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
 # fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
 # the mount, GlusterFS and scrap benchmarks.
@@ -126,6 +127,9 @@ scripts/crash.sh
 # The uhs profile over NBD: nbdinfo, qemu-img/qemu-io, nbdcopy, fio verify, ext4 through
 # nbdfuse + loop, a read-only export, and a kill -9 loop (docs/UHS.md).
 scripts/nbd.sh || suites=1
+# The nvstore object store over S3: boto3, awscli, s3cmd, rclone, limits, and a kill -9
+# loop with multipart uploads in flight (docs/S3.md).
+scripts/s3.sh || suites=1
 # Injected SSD faults and full devices through a mount.
 mkdir -p "$work/faults"
 tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1

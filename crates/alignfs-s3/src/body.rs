@@ -143,7 +143,10 @@ where
 {
     if let Some(length) = declared.length {
         if length > limit {
-            return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, format!("{length} bytes is over this gateway's limit of {limit}")));
+            return Err(S3Error::with_message(
+                S3ErrorCode::EntityTooLarge,
+                format!("{length} bytes is over this gateway's limit of {limit}"),
+            ));
         }
     }
     let (sender, receiver) = mpsc::channel::<Message>(4);
@@ -166,7 +169,10 @@ where
             };
             received += chunk.len() as u64;
             if received > limit {
-                failure = Some(S3Error::with_message(S3ErrorCode::EntityTooLarge, format!("the body is over this gateway's limit of {limit} bytes")));
+                failure = Some(S3Error::with_message(
+                    S3ErrorCode::EntityTooLarge,
+                    format!("the body is over this gateway's limit of {limit} bytes"),
+                ));
                 break;
             }
             if sender.send(Message::Data(chunk)).await.is_err() {
@@ -240,7 +246,8 @@ where
     }
     let md5: [u8; 16] = md5.finalize().into();
     if let Some(expected) = &declared.md5 {
-        let given = base64_simd::STANDARD.decode_to_vec(expected.trim()).map_err(|_| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
+        let given =
+            base64_simd::STANDARD.decode_to_vec(expected.trim()).map_err(|_| s3_error!(InvalidDigest, "Content-MD5 is not base64"))?;
         if given != md5 {
             return Err(S3Error::with_message(S3ErrorCode::BadDigest, "the Content-MD5 you specified did not match what was received"));
         }
@@ -249,7 +256,10 @@ where
         (Some((algorithm, header)), Some(hasher)) => {
             let computed = hasher.finish();
             let Some(expected) = header.or(trailer) else {
-                return Err(S3Error::with_message(S3ErrorCode::InvalidRequest, format!("the {} checksum was announced but never sent", algorithm.name())));
+                return Err(S3Error::with_message(
+                    S3ErrorCode::InvalidRequest,
+                    format!("the {} checksum was announced but never sent", algorithm.name()),
+                ));
             };
             if expected.trim() != computed {
                 return Err(S3Error::with_message(

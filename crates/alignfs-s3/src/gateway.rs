@@ -70,7 +70,9 @@ impl Gateway {
 pub fn storage_error(error: Error, what: &str) -> S3Error {
     let (code, message) = match &error {
         Error::NotFound => (S3ErrorCode::NoSuchKey, format!("{what} does not exist")),
-        Error::NameTooLong => (S3ErrorCode::KeyTooLongError, format!("{what}: the key is too long (at most 255 bytes, each '/' counting twice)")),
+        Error::NameTooLong => {
+            (S3ErrorCode::KeyTooLongError, format!("{what}: the key is too long (at most 255 bytes, each '/' counting twice)"))
+        }
         Error::InvalidName(m) => (S3ErrorCode::InvalidArgument, m.clone()),
         Error::NoSpace | Error::MetadataFull(_) => (S3ErrorCode::ServiceUnavailable, format!("{what}: the volume is full ({error})")),
         Error::ReadOnly => (S3ErrorCode::AccessDenied, "the gateway serves this store read-only".to_string()),
@@ -209,13 +211,7 @@ fn headers_of(
     content_language: Option<String>,
     cache_control: Option<String>,
 ) -> Headers {
-    Headers {
-        content_type,
-        content_encoding,
-        content_disposition,
-        content_language,
-        cache_control,
-    }
+    Headers { content_type, content_encoding, content_disposition, content_language, cache_control }
 }
 
 fn check_conditions(etag: &str, if_match: Option<&ETagCondition>, if_none_match: Option<&ETagCondition>) -> S3Result<()> {
@@ -252,7 +248,14 @@ struct Page {
     last: Option<String>,
 }
 
-fn list_page(store: &ObjectStore, bucket_name: &str, prefix: &str, delimiter: Option<&str>, after: Option<String>, max: usize) -> S3Result<Page> {
+fn list_page(
+    store: &ObjectStore,
+    bucket_name: &str,
+    prefix: &str,
+    delimiter: Option<&str>,
+    after: Option<String>,
+    max: usize,
+) -> S3Result<Page> {
     let bucket = bucket(store, bucket_name)?;
     let mut page = Page { objects: Vec::new(), prefixes: Vec::new(), truncated: false, last: None };
     let delimiter = delimiter.filter(|d| !d.is_empty());
@@ -266,9 +269,8 @@ fn list_page(store: &ObjectStore, bucket_name: &str, prefix: &str, delimiter: Op
     let mut skip_past = after.as_deref().and_then(|a| common_prefix(a).filter(|c| c == a));
     let mut cursor = after;
     loop {
-        let batch = bucket
-            .list(prefix.as_bytes(), cursor.as_deref().map(str::as_bytes), 1000)
-            .map_err(|e| storage_error(e, bucket_name))?;
+        let batch =
+            bucket.list(prefix.as_bytes(), cursor.as_deref().map(str::as_bytes), 1000).map_err(|e| storage_error(e, bucket_name))?;
         if batch.is_empty() {
             return Ok(page);
         }
@@ -289,7 +291,12 @@ fn list_page(store: &ObjectStore, bucket_name: &str, prefix: &str, delimiter: Op
                     skip_past = Some(common);
                 }
                 None => {
-                    let etag = bucket.attribute(&object.name).ok().flatten().and_then(|a| record::decode::<ObjectRecord>(&a, &key).ok()).map(|r| r.etag);
+                    let etag = bucket
+                        .attribute(&object.name)
+                        .ok()
+                        .flatten()
+                        .and_then(|a| record::decode::<ObjectRecord>(&a, &key).ok())
+                        .map(|r| r.etag);
                     page.last = Some(key.clone());
                     page.objects.push((key, object.size, object.mtime_ns, etag.unwrap_or_default()));
                 }
@@ -338,7 +345,8 @@ fn load_upload(store: &ObjectStore, upload_id: &str, bucket_name: &str, key: &st
         Ok(None) | Err(Error::NotFound) => return Err(s3_error!(NoSuchUpload)),
         Err(e) => return Err(storage_error(e, &upload_what(upload_id))),
     };
-    let upload: UploadRecord = record::decode(&attribute, &upload_what(upload_id)).map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?;
+    let upload: UploadRecord =
+        record::decode(&attribute, &upload_what(upload_id)).map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?;
     if upload.bucket != bucket_name || upload.key != key {
         return Err(s3_error!(NoSuchUpload, "the upload belongs to another object"));
     }
@@ -386,7 +394,7 @@ impl S3 for Gateway {
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let name = req.input.bucket;
         self.blocking(move |store| match store.create_bucket(name.as_bytes()) {
-            Ok(()) => Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{name}")), ..CreateBucketOutput::default() })),
+            Ok(()) => Ok(S3Response::new(CreateBucketOutput { location: Some(format!("/{name}")) })),
             Err(Error::Exists) => Err(s3_error!(BucketAlreadyOwnedByYou)),
             Err(e) => Err(storage_error(e, &name)),
         })
@@ -432,7 +440,8 @@ impl S3 for Gateway {
         let declared = Declared { md5: input.content_md5.clone(), checksum, length: input.content_length.map(|l| l.max(0) as u64) };
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
         let (if_match, if_none_match) = (input.if_match.clone(), input.if_none_match.clone());
-        let headers = headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
+        let headers =
+            headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
         let metadata = input.metadata;
         // Refuse a missing bucket or a bad key before reading the body.
         {
@@ -444,27 +453,38 @@ impl S3 for Gateway {
             .await?;
         }
         let limit = self.limits.max_object_bytes;
-        let published = body::receive(Arc::clone(&self.store), input.body, declared, limit, req.trailing_headers, move |store, mut staged, received| {
-            let target = bucket(store, &bucket_name)?;
-            if if_match.is_some() || if_none_match.is_some() {
-                let current = match target.attribute(key.as_bytes()) {
-                    Ok(attribute) => Some(attribute.and_then(|a| record::decode::<ObjectRecord>(&a, &key).ok()).unwrap_or_default().etag),
-                    Err(Error::NotFound) => None,
-                    Err(e) => return Err(storage_error(e, &key)),
-                };
-                match current {
-                    Some(etag) => check_conditions(&etag, if_match.as_ref(), if_none_match.as_ref()).map_err(|_| s3_error!(PreconditionFailed))?,
-                    None if if_match.is_some() => return Err(s3_error!(NoSuchKey)),
-                    None => {}
+        let published = body::receive(
+            Arc::clone(&self.store),
+            input.body,
+            declared,
+            limit,
+            req.trailing_headers,
+            move |store, mut staged, received| {
+                let target = bucket(store, &bucket_name)?;
+                if if_match.is_some() || if_none_match.is_some() {
+                    let current = match target.attribute(key.as_bytes()) {
+                        Ok(attribute) => {
+                            Some(attribute.and_then(|a| record::decode::<ObjectRecord>(&a, &key).ok()).unwrap_or_default().etag)
+                        }
+                        Err(Error::NotFound) => None,
+                        Err(e) => return Err(storage_error(e, &key)),
+                    };
+                    match current {
+                        Some(etag) => {
+                            check_conditions(&etag, if_match.as_ref(), if_none_match.as_ref()).map_err(|_| s3_error!(PreconditionFailed))?
+                        }
+                        None if if_match.is_some() => return Err(s3_error!(NoSuchKey)),
+                        None => {}
+                    }
                 }
-            }
-            let record = object_record(headers, metadata, &received);
-            staged.set_attribute(&record::encode(&record));
-            let mut transaction = store.transaction();
-            transaction.publish(staged, &target, key.as_bytes()).map_err(|e| storage_error(e, &key))?;
-            transaction.commit().map_err(|e| storage_error(e, &key))?;
-            Ok(record)
-        })
+                let record = object_record(headers, metadata, &received);
+                staged.set_attribute(&record::encode(&record));
+                let mut transaction = store.transaction();
+                transaction.publish(staged, &target, key.as_bytes()).map_err(|e| storage_error(e, &key))?;
+                transaction.commit().map_err(|e| storage_error(e, &key))?;
+                Ok(record)
+            },
+        )
         .await?;
         let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(&published.checksum).map(|(_, v)| v);
         Ok(S3Response::new(PutObjectOutput {
@@ -635,7 +655,8 @@ impl S3 for Gateway {
         if !replace && source_bucket == bucket_name && source_key == key {
             return Err(s3_error!(InvalidRequest, "copying an object onto itself needs the REPLACE metadata directive"));
         }
-        let headers = headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
+        let headers =
+            headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
         let metadata = input.metadata;
         let (if_match, if_none_match) = (input.copy_source_if_match, input.copy_source_if_none_match);
         let (etag, mtime) = self
@@ -644,12 +665,21 @@ impl S3 for Gateway {
                 let source = bucket(store, &source_bucket)?;
                 let target = bucket(store, &bucket_name)?;
                 let source_record = match source.attribute(source_key.as_bytes()) {
-                    Ok(attribute) => attribute.map(|a| record::decode::<ObjectRecord>(&a, &what)).transpose().map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?.unwrap_or_default(),
+                    Ok(attribute) => attribute
+                        .map(|a| record::decode::<ObjectRecord>(&a, &what))
+                        .transpose()
+                        .map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?
+                        .unwrap_or_default(),
                     Err(e) => return Err(storage_error(e, &what)),
                 };
-                check_conditions(&source_record.etag, if_match.as_ref(), if_none_match.as_ref()).map_err(|_| s3_error!(PreconditionFailed))?;
+                check_conditions(&source_record.etag, if_match.as_ref(), if_none_match.as_ref())
+                    .map_err(|_| s3_error!(PreconditionFailed))?;
                 let record = if replace {
-                    ObjectRecord { headers, metadata: metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(), ..source_record }
+                    ObjectRecord {
+                        headers,
+                        metadata: metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(),
+                        ..source_record
+                    }
                 } else {
                     source_record
                 };
@@ -663,7 +693,11 @@ impl S3 for Gateway {
             })
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
-            copy_object_result: Some(CopyObjectResult { e_tag: Some(quoted(&etag)), last_modified: Some(timestamp(mtime)), ..CopyObjectResult::default() }),
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(quoted(&etag)),
+                last_modified: Some(timestamp(mtime)),
+                ..CopyObjectResult::default()
+            }),
             ..CopyObjectOutput::default()
         }))
     }
@@ -734,18 +768,28 @@ impl S3 for Gateway {
         }))
     }
 
-    async fn create_multipart_upload(&self, req: S3Request<CreateMultipartUploadInput>) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
-        let headers = headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
-        let metadata: BTreeMap<String, String> = input.metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+        let headers =
+            headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
+        let metadata: BTreeMap<String, String> =
+            input.metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
         // Unique across restarts: the time, and a counter for uploads in the same tick.
         let upload_id = format!("{:016x}{:08x}", now_ns(), self.next_upload.fetch_add(1, Ordering::Relaxed) as u32);
         let id = upload_id.clone();
         self.blocking(move |store| {
             bucket(store, &bucket_name)?;
             alignfs::personality::encode_name(key.as_bytes()).map_err(|e| storage_error(e, &key))?;
-            let upload = UploadRecord { bucket: bucket_name, key, record: ObjectRecord { headers, metadata, ..ObjectRecord::default() }, initiated_ns: now_ns() };
+            let upload = UploadRecord {
+                bucket: bucket_name,
+                key,
+                record: ObjectRecord { headers, metadata, ..ObjectRecord::default() },
+                initiated_ns: now_ns(),
+            };
             let mut staged = store.stage().map_err(|e| storage_error(e, "a staged object"))?;
             staged.set_attribute(&record::encode(&upload));
             let mut transaction = store.transaction();
@@ -765,7 +809,10 @@ impl S3 for Gateway {
         let input = req.input;
         let number = input.part_number;
         if number < 1 || number as u32 > self.limits.max_parts {
-            return Err(S3Error::with_message(S3ErrorCode::InvalidArgument, format!("part numbers run from 1 to {}", self.limits.max_parts)));
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidArgument,
+                format!("part numbers run from 1 to {}", self.limits.max_parts),
+            ));
         }
         let checksum = declared_checksum(
             input.checksum_algorithm.as_ref(),
@@ -785,17 +832,24 @@ impl S3 for Gateway {
             self.blocking(move |store| load_upload(store, &upload_id, &bucket_name, &key).map(drop)).await?;
         }
         let limit = self.limits.max_object_bytes;
-        let part = body::receive(Arc::clone(&self.store), input.body, declared, limit, req.trailing_headers, move |store, mut staged, received| {
-            // The upload may have been completed or aborted while the part arrived.
-            load_upload(store, &upload_id, &bucket_name, &key)?;
-            let part = PartRecord { etag: received.md5_hex(), checksum: received.checksum.clone() };
-            staged.set_attribute(&record::encode(&part));
-            let name = part_name(&upload_id, number as u32);
-            let mut transaction = store.transaction();
-            transaction.publish(staged, &uploads(store)?, name.as_bytes()).map_err(|e| storage_error(e, &name))?;
-            transaction.commit().map_err(|e| storage_error(e, &name))?;
-            Ok(part)
-        })
+        let part = body::receive(
+            Arc::clone(&self.store),
+            input.body,
+            declared,
+            limit,
+            req.trailing_headers,
+            move |store, mut staged, received| {
+                // The upload may have been completed or aborted while the part arrived.
+                load_upload(store, &upload_id, &bucket_name, &key)?;
+                let part = PartRecord { etag: received.md5_hex(), checksum: received.checksum.clone() };
+                staged.set_attribute(&record::encode(&part));
+                let name = part_name(&upload_id, number as u32);
+                let mut transaction = store.transaction();
+                transaction.publish(staged, &uploads(store)?, name.as_bytes()).map_err(|e| storage_error(e, &name))?;
+                transaction.commit().map_err(|e| storage_error(e, &name))?;
+                Ok(part)
+            },
+        )
         .await?;
         let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(&part.checksum).map(|(_, v)| v);
         Ok(S3Response::new(UploadPartOutput {
@@ -809,7 +863,10 @@ impl S3 for Gateway {
         }))
     }
 
-    async fn complete_multipart_upload(&self, req: S3Request<CompleteMultipartUploadInput>) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let input = req.input;
         let (bucket_name, key, upload_id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
         let listed: Vec<CompletedPart> = input.multipart_upload.and_then(|m| m.parts).unwrap_or_default();
@@ -851,7 +908,9 @@ impl S3 for Gateway {
                 for (number, part) in &chosen {
                     let name = part_name(&upload_id, *number);
                     offset += staged.copy_from(&uploads, name.as_bytes(), offset).map_err(|e| storage_error(e, &name))?;
-                    let digest = (0..part.etag.len() / 2).filter_map(|i| u8::from_str_radix(&part.etag[2 * i..2 * i + 2], 16).ok()).collect::<Vec<u8>>();
+                    let digest = (0..part.etag.len() / 2)
+                        .filter_map(|i| u8::from_str_radix(&part.etag[2 * i..2 * i + 2], 16).ok())
+                        .collect::<Vec<u8>>();
                     md5s.update(&digest);
                 }
                 let etag = format!("{}-{}", hex(&md5s.finalize()), chosen.len());
@@ -862,7 +921,9 @@ impl S3 for Gateway {
                 transaction.publish(staged, &target, key.as_bytes()).map_err(|e| storage_error(e, &key))?;
                 transaction.remove(&uploads, upload_id.as_bytes()).map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
                 for (number, ..) in &parts {
-                    transaction.remove(&uploads, part_name(&upload_id, *number).as_bytes()).map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
+                    transaction
+                        .remove(&uploads, part_name(&upload_id, *number).as_bytes())
+                        .map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
                 }
                 transaction.commit().map_err(|e| storage_error(e, &key))?;
                 Ok(etag)
@@ -886,7 +947,9 @@ impl S3 for Gateway {
             let mut transaction = store.transaction();
             transaction.remove(&uploads, upload_id.as_bytes()).map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
             for (number, ..) in &parts {
-                transaction.remove(&uploads, part_name(&upload_id, *number).as_bytes()).map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
+                transaction
+                    .remove(&uploads, part_name(&upload_id, *number).as_bytes())
+                    .map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
             }
             transaction.commit().map_err(|e| storage_error(e, &upload_what(&upload_id)))?;
             Ok(S3Response::new(AbortMultipartUploadOutput::default()))

@@ -2,13 +2,33 @@
 //! `ACCESS_KEY SECRET_KEY` pair per line, `#` comments and blank lines ignored. The file
 //! must not be readable by group or others, as ssh treats its private keys.
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use s3s::auth::SimpleAuth;
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::{s3_error, S3Result};
+
+/// Access key → secret key.
+pub struct Keys(HashMap<String, SecretKey>);
+
+impl std::fmt::Debug for Keys {
+    // Never the secrets, not even in a test failure.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Keys({} access keys)", self.0.len())
+    }
+}
+
+#[async_trait::async_trait]
+impl S3Auth for Keys {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        // An unknown key is S3's InvalidAccessKeyId (s3s's SimpleAuth says NotSignedUp).
+        self.0.get(access_key).cloned().ok_or_else(|| s3_error!(InvalidAccessKeyId))
+    }
+}
 
 /// Parse and register the keys of `path`; errors name the file and line.
-pub fn load(path: &Path) -> Result<SimpleAuth, String> {
+pub fn load(path: &Path) -> Result<Keys, String> {
     let metadata = std::fs::metadata(path).map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
     let mode = metadata.permissions().mode();
     if mode & 0o077 != 0 {
@@ -23,8 +43,8 @@ pub fn load(path: &Path) -> Result<SimpleAuth, String> {
     parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn parse(text: &str) -> Result<SimpleAuth, String> {
-    let mut auth = SimpleAuth::new();
+fn parse(text: &str) -> Result<Keys, String> {
+    let mut keys = HashMap::new();
     let mut count = 0;
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -38,7 +58,7 @@ fn parse(text: &str) -> Result<SimpleAuth, String> {
         if secret.len() < 8 {
             return Err(format!("line {}: the secret key of {access} is shorter than 8 characters", number + 1));
         }
-        if auth.register(access.to_string(), secret.into()).is_some() {
+        if keys.insert(access.to_string(), SecretKey::from(secret)).is_some() {
             return Err(format!("line {}: access key {access} appears twice", number + 1));
         }
         count += 1;
@@ -46,7 +66,7 @@ fn parse(text: &str) -> Result<SimpleAuth, String> {
     if count == 0 {
         return Err("holds no keys".into());
     }
-    Ok(auth)
+    Ok(Keys(keys))
 }
 
 #[cfg(test)]
@@ -56,8 +76,8 @@ mod tests {
     #[test]
     fn keys_parse_with_comments_and_errors_name_the_line() {
         let auth = parse("# operators\nalice secret-one\n\n  bob   secret-two  \n").unwrap();
-        assert_eq!(auth.lookup("alice").map(|k| k.expose().to_string()).as_deref(), Some("secret-one"));
-        assert!(auth.lookup("bob").is_some());
+        assert_eq!(auth.0.get("alice").map(|k| k.expose().to_string()).as_deref(), Some("secret-one"));
+        assert!(auth.0.contains_key("bob"));
         assert!(parse("alice\n").unwrap_err().contains("line 1"));
         assert!(parse("a secret-x\na secret-y\n").unwrap_err().contains("twice"));
         assert!(parse("a short\n").unwrap_err().contains("shorter"));

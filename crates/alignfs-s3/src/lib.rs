@@ -12,5 +12,5 @@ mod record;
 mod server;
 
 pub use gateway::{Gateway, Limits};
-pub use keys::load as load_keys;
+pub use keys::{load as load_keys, Keys};
 pub use server::{serve, ServerConfig};

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnectionBuilder;
-use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 
@@ -17,7 +16,7 @@ use crate::gateway::Gateway;
 pub struct ServerConfig {
     pub listener: std::net::TcpListener,
     /// The accepted keys; `None` serves anonymous requests (refused unless asked for).
-    pub auth: Option<SimpleAuth>,
+    pub auth: Option<crate::keys::Keys>,
 }
 
 /// Serve until `shutdown` resolves; returns once connections have finished (or after

@@ -53,10 +53,10 @@ fn counter(store: &ObjectStore, which: Counter) -> u64 {
 }
 
 fn check_model(store: &ObjectStore, model: &BTreeMap<Vec<u8>, Vec<u8>>, context: &str) {
-    let names: Vec<Vec<u8>> = b(&store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| o.name).collect();
+    let names: Vec<Vec<u8>> = b(store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| o.name).collect();
     assert_eq!(names, model.keys().cloned().collect::<Vec<_>>(), "{context}: names");
     for (name, data) in model {
-        let got = b(&store).get(name).unwrap();
+        let got = b(store).get(name).unwrap();
         assert!(got == *data, "{context}: {} differs ({} bytes, model {})", String::from_utf8_lossy(name), got.len(), data.len());
     }
 }
@@ -365,16 +365,16 @@ fn apply_to_model(model: &mut Objects, op: &ObjectOp) {
 
 fn apply_to_store(store: &ObjectStore, op: &ObjectOp) -> alignfs::Result<()> {
     match op {
-        ObjectOp::Write { name, offset, data } => b(&store).write(name, *offset as u64, data),
-        ObjectOp::Truncate { name, size } => b(&store).truncate(name, *size as u64),
-        ObjectOp::Put { name, data } => b(&store).put(name, data),
-        ObjectOp::Remove { name } => b(&store).remove(name),
-        ObjectOp::Clone { from, to } => b(&store).clone_object(&b(&store), from, to),
+        ObjectOp::Write { name, offset, data } => b(store).write(name, *offset as u64, data),
+        ObjectOp::Truncate { name, size } => b(store).truncate(name, *size as u64),
+        ObjectOp::Put { name, data } => b(store).put(name, data),
+        ObjectOp::Remove { name } => b(store).remove(name),
+        ObjectOp::Clone { from, to } => b(store).clone_object(&b(store), from, to),
     }
 }
 
 fn read_all(store: &ObjectStore) -> Objects {
-    b(&store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| (o.name.clone(), b(&store).get(&o.name).unwrap())).collect()
+    b(store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| (o.name.clone(), b(store).get(&o.name).unwrap())).collect()
 }
 
 const CHILD_ENV: &str = "ALIGNFS_NVSTORE_KILL_CHILD";

@@ -195,7 +195,13 @@ impl ObjectStore {
 }
 
 fn check_bucket_name(bucket: &[u8]) -> Result<()> {
-    if bucket.is_empty() || bucket.len() > MAX_NAME_BYTES || bucket.contains(&b'/') || bucket.contains(&0) || bucket == b"." || bucket == b".." {
+    if bucket.is_empty()
+        || bucket.len() > MAX_NAME_BYTES
+        || bucket.contains(&b'/')
+        || bucket.contains(&0)
+        || bucket == b"."
+        || bucket == b".."
+    {
         return Err(Error::InvalidName(format!(
             "bucket name {:?} must be 1-255 bytes without '/' or NUL, and not . or ..",
             String::from_utf8_lossy(bucket)

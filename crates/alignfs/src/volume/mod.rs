@@ -18,7 +18,9 @@ mod write;
 
 pub use crate::stats::RecoveryReport;
 pub use check::Problem;
-pub use namespace::{DirEntry, NamespaceChange, RenameFlags, SetAttrRequest, StatFs, XattrSet, MAX_CHANGES, MAX_NAME_BYTES, MAX_SYMLINK_BYTES};
+pub use namespace::{
+    DirEntry, NamespaceChange, RenameFlags, SetAttrRequest, StatFs, XattrSet, MAX_CHANGES, MAX_NAME_BYTES, MAX_SYMLINK_BYTES,
+};
 pub use open::Devices;
 pub use paths::{
     default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths, open_object_paths,
