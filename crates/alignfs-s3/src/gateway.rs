@@ -139,23 +139,86 @@ fn declared_checksum(
     }
 }
 
+/// What a PUT or UploadPart request says its body will be. (The two inputs are distinct
+/// types with the same field names.)
+macro_rules! declared_body {
+    ($input:expr, $headers:expr) => {{
+        let input = &$input;
+        let checksum = declared_checksum(
+            input.checksum_algorithm.as_ref(),
+            [
+                (Algorithm::Crc32, input.checksum_crc32.as_ref()),
+                (Algorithm::Crc32c, input.checksum_crc32c.as_ref()),
+                (Algorithm::Crc64Nvme, input.checksum_crc64nvme.as_ref()),
+                (Algorithm::Sha1, input.checksum_sha1.as_ref()),
+                (Algorithm::Sha256, input.checksum_sha256.as_ref()),
+            ],
+            $headers,
+        )?;
+        Declared { md5: input.content_md5.clone(), checksum, length: input.content_length.map(|l| l.max(0) as u64) }
+    }};
+}
+
+/// `$output { fields, the checksum_* fields from $checksum, ..default }`: the responses
+/// that carry checksums are distinct types with the same field names.
+macro_rules! with_checksums {
+    ($output:ident, $checksum:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields($checksum).map(|(_, v)| v);
+        $output {
+            $($field: $value,)*
+            checksum_crc32: crc32,
+            checksum_crc32c: crc32c,
+            checksum_crc64nvme: crc64nvme,
+            checksum_sha1: sha1,
+            checksum_sha256: sha256,
+            ..$output::default()
+        }
+    }};
+}
+
+/// The fields a GET and a HEAD answer both with, from the object's record and time; the
+/// checksum only when `$whole` object is sent.
+macro_rules! object_output {
+    ($output:ident, $record:expr, $mtime:expr, $whole:expr, { $($field:ident: $value:expr),* $(,)? }) => {{
+        let record: ObjectRecord = $record;
+        let checksum = if $whole { record.checksum.clone() } else { None };
+        with_checksums!($output, &checksum, {
+            $($field: $value,)*
+            accept_ranges: Some("bytes".into()),
+            last_modified: Some(timestamp($mtime)),
+            e_tag: Some(quoted(&record.etag)),
+            metadata: Some(record.metadata.into_iter().collect()),
+            content_type: record.headers.content_type,
+            content_encoding: record.headers.content_encoding,
+            content_disposition: record.headers.content_disposition,
+            content_language: record.headers.content_language,
+            cache_control: record.headers.cache_control,
+            parts_count: record.parts.map(|p| p as i32),
+        })
+    }};
+}
+
 fn checksum_fields(record: &Option<(String, String)>) -> [(Algorithm, Option<String>); 5] {
     Algorithm::ALL.map(|a| (a, record.as_ref().filter(|(name, _)| name == a.name()).map(|(_, v)| v.clone())))
 }
 
+/// User metadata as kept: names in lower case, as S3 returns them.
+fn user_metadata(metadata: Option<Metadata>) -> BTreeMap<String, String> {
+    metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect()
+}
+
+/// A record that does not decode: the store holds damage, not a client error.
+fn damaged(message: String) -> S3Error {
+    S3Error::with_message(S3ErrorCode::InternalError, message)
+}
+
 fn object_record(headers: Headers, metadata: Option<Metadata>, received: &Received) -> ObjectRecord {
-    ObjectRecord {
-        etag: received.md5_hex(),
-        headers,
-        metadata: metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(),
-        checksum: received.checksum.clone(),
-        parts: None,
-    }
+    ObjectRecord { etag: received.md5_hex(), headers, metadata: user_metadata(metadata), checksum: received.checksum.clone(), parts: None }
 }
 
 fn read_record(handle: &ObjectHandle, what: &str) -> S3Result<ObjectRecord> {
     match &handle.attribute {
-        Some(bytes) => record::decode(bytes, what).map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m)),
+        Some(bytes) => record::decode(bytes, what).map_err(damaged),
         // An object written through the library, not the gateway.
         None => Ok(ObjectRecord::default()),
     }
@@ -345,8 +408,7 @@ fn load_upload(store: &ObjectStore, upload_id: &str, bucket_name: &str, key: &st
         Ok(None) | Err(Error::NotFound) => return Err(s3_error!(NoSuchUpload)),
         Err(e) => return Err(storage_error(e, &upload_what(upload_id))),
     };
-    let upload: UploadRecord =
-        record::decode(&attribute, &upload_what(upload_id)).map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?;
+    let upload: UploadRecord = record::decode(&attribute, &upload_what(upload_id)).map_err(damaged)?;
     if upload.bucket != bucket_name || upload.key != key {
         return Err(s3_error!(NoSuchUpload, "the upload belongs to another object"));
     }
@@ -366,7 +428,7 @@ fn upload_parts(store: &ObjectStore, upload_id: &str) -> S3Result<Vec<(u32, u64,
         let name = String::from_utf8_lossy(&object.name).into_owned();
         let Ok(number) = name[prefix.len()..].parse::<u32>() else { continue };
         let attribute = uploads.attribute(&object.name).map_err(|e| storage_error(e, &name))?.unwrap_or_default();
-        let part: PartRecord = record::decode(&attribute, &name).map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?;
+        let part: PartRecord = record::decode(&attribute, &name).map_err(damaged)?;
         out.push((number, object.size, object.mtime_ns, part));
     }
     Ok(out)
@@ -426,18 +488,7 @@ impl S3 for Gateway {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let input = req.input;
-        let checksum = declared_checksum(
-            input.checksum_algorithm.as_ref(),
-            [
-                (Algorithm::Crc32, input.checksum_crc32.as_ref()),
-                (Algorithm::Crc32c, input.checksum_crc32c.as_ref()),
-                (Algorithm::Crc64Nvme, input.checksum_crc64nvme.as_ref()),
-                (Algorithm::Sha1, input.checksum_sha1.as_ref()),
-                (Algorithm::Sha256, input.checksum_sha256.as_ref()),
-            ],
-            &req.headers,
-        )?;
-        let declared = Declared { md5: input.content_md5.clone(), checksum, length: input.content_length.map(|l| l.max(0) as u64) };
+        let declared = declared_body!(input, &req.headers);
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
         let (if_match, if_none_match) = (input.if_match.clone(), input.if_none_match.clone());
         let headers =
@@ -486,16 +537,7 @@ impl S3 for Gateway {
             },
         )
         .await?;
-        let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(&published.checksum).map(|(_, v)| v);
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(quoted(&published.etag)),
-            checksum_crc32: crc32,
-            checksum_crc32c: crc32c,
-            checksum_crc64nvme: crc64nvme,
-            checksum_sha1: sha1,
-            checksum_sha256: sha256,
-            ..PutObjectOutput::default()
-        }))
+        Ok(S3Response::new(with_checksums!(PutObjectOutput, &published.checksum, { e_tag: Some(quoted(&published.etag)) })))
     }
 
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
@@ -531,28 +573,11 @@ impl S3 for Gateway {
         let content_range = input.range.as_ref().map(|_| format!("bytes {}-{}/{size}", range.start, range.end.saturating_sub(1)));
         let whole = input.range.is_none();
         let length = range.end - range.start;
-        let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(if whole { &record.checksum } else { &None }).map(|(_, v)| v);
-        let output = GetObjectOutput {
+        let output = object_output!(GetObjectOutput, record, mtime, whole, {
             body: Some(object_body(pinned, range, what)),
             content_length: Some(length as i64),
-            content_range,
-            accept_ranges: Some("bytes".into()),
-            last_modified: Some(timestamp(mtime)),
-            e_tag: Some(quoted(&record.etag)),
-            metadata: Some(record.metadata.into_iter().collect()),
-            content_type: record.headers.content_type,
-            content_encoding: record.headers.content_encoding,
-            content_disposition: record.headers.content_disposition,
-            content_language: record.headers.content_language,
-            cache_control: record.headers.cache_control,
-            parts_count: record.parts.map(|p| p as i32),
-            checksum_crc32: crc32,
-            checksum_crc32c: crc32c,
-            checksum_crc64nvme: crc64nvme,
-            checksum_sha1: sha1,
-            checksum_sha256: sha256,
-            ..GetObjectOutput::default()
-        };
+            content_range: content_range,
+        });
         let status = if whole { None } else { Some(hyper::StatusCode::PARTIAL_CONTENT) };
         let mut response = S3Response::new(output);
         response.status = status;
@@ -574,26 +599,7 @@ impl S3 for Gateway {
             })
             .await?;
         check_conditions(&record.etag, input.if_match.as_ref(), input.if_none_match.as_ref())?;
-        let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(&record.checksum).map(|(_, v)| v);
-        Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some(size as i64),
-            accept_ranges: Some("bytes".into()),
-            last_modified: Some(timestamp(mtime)),
-            e_tag: Some(quoted(&record.etag)),
-            metadata: Some(record.metadata.into_iter().collect()),
-            content_type: record.headers.content_type,
-            content_encoding: record.headers.content_encoding,
-            content_disposition: record.headers.content_disposition,
-            content_language: record.headers.content_language,
-            cache_control: record.headers.cache_control,
-            parts_count: record.parts.map(|p| p as i32),
-            checksum_crc32: crc32,
-            checksum_crc32c: crc32c,
-            checksum_crc64nvme: crc64nvme,
-            checksum_sha1: sha1,
-            checksum_sha256: sha256,
-            ..HeadObjectOutput::default()
-        }))
+        Ok(S3Response::new(object_output!(HeadObjectOutput, record, mtime, true, { content_length: Some(size as i64) })))
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
@@ -665,24 +671,15 @@ impl S3 for Gateway {
                 let source = bucket(store, &source_bucket)?;
                 let target = bucket(store, &bucket_name)?;
                 let source_record = match source.attribute(source_key.as_bytes()) {
-                    Ok(attribute) => attribute
-                        .map(|a| record::decode::<ObjectRecord>(&a, &what))
-                        .transpose()
-                        .map_err(|m| S3Error::with_message(S3ErrorCode::InternalError, m))?
-                        .unwrap_or_default(),
+                    Ok(attribute) => {
+                        attribute.map(|a| record::decode::<ObjectRecord>(&a, &what)).transpose().map_err(damaged)?.unwrap_or_default()
+                    }
                     Err(e) => return Err(storage_error(e, &what)),
                 };
                 check_conditions(&source_record.etag, if_match.as_ref(), if_none_match.as_ref())
                     .map_err(|_| s3_error!(PreconditionFailed))?;
-                let record = if replace {
-                    ObjectRecord {
-                        headers,
-                        metadata: metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect(),
-                        ..source_record
-                    }
-                } else {
-                    source_record
-                };
+                let record =
+                    if replace { ObjectRecord { headers, metadata: user_metadata(metadata), ..source_record } } else { source_record };
                 let mut staged = store.stage().map_err(|e| storage_error(e, "a staged object"))?;
                 staged.clone_from(&source, source_key.as_bytes()).map_err(|e| storage_error(e, &what))?;
                 staged.set_attribute(&record::encode(&record));
@@ -776,8 +773,7 @@ impl S3 for Gateway {
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
         let headers =
             headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
-        let metadata: BTreeMap<String, String> =
-            input.metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+        let metadata: BTreeMap<String, String> = user_metadata(input.metadata);
         // Unique across restarts: the time, and a counter for uploads in the same tick.
         let upload_id = format!("{:016x}{:08x}", now_ns(), self.next_upload.fetch_add(1, Ordering::Relaxed) as u32);
         let id = upload_id.clone();
@@ -814,18 +810,7 @@ impl S3 for Gateway {
                 format!("part numbers run from 1 to {}", self.limits.max_parts),
             ));
         }
-        let checksum = declared_checksum(
-            input.checksum_algorithm.as_ref(),
-            [
-                (Algorithm::Crc32, input.checksum_crc32.as_ref()),
-                (Algorithm::Crc32c, input.checksum_crc32c.as_ref()),
-                (Algorithm::Crc64Nvme, input.checksum_crc64nvme.as_ref()),
-                (Algorithm::Sha1, input.checksum_sha1.as_ref()),
-                (Algorithm::Sha256, input.checksum_sha256.as_ref()),
-            ],
-            &req.headers,
-        )?;
-        let declared = Declared { md5: input.content_md5.clone(), checksum, length: input.content_length.map(|l| l.max(0) as u64) };
+        let declared = declared_body!(input, &req.headers);
         let (bucket_name, key, upload_id) = (input.bucket.clone(), input.key.clone(), input.upload_id.clone());
         {
             let (bucket_name, key, upload_id) = (bucket_name.clone(), key.clone(), upload_id.clone());
@@ -851,16 +836,7 @@ impl S3 for Gateway {
             },
         )
         .await?;
-        let [crc32, crc32c, crc64nvme, sha1, sha256] = checksum_fields(&part.checksum).map(|(_, v)| v);
-        Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(quoted(&part.etag)),
-            checksum_crc32: crc32,
-            checksum_crc32c: crc32c,
-            checksum_crc64nvme: crc64nvme,
-            checksum_sha1: sha1,
-            checksum_sha256: sha256,
-            ..UploadPartOutput::default()
-        }))
+        Ok(S3Response::new(with_checksums!(UploadPartOutput, &part.checksum, { e_tag: Some(quoted(&part.etag)) })))
     }
 
     async fn complete_multipart_upload(

@@ -229,13 +229,7 @@ pub fn encode_name(name: &[u8]) -> Result<Vec<u8>> {
     if name == b"." || name == b".." {
         return Err(invalid("is reserved"));
     }
-    let mut entry = Vec::with_capacity(name.len() + 8);
-    for &byte in name {
-        match byte {
-            b'/' => entry.extend_from_slice(&SLASH),
-            other => entry.push(other),
-        }
-    }
+    let entry = encode_for_seek(name);
     if entry.len() > MAX_NAME_BYTES {
         return Err(Error::NameTooLong);
     }
@@ -325,9 +319,8 @@ impl<'s> Bucket<'s> {
     pub fn open(&self, name: &[u8]) -> Result<ObjectHandle> {
         let ino = self.object(name)?;
         let attr = self.volume().open_handle(ino)?;
-        let attribute = match self.volume().getxattr(ino, ATTRIBUTE) {
-            Ok(value) => Some(value),
-            Err(Error::NoAttribute) => None,
+        let attribute = match self.attribute_of(ino) {
+            Ok(attribute) => attribute,
             Err(e) => {
                 let _ = self.volume().release_handle(ino);
                 return Err(e);
@@ -338,7 +331,11 @@ impl<'s> Bucket<'s> {
 
     /// The attribute a transaction published with the object, if any.
     pub fn attribute(&self, name: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.volume().getxattr(self.object(name)?, ATTRIBUTE) {
+        self.attribute_of(self.object(name)?)
+    }
+
+    fn attribute_of(&self, ino: Ino) -> Result<Option<Vec<u8>>> {
+        match self.volume().getxattr(ino, ATTRIBUTE) {
             Ok(value) => Ok(Some(value)),
             Err(Error::NoAttribute) => Ok(None),
             Err(e) => Err(e),
@@ -402,7 +399,8 @@ impl<'s> Bucket<'s> {
     }
 }
 
-/// The encoding of a name used only as a bound of a listing: any bytes, `/` encoded.
+/// The directory-entry encoding of any bytes, unchecked: what [`encode_name`] stores, and
+/// the bound of a listing (a prefix or cursor need not be a valid name).
 fn encode_for_seek(name: &[u8]) -> Vec<u8> {
     let mut entry = Vec::with_capacity(name.len() + 8);
     for &byte in name {

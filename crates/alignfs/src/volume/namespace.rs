@@ -382,9 +382,10 @@ impl Volume {
 
     /// Apply `changes` as one transaction: every change is checked first, then all are
     /// committed in one metadata record, so a crash leaves all of them or none. Each is
-    /// checked against the namespace as it was before the transaction, so no name may be
-    /// touched twice, no inode may lose two names, and an inode that loses its last name
-    /// takes no attribute, and an inode takes at most one attribute: such a transaction is refused (`InvalidArgument`) unapplied.
+    /// checked against the namespace as it was before the transaction, so a transaction
+    /// is refused (`InvalidArgument`) unapplied if it touches a name twice, drops two
+    /// names of one inode, sets an attribute of an inode it drops, or sets two
+    /// attributes of one inode.
     pub fn commit_changes(&self, changes: &[NamespaceChange]) -> Result<()> {
         self.inner.check_writable()?;
         if changes.len() > MAX_CHANGES {
@@ -433,7 +434,7 @@ impl Volume {
         if let Some((ino, _)) = xattrs.iter().find(|(ino, _)| dropped.contains(ino)) {
             return Err(Error::InvalidArgument(format!("a transaction sets an attribute of inode {} while removing it", ino.0)));
         }
-        // Attributes first: a later op of the same record may free nothing they touch.
+        // Attributes first, before any op of the record frees an inode.
         let ops: Vec<Op> = xattrs.into_iter().map(|(_, op)| op).chain(ops).collect();
         if ops.is_empty() {
             return Ok(());
