@@ -22,6 +22,10 @@ work=$(mktemp -d /var/tmp/alignfs-s3.XXXXXX)
 export PATH="/usr/bin:$PATH"
 /usr/bin/python3 tests/s3/run.py target/release/alignfs "$work" --kill-rounds "${S3_KILL_ROUNDS:-3}"
 status=$?
+if ((status)); then
+    # The gateway's own account of the failure (errors it answered, and why).
+    for log in "$work"/*/s3.log; do echo "== $log (last 40 lines)"; tail -n 40 "$log"; done
+fi
 pkill -f "alignfs s3 --ssd $work" 2>/dev/null
 [[ ${KEEP:-0} == 1 ]] && echo "kept $work" || rm -rf "$work"
 exit $status
