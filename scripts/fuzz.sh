@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}
-rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
+rustup toolchain list | grep '^nightly' >/dev/null || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
 command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
 targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages kv_records)
 build_log=$(mktemp)

@@ -55,7 +55,7 @@ start_server() {
     return 1
 }
 stop_server() {
-    kill -INT "$server" && wait "$server" && server="" && tail -1 "$work/server.out" | grep -q "closed cleanly"
+    kill -INT "$server" && wait "$server" && server="" && tail -1 "$work/server.out" | grep "closed cleanly" >/dev/null
 }
 
 passed=0
@@ -67,9 +67,9 @@ failed=0
 start_server || exit 1
 
 nbdinfo_checks() {
-    nbdinfo "$uri" | grep -q "export-size: 1073741824" &&
-        nbdinfo "nbd+unix:///alignfs?socket=$work/nbd.sock" | grep -q "block_size_minimum: 512" &&
-        nbdinfo --list "nbd://127.0.0.1:$port" | grep -q 'export="alignfs"'
+    nbdinfo "$uri" | grep "export-size: 1073741824" >/dev/null &&
+        nbdinfo "nbd+unix:///alignfs?socket=$work/nbd.sock" | grep "block_size_minimum: 512" >/dev/null &&
+        nbdinfo --list "nbd://127.0.0.1:$port" | grep 'export="alignfs"' >/dev/null
 }
 check "nbdinfo (TCP, Unix socket, list)" nbdinfo_checks
 
@@ -90,7 +90,7 @@ qemu_io_patterns() {
     return 0
 }
 check "qemu-io patterns" qemu_io_patterns
-check "qemu-io: a write past the end is refused" bash -c "! qemu-io -f raw -c 'write 1G 4k' '$uri' 2>/dev/null | grep -q '^wrote'"
+check "qemu-io: a write past the end is refused" bash -c "! qemu-io -f raw -c 'write 1G 4k' '$uri' 2>/dev/null | grep '^wrote' >/dev/null"
 
 check "nbdcopy round trip" bash -c "nbdcopy '$work/src.raw' '$uri' && nbdcopy '$uri' - | head -c 48M | cmp -s - '$work/src.raw'"
 
@@ -124,11 +124,11 @@ ext4_on_volume() {
 }
 check "ext4 on the volume (nbdfuse + loop): mkfs, fsx, fio verify, e2fsck -fn" ext4_on_volume
 
-clean_stop() { stop_server && "$bin" fsck "${devices[@]}" | grep -q ': clean$'; }
+clean_stop() { stop_server && "$bin" fsck "${devices[@]}" | grep ': clean$' >/dev/null; }
 check "clean stop (SIGINT) and fsck" clean_stop
 
 start_server --read-only --export alignfs || exit 1
-check "read-only export refuses writes" bash -c "! qemu-io -f raw -c 'write 0 4k' '$uri' 2>/dev/null | grep -q '^wrote' && qemu-io -r -f raw -c 'read -P 0x11 4k 4k' '$uri' | grep -q '^read'"
+check "read-only export refuses writes" bash -c "! qemu-io -f raw -c 'write 0 4k' '$uri' 2>/dev/null | grep '^wrote' >/dev/null && qemu-io -r -f raw -c 'read -P 0x11 4k 4k' '$uri' | grep '^read' >/dev/null"
 kill -INT "$server"; wait "$server"; server=""
 
 # kill -9 during writes, restart, check every acknowledged write, repeat.

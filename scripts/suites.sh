@@ -193,7 +193,7 @@ check "RocksDB db_bench fillrandom/overwrite/readrandom + verifychecksum" run_ro
 # What a watchdog relies on: 0 for a served mount, 1 for one that is not (a plain
 # directory, a daemon that stopped answering), 2 for a usage mistake.
 health() {
-    "$bin" health "$mnt" | grep -q ': healthy' || return 1
+    "$bin" health "$mnt" | grep ': healthy' >/dev/null || return 1
     local status=0
     "$bin" health "$work" >/dev/null || status=$?
     [[ $status == 1 ]] || { echo "health of a plain directory exited $status"; return 1; }
@@ -228,7 +228,7 @@ cycle() {
     mount_main || return 1
     after=$(tree_sums) || return 1
     [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
-    "$bin" stat "$mnt" --json | grep -q '"records_replayed": 0' || {
+    "$bin" stat "$mnt" --json | grep '"records_replayed": 0' >/dev/null || {
         echo "journal records left after a clean $how:"
         "$bin" stat "$mnt" --json | grep -E '"records_replayed"|"checkpoint_generation"|"journal_used_bytes"'
         tail -12 "$work/mount.log"
@@ -287,7 +287,7 @@ print(peak, "of", total, "scrap pages at most in use")' || return 1
     "$bin" umount "$scrap" >/dev/null && mount_scrap || return 1
     after=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
     [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
-    "$bin" stat "$scrap" --json | grep -q '"records_replayed": 0'
+    "$bin" stat "$scrap" --json | grep '"records_replayed": 0' >/dev/null
 }
 check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
 
