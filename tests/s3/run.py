@@ -504,6 +504,16 @@ def fsck_clean(binary, work, name):
     check(name, clean)
 
 
+def stat_counts(binary, work):
+    def counted():
+        r = subprocess.run([binary, "stat", "--json", "--ssd", os.path.join(work, "ssd.img")], stdout=subprocess.PIPE, text=True, check=True)
+        counters = json.loads(r.stdout)["counters"]
+        for name in ["kv_batches", "kv_block_bytes", "kv_fragment_bytes", "kv_onode_bytes", "kv_attr_bytes", "kv_name_bytes",
+                     "clean_page_hits"]:
+            assert counters[name] > 0, f"{name} is {counters[name]} after the client suites"
+    check("stat counts the KV store's traffic and the clean pages' hits", counted)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("binary")
@@ -523,6 +533,7 @@ def main():
     finally:
         gw.stop()
     fsck_clean(binary, main_work, "fsck is clean after the client suites")
+    stat_counts(binary, main_work)
     format_store(binary, os.path.join(args.work, "limits"))
     limits_suite(binary, os.path.join(args.work, "limits"))
     format_store(binary, os.path.join(args.work, "kill"))

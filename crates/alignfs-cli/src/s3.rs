@@ -34,6 +34,14 @@ pub struct S3Args {
     /// Largest object a PUT, or a part an UploadPart, may carry.
     #[arg(long, value_name = "SIZE", default_value = "5G")]
     max_object_size: String,
+    /// Memory for fragment pages: the blocks holding unaligned pieces not yet synced
+    /// (NVStore's FP and DP). When they fill it, the oldest are synced.
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    fragment_mem: String,
+    /// Memory for clean pages: copies of SSD blocks that reads, and unaligned writes
+    /// turning them into dirty pages, find without the device (NVStore's CP); 0 keeps none.
+    #[arg(long, value_name = "SIZE", default_value = "256M")]
+    clean_cache: String,
 }
 
 pub fn run(args: &S3Args) -> Result<()> {
@@ -53,7 +61,12 @@ pub fn run(args: &S3Args) -> Result<()> {
     let max_object_bytes = alignfs::geometry::parse_size(&args.max_object_size).context("--max-object-size")?;
     let limits = Limits { max_object_bytes, ..Limits::default() };
     let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
-    let options = VolumeOptions { read_only: args.read_only, ..VolumeOptions::default() };
+    let options = VolumeOptions {
+        read_only: args.read_only,
+        scrap_mem_bytes: alignfs::geometry::parse_size(&args.fragment_mem).context("--fragment-mem")?,
+        clean_cache_bytes: alignfs::geometry::parse_size(&args.clean_cache).context("--clean-cache")?,
+        ..VolumeOptions::default()
+    };
     let store = Arc::new(open_object_paths(ssd, args.devices.kv.as_deref(), options, args.devices.backend())?);
     let gateway = Gateway::new(Arc::clone(&store), limits)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the async runtime")?;

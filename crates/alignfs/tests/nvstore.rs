@@ -43,6 +43,11 @@ fn quiet() -> VolumeOptions {
     VolumeOptions { background: false, scrap_mem_bytes: 4 << 20, ..VolumeOptions::default() }
 }
 
+/// Without clean pages: every unaligned write makes a fragment page (FP).
+fn no_clean_pages() -> VolumeOptions {
+    VolumeOptions { clean_cache_bytes: 0, ..quiet() }
+}
+
 /// The bucket every test uses.
 fn b(store: &ObjectStore) -> Bucket<'_> {
     store.bucket(b"b").unwrap()
@@ -63,15 +68,18 @@ fn check_model(store: &ObjectStore, model: &BTreeMap<Vec<u8>, Vec<u8>>, context:
 
 /// Random object operations (unaligned writes, appends, truncates, clones, removes,
 /// syncs of fragment pages), with clean closes and crashes between rounds: every
-/// acknowledged operation is there after each reopen, byte for byte.
+/// acknowledged operation is there after each reopen, byte for byte. With clean pages
+/// (plenty, and so few that they are evicted all the time) and without.
 #[test]
 fn objects_match_a_model_across_closes_and_crashes() {
-    for geometry in [Profile::NVSTORE.default_geometry(), Geometry { block_bytes: 8192, page_bytes: 8192, ..Geometry::default() }] {
+    let (small, large) = (Profile::NVSTORE.default_geometry(), Geometry { block_bytes: 8192, page_bytes: 8192, ..Geometry::default() });
+    for (geometry, clean_cache_bytes) in [(small, 256 << 20), (large, 16 * 8192), (small, 0)] {
         let fixture = Fixture::new(geometry);
-        let mut rng = StdRng::seed_from_u64(seed(&format!("nvstore::model::{}", geometry.block_bytes)));
+        let mut rng = StdRng::seed_from_u64(seed(&format!("nvstore::model::{}::{clean_cache_bytes}", geometry.block_bytes)));
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let options = VolumeOptions { clean_cache_bytes, ..quiet() };
         for round in 0..6 {
-            let store = fixture.open(&quiet());
+            let store = fixture.open(&options);
             check_model(&store, &model, &format!("round {round} opening"));
             for step in 0..150 {
                 let name = format!("obj{}", rng.random_range(0..8)).into_bytes();
@@ -133,7 +141,7 @@ fn objects_match_a_model_across_closes_and_crashes() {
                 store.close().unwrap();
             }
         }
-        let store = fixture.open(&quiet());
+        let store = fixture.open(&options);
         check_model(&store, &model, "last open");
         assert_eq!(store.volume().check(), []);
         assert!(counter(&store, Counter::app_writes) > 100, "counters are kept across clean closes");
@@ -188,12 +196,24 @@ fn an_unaligned_write_is_one_fragment_put_and_a_sync_deletes_it() {
     let store = fixture.open(&quiet());
     b(&store).put(b"obj", &vec![1u8; 16384]).unwrap();
     let (ssd_before, reads_before) = (counter(&store, Counter::ssd_write_bytes), counter(&store, Counter::ssd_read_bytes));
+    let kv = |store: &ObjectStore| {
+        [Counter::kv_fragment_bytes, Counter::kv_block_bytes, Counter::kv_onode_bytes, Counter::kv_batches].map(|c| counter(store, c))
+    };
+    let kv_before = kv(&store);
     for block in 0..4u64 {
         b(&store).write(b"obj", block * 4096 + 2048, &[9u8; 2048]).unwrap();
     }
     assert_eq!(counter(&store, Counter::ssd_write_bytes), ssd_before, "fragments are not SSD writes");
     assert_eq!(counter(&store, Counter::ssd_read_bytes), reads_before, "no read before an unaligned write");
     assert_eq!(store.volume().stats().usage.fast_pages_used, 4, "one fragment page per block");
+    let kv_after = kv(&store);
+    let traffic: Vec<u64> = kv_after.iter().zip(kv_before).map(|(after, before)| after - before).collect();
+    // Per write: a fragment (key 20 B, value 6 B + the bytes), a block record (16 + 13 B),
+    // no onode (the size did not change), one synced batch.
+    assert_eq!(traffic, [4 * (20 + 6 + 2048), 4 * (16 + 13), 0, 4]);
+    store.close().unwrap();
+    let store = fixture.open(&quiet());
+    assert_eq!(kv(&store), kv_after, "the KV traffic counters are kept across a clean close");
     store.simulate_crash();
 
     let store = fixture.open(&quiet());
@@ -274,7 +294,7 @@ fn the_kv_directory_is_checked() {
 #[test]
 fn a_read_turns_a_fragment_page_into_a_dirty_page() {
     let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
-    let store = fixture.open(&quiet());
+    let store = fixture.open(&no_clean_pages());
     b(&store).put(b"obj", &vec![1u8; 8192]).unwrap();
     b(&store).write(b"obj", 100, b"fragment one").unwrap();
     b(&store).write(b"obj", 4096 + 10, b"fragment two").unwrap();
@@ -292,12 +312,56 @@ fn a_read_turns_a_fragment_page_into_a_dirty_page() {
     store.simulate_crash();
 
     // Reopened, both are fragment pages again; a read makes the second one dirty.
-    let store = fixture.open(&quiet());
+    let store = fixture.open(&no_clean_pages());
     let mut tail = vec![0u8; 4096];
     b(&store).read(b"obj", 4096, &mut tail).unwrap();
     assert_eq!(tail, expected[4096..], "the fragments rebuild the same bytes");
     assert_eq!(store.volume().migrate_all().unwrap(), 2);
     assert_eq!(counter(&store, Counter::migration_read_bytes), 4096, "only the fragment page is read to sync; the dirty one is not");
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
+    store.close().unwrap();
+}
+
+/// NVStore's Table 2 for clean pages: an aligned write makes clean pages that reads hit;
+/// an unaligned write to one makes a dirty page with no device read (CP -> DP), whose
+/// read and sync read nothing either, and the sync leaves a clean page again. After a
+/// crash the cache is empty: a read fetches the block once and keeps it.
+#[test]
+fn clean_pages_serve_reads_and_turn_dirty_on_an_unaligned_write() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    let device_reads = |store: &ObjectStore| counter(store, Counter::ssd_read_bytes);
+    b(&store).put(b"obj", &vec![1u8; 8192]).unwrap();
+    assert_eq!(b(&store).get(b"obj").unwrap(), vec![1u8; 8192]);
+    assert_eq!((device_reads(&store), counter(&store, Counter::clean_page_hits)), (0, 2), "both blocks read from clean pages");
+
+    b(&store).write(b"obj", 100, b"dirty").unwrap();
+    let mut expected = vec![1u8; 8192];
+    expected[100..105].copy_from_slice(b"dirty");
+    assert_eq!(counter(&store, Counter::pages_dirtied_from_clean), 1);
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
+    assert_eq!(store.volume().migrate_all().unwrap(), 1);
+    assert_eq!(counter(&store, Counter::migration_read_bytes), 0, "a dirty page is synced without a read");
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected);
+    assert_eq!(device_reads(&store), 0, "the synced block is a clean page");
+    b(&store).write(b"obj", 5000, b"fragment").unwrap();
+    expected[5000..5008].copy_from_slice(b"fragment");
+    store.simulate_crash();
+
+    let store = fixture.open(&quiet());
+    let mut head = vec![0u8; 4096];
+    b(&store).read(b"obj", 0, &mut head).unwrap();
+    assert_eq!(device_reads(&store), 4096, "a read miss fetches the block");
+    b(&store).read(b"obj", 0, &mut head).unwrap();
+    assert_eq!(device_reads(&store), 4096, "and keeps it as a clean page");
+    assert_eq!(head, expected[..4096]);
+    b(&store).write(b"obj", 10, b"after the crash").unwrap();
+    expected[10..25].copy_from_slice(b"after the crash");
+    // Counters restart from the last clean close after a crash.
+    assert_eq!(counter(&store, Counter::pages_dirtied_from_clean), 1, "the read's clean page became dirty");
+    assert_eq!(b(&store).get(b"obj").unwrap(), expected, "the fragments rebuilt the second block");
+    store.close().unwrap();
+    let store = fixture.open(&quiet());
     assert_eq!(b(&store).get(b"obj").unwrap(), expected);
     store.close().unwrap();
 }

@@ -10,14 +10,13 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use fjall::{Keyspace, OwnedWriteBatch};
 use parking_lot::Mutex;
 
 use super::records::{BlockKey, FragmentKey, FragmentValue};
-use super::store::{kv_error, FragmentBlock, KvTraffic};
+use super::store::{kv_error, FragmentBlock};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo};
 use crate::meta::MetaState;
@@ -40,15 +39,21 @@ struct Registry {
 pub struct FragmentLog {
     dir: PathBuf,
     fragments: Keyspace,
-    traffic: Arc<KvTraffic>,
+    /// Fragment bytes (keys + values) put since the last commit counted them.
+    put_bytes: AtomicU64,
     /// A put failed: the next commit must fail rather than acknowledge the write.
     failed: AtomicBool,
     registry: Mutex<Registry>,
 }
 
 impl FragmentLog {
-    pub(super) fn new(dir: PathBuf, fragments: Keyspace, traffic: Arc<KvTraffic>) -> FragmentLog {
-        FragmentLog { dir, fragments, traffic, failed: AtomicBool::new(false), registry: Mutex::default() }
+    pub(super) fn new(dir: PathBuf, fragments: Keyspace) -> FragmentLog {
+        FragmentLog { dir, fragments, put_bytes: AtomicU64::new(0), failed: AtomicBool::new(false), registry: Mutex::default() }
+    }
+
+    /// Fragment bytes put since the last call, for the commit to count.
+    pub(super) fn take_put_bytes(&self) -> u64 {
+        self.put_bytes.swap(0, Ordering::Relaxed)
     }
 
     /// `unit` now holds `block`'s fragment page; with `orders`, the ones it holds already
@@ -81,7 +86,7 @@ impl FragmentLog {
             key
         };
         let (key, value) = (key.encode(), FragmentValue::of(inoff as u16, data).encode());
-        self.traffic.fragment_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+        self.put_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
         if let Err(e) = self.fragments.insert(key, value) {
             tracing::error!("{}", kv_error(&self.dir, "write a fragment", e));
             self.failed.store(true, Ordering::SeqCst);

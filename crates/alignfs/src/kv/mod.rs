@@ -6,4 +6,4 @@ pub mod records;
 mod store;
 
 pub use fragments::{restore_fragment_pages, FragmentLog};
-pub use store::{FragmentBlock, KvMeta, KvTraffic, Loaded};
+pub use store::{FragmentBlock, KvMeta, Loaded};

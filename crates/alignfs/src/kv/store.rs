@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
@@ -26,6 +26,7 @@ use crate::journal::{CommitContext, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
 use crate::map::{BlockEntry, FileMap, PageNo};
 use crate::meta::{DataOp, FileKind, Freed, Ino, Inode, InodeData, MetaState, NamespaceOp, Op};
+use crate::stats::Counter;
 
 /// The file that marks a directory as an alignfs KV store (it holds the volume's uuid), so
 /// that formatting with `force` replaces only a store, never other files.
@@ -36,18 +37,6 @@ const UUID_KEY: &[u8] = b"uuid";
 const NEXT_INO_KEY: &[u8] = b"next-ino";
 /// The counters as of the last clean close (little-endian u64s, in `Counter::ALL` order).
 const COUNTERS_KEY: &[u8] = b"counters";
-
-/// User bytes (keys + values) written per record class since the store opened: the
-/// metadata traffic NVStore's evaluation counts, before the KV store's own amplification.
-#[derive(Debug, Default)]
-pub struct KvTraffic {
-    pub block_bytes: AtomicU64,
-    pub fragment_bytes: AtomicU64,
-    pub onode_bytes: AtomicU64,
-    pub attr_bytes: AtomicU64,
-    pub name_bytes: AtomicU64,
-    pub batches: AtomicU64,
-}
 
 /// A block whose record says it has fragments: the record's value, and the fragments by
 /// order, oldest first.
@@ -86,7 +75,6 @@ pub struct KvMeta {
     durable_next_ino: u64,
     /// A batch failed: memory is ahead of the disk.
     failed: bool,
-    traffic: Arc<KvTraffic>,
     log: Arc<FragmentLog>,
 }
 
@@ -165,11 +153,10 @@ impl KvMeta {
     fn open_dir(dir: &Path) -> Result<KvMeta> {
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
-        let traffic = Arc::new(KvTraffic::default());
         let fragments = keyspace("fragments")?;
         Ok(KvMeta {
             dir: dir.to_path_buf(),
-            log: Arc::new(FragmentLog::new(dir.to_path_buf(), fragments.clone(), Arc::clone(&traffic))),
+            log: Arc::new(FragmentLog::new(dir.to_path_buf(), fragments.clone())),
             blocks: keyspace("blocks")?,
             fragments,
             onodes: keyspace("onodes")?,
@@ -180,12 +167,7 @@ impl KvMeta {
             durable_sizes: HashMap::new(),
             durable_next_ino: 0,
             failed: false,
-            traffic,
         })
-    }
-
-    pub fn traffic(&self) -> &KvTraffic {
-        &self.traffic
     }
 
     /// The fragment records, for the residue store that puts them.
@@ -349,10 +331,13 @@ impl KvMeta {
         Ok(())
     }
 
-    /// Write the current record of every key `touched` names; `meta` is applied.
-    fn write_touched(&mut self, meta: &MetaState, checksums: Option<&BlockChecksums>, touched: &Touched) -> Result<()> {
+    /// Write the current record of every key `touched` names; `meta` is applied. The
+    /// records' bytes (keys + values) are counted per class in `stats`: the metadata
+    /// traffic NVStore's evaluation counts, before the KV store's own amplification.
+    fn write_touched(&mut self, cx: &CommitContext<'_>, touched: &Touched) -> Result<()> {
+        let (meta, checksums) = (cx.meta, cx.checksums);
         let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
-        let count = |counter: &AtomicU64, key: usize, value: usize| counter.fetch_add((key + value) as u64, Ordering::Relaxed);
+        let count = |counter: Counter, key: usize, value: usize| cx.stats.add(counter, (key + value) as u64);
         for ((ino, lblock), before) in &touched.blocks {
             let key = BlockKey { object: *ino, lblock: *lblock }.encode();
             let entry = meta.get(*ino).and_then(|i| i.map.lock().get(lblock).cloned());
@@ -364,7 +349,7 @@ impl KvMeta {
             match entry {
                 Some(entry) => {
                     let value = block_value(&entry, checksums);
-                    count(&self.traffic.block_bytes, key.len(), value.len());
+                    count(Counter::kv_block_bytes, key.len(), value.len());
                     batch.insert(&self.blocks, key.to_vec(), value.to_vec());
                 }
                 None => batch.remove(&self.blocks, key.to_vec()),
@@ -376,7 +361,7 @@ impl KvMeta {
             match meta.get(ino) {
                 Some(inode) => {
                     let (key, record) = (object_prefix(ino), attr_record(&inode.data.lock()).encode());
-                    count(&self.traffic.attr_bytes, key.len(), record.len());
+                    count(Counter::kv_attr_bytes, key.len(), record.len());
                     batch.insert(&self.attrs, key.to_vec(), record);
                 }
                 None => {
@@ -392,7 +377,7 @@ impl KvMeta {
             let Some(size) = meta.get(ino).map(|i| i.size()) else { continue };
             if self.durable_sizes.get(&ino) != Some(&size) {
                 let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
-                count(&self.traffic.onode_bytes, key.len(), value.len());
+                count(Counter::kv_onode_bytes, key.len(), value.len());
                 batch.insert(&self.onodes, key.to_vec(), value.to_vec());
                 sizes.push((ino, Some(size)));
             }
@@ -401,7 +386,7 @@ impl KvMeta {
             let key = encode_name_key(*parent, name);
             match meta.get(*parent).and_then(|dir| dir.data.lock().entries.get(name).copied()) {
                 Some(ino) => {
-                    count(&self.traffic.name_bytes, key.len(), 8);
+                    count(Counter::kv_name_bytes, key.len(), 8);
                     batch.insert(&self.names, key, encode_object_id(ino).to_vec());
                 }
                 None => batch.remove(&self.names, key),
@@ -412,7 +397,8 @@ impl KvMeta {
             batch.insert(&self.volume, NEXT_INO_KEY, encode_object_id(Ino(next_ino)).to_vec());
         }
         batch.commit().map_err(|e| kv_error(&self.dir, "commit", e))?;
-        self.traffic.batches.fetch_add(1, Ordering::Relaxed);
+        cx.stats.add(Counter::kv_batches, 1);
+        cx.stats.add(Counter::kv_fragment_bytes, self.log.take_put_bytes());
         self.durable_next_ino = next_ino;
         for (ino, size) in sizes {
             match size {
@@ -435,7 +421,7 @@ impl MetaStore for KvMeta {
         self.log.check()?;
         let touched = Touched::of(cx.meta, ops);
         let freed = apply();
-        if let Err(e) = self.write_touched(cx.meta, cx.checksums, &touched) {
+        if let Err(e) = self.write_touched(cx, &touched) {
             self.failed = true;
             return Err(e);
         }
@@ -449,6 +435,7 @@ impl MetaStore for KvMeta {
 
     /// At a clean close: only the counters, which no commit writes.
     fn checkpoint(&mut self, cx: &CommitContext<'_>) -> Result<()> {
+        cx.stats.add(Counter::kv_fragment_bytes, self.log.take_put_bytes());
         let counters: Vec<u8> = cx.stats.all().iter().flat_map(|v| v.to_le_bytes()).collect();
         self.volume.insert(COUNTERS_KEY, counters).map_err(|e| kv_error(&self.dir, "save the counters", e))?;
         self.db.persist(PersistMode::SyncData).map_err(|e| kv_error(&self.dir, "save the counters", e))
@@ -567,7 +554,8 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
-    fn commit(store: &mut KvMeta, meta: &MetaState, ops: &[Op]) {
+    /// Commit `ops`; returns the counters the commit added to.
+    fn commit(store: &mut KvMeta, meta: &MetaState, ops: &[Op]) -> Stats {
         let stats = Stats::new(&[]);
         let cx = CommitContext {
             stats: &stats,
@@ -587,6 +575,7 @@ mod tests {
             freed
         };
         store.commit(&cx, ops, &mut apply_all).unwrap();
+        stats
     }
 
     /// What the records must keep of an inode: all but the times data ops change.
@@ -644,6 +633,7 @@ mod tests {
         let mut dirs = vec![Ino::ROOT];
         let mut named_dirs: Vec<(Ino, Vec<u8>, Ino)> = Vec::new(); // (parent, name, ino)
         let mut files: Vec<(Ino, Vec<u8>, Ino)> = Vec::new(); // (parent, name, ino)
+        let mut batches = 0;
         for step in 0..400u32 {
             let name = format!("n{step}").into_bytes();
             let parent = dirs[rng.random_range(0..dirs.len())];
@@ -721,17 +711,17 @@ mod tests {
                     }
                 }
             };
-            commit(&mut store, &meta, &ops);
+            batches += commit(&mut store, &meta, &ops).get(Counter::kv_batches);
         }
         let live = durable_view(&meta);
-        let written = store.traffic().batches.load(Ordering::Relaxed);
+
         drop(store);
         let mut store = KvMeta::open(dir.path(), uuid).unwrap();
         let loaded = store.load(4096).unwrap();
         assert!(loaded.fragment_blocks.is_empty());
         assert_eq!(durable_view(&loaded.state), live);
         assert_eq!(loaded.state.next_ino.load(Ordering::SeqCst), meta.next_ino.load(Ordering::SeqCst));
-        assert!(written > 300);
+        assert!(batches > 300);
         // Orphans go for good.
         let orphans = loaded.orphans.clone();
         store.forget(&orphans, &[]).unwrap();
@@ -753,11 +743,10 @@ mod tests {
         commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
         let map = |lblock: u64| Op::from(DataOp::Map { ino, lblock, entry: Some(BlockEntry::whole(SsdBlock(lblock + 10))) });
         commit(&mut store, &meta, &[map(0), DataOp::Extend { ino, size: 8192, mtime: 6 }.into()]);
-        let onode_bytes = |s: &KvMeta| s.traffic().onode_bytes.load(Ordering::Relaxed);
-        let (onodes, blocks) = (onode_bytes(&store), store.traffic().block_bytes.load(Ordering::Relaxed));
-        commit(&mut store, &meta, &[map(1), DataOp::Extend { ino, size: 8000, mtime: 7 }.into()]);
-        assert_eq!(onode_bytes(&store), onodes, "an overwrite inside the size rewrites no onode");
-        assert_eq!(store.traffic().block_bytes.load(Ordering::Relaxed) - blocks, 16 + 13, "one flattened block-map record");
+        let traffic = commit(&mut store, &meta, &[map(1), DataOp::Extend { ino, size: 8000, mtime: 7 }.into()]);
+        assert_eq!(traffic.get(Counter::kv_onode_bytes), 0, "an overwrite inside the size rewrites no onode");
+        assert_eq!(traffic.get(Counter::kv_block_bytes), 16 + 13, "one flattened block-map record");
+        assert_eq!(traffic.get(Counter::kv_batches), 1);
     }
 
     #[test]

@@ -266,6 +266,12 @@ pub(crate) trait Policy: Send + Sync {
         false
     }
 
+    /// Whether the volume keeps copies of SSD blocks in DRAM (NVStore's clean pages:
+    /// reads hit them, an unaligned write turns one into a dirty page).
+    fn keeps_clean_pages(&self) -> bool {
+        false
+    }
+
     /// Blocks a background merge commits per journal record.
     fn merge_commit_batch(&self) -> usize;
 

@@ -96,6 +96,12 @@ impl Policy for NvStorePolicy {
         true
     }
 
+    /// Table 2's clean pages: aligned writes, reads and syncs make them; an unaligned
+    /// write to one makes a dirty page (CP → DP) with no device read.
+    fn keeps_clean_pages(&self) -> bool {
+        true
+    }
+
     fn merge_commit_batch(&self) -> usize {
         32
     }

@@ -173,6 +173,9 @@ impl Inner {
             if let Some(checksums) = &self.checksums {
                 checksums.record(SsdBlock(at / block), &request.buf, block as usize);
             }
+            if let Some(clean) = &self.clean {
+                clean.wrote(SsdBlock(at / block), &request.buf);
+            }
         }
         InFlight {
             gauges: &self.ssd_in_flight,

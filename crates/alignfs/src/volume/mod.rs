@@ -7,6 +7,7 @@
 
 mod block_store;
 mod check;
+mod clean_pages;
 mod clone;
 mod migrate;
 mod namespace;
@@ -47,6 +48,7 @@ use crate::meta::{apply, DataOp, Freed, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
 use crate::residue::ResidueStore;
 use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
+use clean_pages::CleanPages;
 
 /// How SSD data is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,8 +70,12 @@ pub struct VolumeOptions {
     pub migrate_low: f64,
     /// Run the background maintenance thread (migration, checkpoints).
     pub background: bool,
-    /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`).
+    /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`); `nvstore`: its
+    /// fragment pages.
     pub scrap_mem_bytes: u64,
+    /// `nvstore`: the most memory its clean pages (copies of SSD blocks) may take; 0
+    /// keeps none.
+    pub clean_cache_bytes: u64,
     /// `scrap`, `uhs`: writes below this size go whole to the residue store (WSBuffer's
     /// request-size threshold, UHS's small-write threshold); larger ones send their whole
     /// blocks straight to the SSD. `None`: the profile's default.
@@ -92,6 +98,7 @@ impl Default for VolumeOptions {
             migrate_low: 0.6,
             background: true,
             scrap_mem_bytes: 1 << 30,
+            clean_cache_bytes: 256 << 20,
             request_threshold: None,
             flush_workers: 2,
             segment_bytes: 4 << 20,
@@ -149,6 +156,8 @@ pub(crate) struct Inner {
     blocks: BlockRefs,
     /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
     checksums: Option<BlockChecksums>,
+    /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`).
+    clean: Option<CleanPages>,
     pub(crate) meta: MetaState,
     /// The commit lock and the store it guards: where metadata becomes durable.
     committer: Mutex<Box<dyn MetaStore>>,
@@ -400,6 +409,9 @@ impl Inner {
         }
         if !blocks.is_empty() {
             self.blocks.release(blocks.iter().map(|b| b.0));
+            if let Some(clean) = &self.clean {
+                clean.forget(blocks);
+            }
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+use super::clean_pages::CleanPages;
 use super::{FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
@@ -230,6 +231,7 @@ impl Volume {
             restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes);
         }
         let policy = spec.policy(&options);
+        let clean = if policy.keeps_clean_pages() { CleanPages::new(options.clean_cache_bytes, geometry.block()) } else { None };
         let blocks = BlockRefs::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
         claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
         let superblock_ssds = superblock.ssd_count as usize;
@@ -242,6 +244,7 @@ impl Volume {
             policy,
             blocks,
             checksums,
+            clean,
             meta,
             committer: Mutex::new(store),
             namespace: Mutex::new(()),

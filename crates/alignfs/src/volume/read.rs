@@ -7,7 +7,7 @@ use super::{Inner, ReadMode, Volume};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
-use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
+use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
 use crate::meta::{FileKind, Ino, Inode};
 use crate::stats::Counter;
 
@@ -68,19 +68,12 @@ impl Inner {
     /// lock, so no writer or merge changes it; the page's fragment bytes are left alone,
     /// and what a crash keeps (the fragments) is unchanged.
     fn keep_merged(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, disk: &[u8]) {
-        let page = self.geometry.page_bytes;
         let BlockEntry::Ssd { overlays, .. } = entry else { return };
         let [(0, Overlay::Upage { page: unit, chunks })] = overlays.as_slice() else { return };
         if self.geometry.pages_per_block() != 1 {
             return;
         }
-        let mut at = 0u32;
-        for &(start, end) in chunks.ranges().iter().chain(std::iter::once(&(page, page))) {
-            if at < start {
-                self.residue.write(*unit, at, &disk[at as usize..start as usize]);
-            }
-            at = end;
-        }
+        self.fill_around(*unit, chunks, disk);
         let mut map = inode.map.lock();
         if let Some(BlockEntry::Ssd { overlays, .. }) = map.get_mut(&lblock) {
             if let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() {
@@ -89,6 +82,50 @@ impl Inner {
                     self.stats.add(Counter::pages_merged_by_reads, 1);
                 }
             }
+        }
+    }
+}
+
+impl Inner {
+    /// Write the block's bytes into a fragment page's unit wherever its chunks leave a gap.
+    fn fill_around(&self, unit: PageNo, chunks: &Chunks, block: &[u8]) {
+        let page = self.geometry.page_bytes;
+        let mut at = 0u32;
+        for &(start, end) in chunks.ranges().iter().chain(std::iter::once(&(page, page))) {
+            if at < start {
+                self.residue.write(unit, at, &block[at as usize..start as usize]);
+            }
+            at = end;
+        }
+    }
+
+    /// NVStore's unaligned write to a clean page (Table 2, CP → DP): the fragment page a
+    /// write leaves over a cached block is filled from the copy and becomes a whole dirty
+    /// page, so its reads and its sync need no device read. The copy leaves the clean
+    /// pages. Only memory changes: the fragments remain what a crash keeps. The caller
+    /// holds the block's write lock.
+    pub(super) fn dirty_from_clean(&self, entry: &mut BlockEntry) {
+        let Some(clean) = &self.clean else { return };
+        let BlockEntry::Ssd { block, overlays, .. } = entry else { return };
+        let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() else { return };
+        if self.geometry.pages_per_block() != 1 {
+            return;
+        }
+        let Some(copy) = clean.take(*block) else { return };
+        if let Overlay::Upage { page: unit, chunks } = overlay {
+            self.fill_around(*unit, chunks, &copy);
+            *overlay = Overlay::Page(*unit);
+            self.stats.add(Counter::pages_dirtied_from_clean, 1);
+        }
+    }
+
+    /// Table 2 after a block came from the device: a block without residue becomes a
+    /// clean page; a fragment page merges with it (FP → DP) where the profile keeps that.
+    fn keep_block_read(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, block: SsdBlock, image: &[u8]) {
+        match (entry, &self.clean) {
+            (BlockEntry::Ssd { overlays, .. }, Some(clean)) if overlays.is_empty() => clean.read(block, image),
+            _ if self.policy.keep_merged_on_read() => self.keep_merged(inode, lblock, entry, image),
+            _ => {}
         }
     }
 }
@@ -137,6 +174,12 @@ impl Inner {
         let Some(entry) = entry else { return Ok(0) };
         let mut read = 0;
         if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
+            if let Some(copy) = self.clean.as_ref().and_then(|clean| clean.get(block)) {
+                image.copy_from_slice(&copy);
+                self.stats.add(Counter::clean_page_hits, 1);
+                self.lay_residue(entry, image);
+                return Ok(0);
+            }
             let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
             let buf = self.submit_ssd(vec![request]).wait()?.remove(0);
             if let Err(e) = self.verify_read(block, &buf) {
@@ -231,28 +274,39 @@ impl Inner {
             match entry {
                 None => {}
                 Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
-                Some(BlockEntry::Ssd { block: ssd_block, overlays, .. }) => {
+                Some(whole @ BlockEntry::Ssd { block: ssd_block, overlays, .. }) => {
                     let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
                     let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
                     if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
                         let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
                         let device_at = ssd_block.0 * block + rs;
                         let dest = out_at + (rs - s) as usize;
-                        self.stats.add(Counter::ssd_read_bytes, re - rs);
-                        match self.options.read_mode {
-                            _ if verified => {
-                                let at = ssd_block.0 * block;
-                                let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: self.buffers.take(block as usize) };
-                                let verify = Some((*lb, *ssd_block));
-                                direct.push((request, DirectPiece { skip: rs as usize, dest, len: (re - rs) as usize, verify }));
+                        let copy = self.clean.as_ref().and_then(|clean| clean.get(*ssd_block));
+                        if let Some(copy) = copy {
+                            // A clean page: the block's bytes without the device.
+                            self.stats.add(Counter::clean_page_hits, 1);
+                            out[dest..dest + (re - rs) as usize].copy_from_slice(&copy[rs as usize..re as usize]);
+                            if self.policy.keep_merged_on_read() {
+                                self.keep_merged(inode, *lb, whole, &copy);
                             }
-                            ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
-                            ReadMode::Direct => {
-                                let align = IO_ALIGN as u64;
-                                let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
-                                let request = IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
-                                let (skip, len) = ((device_at - a0) as usize, (re - rs) as usize);
-                                direct.push((request, DirectPiece { skip, dest, len, verify: None }));
+                        } else {
+                            self.stats.add(Counter::ssd_read_bytes, re - rs);
+                            match self.options.read_mode {
+                                _ if verified => {
+                                    let at = ssd_block.0 * block;
+                                    let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: self.buffers.take(block as usize) };
+                                    let verify = Some((*lb, *ssd_block));
+                                    direct.push((request, DirectPiece { skip: rs as usize, dest, len: (re - rs) as usize, verify }));
+                                }
+                                ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
+                                ReadMode::Direct => {
+                                    let align = IO_ALIGN as u64;
+                                    let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
+                                    let request =
+                                        IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
+                                    let (skip, len) = ((device_at - a0) as usize, (re - rs) as usize);
+                                    direct.push((request, DirectPiece { skip, dest, len, verify: None }));
+                                }
                             }
                         }
                     }
@@ -277,11 +331,9 @@ impl Inner {
                         damaged.get_or_insert(damaged_object(e, inode, lb * block));
                         continue;
                     }
-                    if self.policy.keep_merged_on_read() {
-                        // `entries` holds the read's blocks in order, from its first.
-                        if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
-                            self.keep_merged(inode, lb, entry, buf);
-                        }
+                    // `entries` holds the read's blocks in order, from its first.
+                    if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
+                        self.keep_block_read(inode, lb, entry, ssd_block, buf);
                     }
                 }
                 out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);

@@ -203,8 +203,9 @@ impl Inner {
             .zip(&bound_pages)
             .map(|((bp, current), bound)| {
                 let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));
-                let next = next_entry(current.as_ref(), bp, block, bound);
-                Op::Data(DataOp::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(next.entry) })
+                let mut entry = next_entry(current.as_ref(), bp, block, bound).entry;
+                self.dirty_from_clean(&mut entry);
+                Op::Data(DataOp::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(entry) })
             })
             .collect();
         full.dedup();
