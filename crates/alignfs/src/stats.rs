@@ -64,7 +64,8 @@ counters! {
     kv_onode_bytes: "onode records written, only when an object's size changes (nvstore)",
     kv_attr_bytes: "attribute records written, by namespace operations (nvstore)",
     kv_name_bytes: "name records written (nvstore)",
-    kv_batches: "synced KV batches committed, one per metadata commit (nvstore)",
+    kv_batches: "KV batches committed, one per metadata commit (nvstore)",
+    kv_syncs: "KV journal syncs; fewer than kv_batches when concurrent commits shared one (nvstore: group commit)",
 }
 
 /// What opening the volume took.

@@ -366,6 +366,41 @@ fn clean_pages_serve_reads_and_turn_dirty_on_an_unaligned_write() {
     store.close().unwrap();
 }
 
+/// Group commit: writers at once share the KV store's syncs (one sync covers every
+/// batch appended before it started), and every write acknowledged to any of them is
+/// there after a crash.
+#[test]
+fn concurrent_writers_share_syncs() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    let names: Vec<Vec<u8>> = (0..8).map(|t| format!("writer{t}").into_bytes()).collect();
+    for name in &names {
+        b(&store).create(name).unwrap();
+    }
+    let before = [Counter::kv_batches, Counter::kv_syncs].map(|c| counter(&store, c));
+    std::thread::scope(|scope| {
+        for (t, name) in names.iter().enumerate() {
+            let bucket = b(&store);
+            scope.spawn(move || {
+                for i in 0..40u64 {
+                    bucket.write(name, i * 2048, &[t as u8 + 1; 2048]).unwrap();
+                }
+            });
+        }
+    });
+    let [batches, syncs] = [Counter::kv_batches, Counter::kv_syncs].map(|c| counter(&store, c));
+    let (batches, syncs) = (batches - before[0], syncs - before[1]);
+    assert_eq!(batches, 8 * 40, "one batch per write");
+    assert!(syncs > 0 && syncs < batches, "{syncs} syncs for {batches} batches");
+    store.simulate_crash();
+
+    let store = fixture.open(&quiet());
+    for (t, name) in names.iter().enumerate() {
+        assert!(b(&store).get(name).unwrap() == vec![t as u8 + 1; 40 * 2048], "writer {t}");
+    }
+    store.close().unwrap();
+}
+
 /// One object operation of the kill -9 test, derived from a seed and the objects so far.
 enum ObjectOp {
     Write { name: Vec<u8>, offset: usize, data: Vec<u8> },

@@ -11,7 +11,7 @@ pub use checkpoint::{decode_state, encode_state as checkpoint_payload, AsIs, Che
 pub use encoding::{decode_entry, decode_ops, encode_entry, encode_ops, MAX_ENCODED_SEGMENTS};
 pub use log::{Journal, Replay};
 pub use ssd_window::SsdWindow;
-pub(crate) use store::{CommitContext, JournalStore, MetaStore, MetaUsage};
+pub(crate) use store::{CommitContext, GroupSync, JournalStore, MetaStore, MetaUsage};
 
 use std::sync::Arc;
 

@@ -6,6 +6,8 @@
 //! first and applies after, and keeps the journal short with checkpoints; a KV metadata
 //! store (`nvstore`, docs/NVSTORE.md) writes the records of the keys the ops touched.
 
+use std::sync::Arc;
+
 use super::{encode_ops, CheckpointSlots, Journal};
 use crate::error::{Error, Result};
 use crate::meta::{Freed, MetaState, Op};
@@ -47,6 +49,22 @@ pub(crate) trait MetaStore: Send {
     /// Fold what was committed so far into the store's compact form.
     fn checkpoint(&mut self, cx: &CommitContext<'_>) -> Result<()>;
     fn usage(&self) -> MetaUsage;
+    /// Where commits are ordered under the commit lock but made durable after it
+    /// (group commit): the engine then waits with [`GroupSync::sync_through`] before a
+    /// commit returns. `None`: [`MetaStore::commit`] is durable when it returns.
+    fn group_sync(&self) -> Option<Arc<dyn GroupSync>> {
+        None
+    }
+}
+
+/// Shares one sync between the commits that were ordered while another sync ran.
+pub(crate) trait GroupSync: Send + Sync {
+    /// How many commits are ordered so far: a commit's ticket, read under the commit lock.
+    fn ordered(&self) -> u64;
+    /// Return once the commits up to `ticket` are durable; `true` if this call ran the
+    /// sync. `commits_waiting` says whether another commit is being ordered right now; a
+    /// sync about to start lets it in first, so that it covers that one too.
+    fn sync_through(&self, ticket: u64, commits_waiting: &dyn Fn() -> bool) -> Result<bool>;
 }
 
 /// A redo journal plus A/B checkpoints, each on a [`super::MetaMedium`].

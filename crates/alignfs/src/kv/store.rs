@@ -9,10 +9,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::fragments::FragmentLog;
@@ -22,7 +23,7 @@ use super::records::{
 };
 use crate::codec::Short;
 use crate::error::{Error, Result};
-use crate::journal::{CommitContext, MetaStore, MetaUsage};
+use crate::journal::{CommitContext, GroupSync, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
 use crate::map::{BlockEntry, FileMap, PageNo};
 use crate::meta::{DataOp, FileKind, Freed, Ino, Inode, InodeData, MetaState, NamespaceOp, Op};
@@ -75,6 +76,8 @@ pub struct KvMeta {
     durable_next_ino: u64,
     /// A batch failed: memory is ahead of the disk.
     failed: bool,
+    /// Batches are ordered under the commit lock and synced together after it.
+    group: Arc<KvGroupSync>,
     log: Arc<FragmentLog>,
 }
 
@@ -154,6 +157,7 @@ impl KvMeta {
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
         let fragments = keyspace("fragments")?;
+        let db_for_sync = db.clone();
         Ok(KvMeta {
             dir: dir.to_path_buf(),
             log: Arc::new(FragmentLog::new(dir.to_path_buf(), fragments.clone())),
@@ -167,6 +171,13 @@ impl KvMeta {
             durable_sizes: HashMap::new(),
             durable_next_ino: 0,
             failed: false,
+            group: Arc::new(KvGroupSync {
+                db: db_for_sync,
+                dir: dir.to_path_buf(),
+                ordered: AtomicU64::new(0),
+                synced: Mutex::new(0),
+                failed: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -336,7 +347,8 @@ impl KvMeta {
     /// traffic NVStore's evaluation counts, before the KV store's own amplification.
     fn write_touched(&mut self, cx: &CommitContext<'_>, touched: &Touched) -> Result<()> {
         let (meta, checksums) = (cx.meta, cx.checksums);
-        let mut batch = self.db.batch().durability(Some(PersistMode::SyncData));
+        // Durable through the group sync that follows the commit.
+        let mut batch = self.db.batch().durability(None);
         let count = |counter: Counter, key: usize, value: usize| cx.stats.add(counter, (key + value) as u64);
         for ((ino, lblock), before) in &touched.blocks {
             let key = BlockKey { object: *ino, lblock: *lblock }.encode();
@@ -397,6 +409,7 @@ impl KvMeta {
             batch.insert(&self.volume, NEXT_INO_KEY, encode_object_id(Ino(next_ino)).to_vec());
         }
         batch.commit().map_err(|e| kv_error(&self.dir, "commit", e))?;
+        self.group.ordered.fetch_add(1, Ordering::SeqCst);
         cx.stats.add(Counter::kv_batches, 1);
         cx.stats.add(Counter::kv_fragment_bytes, self.log.take_put_bytes());
         self.durable_next_ino = next_ino;
@@ -412,7 +425,7 @@ impl KvMeta {
 
 impl MetaStore for KvMeta {
     fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
-        if self.failed {
+        if self.failed || self.group.failed.load(Ordering::SeqCst) {
             return Err(Error::io(
                 format!("KV store {}", self.dir.display()),
                 std::io::Error::other("an earlier commit failed; reopen the volume"),
@@ -443,6 +456,50 @@ impl MetaStore for KvMeta {
 
     fn usage(&self) -> MetaUsage {
         MetaUsage { log_used_bytes: self.db.disk_space().unwrap_or(0), ..MetaUsage::default() }
+    }
+
+    fn group_sync(&self) -> Option<Arc<dyn GroupSync>> {
+        Some(Arc::clone(&self.group) as Arc<dyn GroupSync>)
+    }
+}
+
+/// Group commit for the KV store: a batch is appended to its journal under the commit
+/// lock without a sync; then one sync covers every batch appended before it started.
+pub(crate) struct KvGroupSync {
+    db: Database,
+    dir: PathBuf,
+    /// Batches appended to the journal.
+    ordered: AtomicU64,
+    /// Batches known durable; held while a sync runs, so later callers wait for it and
+    /// then find themselves covered, or run the next one.
+    synced: Mutex<u64>,
+    /// A sync failed: memory and the journal are ahead of the disk.
+    failed: AtomicBool,
+}
+
+impl GroupSync for KvGroupSync {
+    fn ordered(&self) -> u64 {
+        self.ordered.load(Ordering::SeqCst)
+    }
+
+    fn sync_through(&self, ticket: u64, commits_waiting: &dyn Fn() -> bool) -> Result<bool> {
+        let mut synced = self.synced.lock();
+        if *synced >= ticket {
+            return Ok(false);
+        }
+        // Let a commit being ordered now in, for a while: the journal's writer lock is
+        // held through the sync, so anything appended after it starts waits a whole sync.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_micros(200);
+        while commits_waiting() && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let target = self.ordered.load(Ordering::SeqCst);
+        if let Err(e) = self.db.persist(PersistMode::SyncData) {
+            self.failed.store(true, Ordering::SeqCst);
+            return Err(kv_error(&self.dir, "sync the journal", e));
+        }
+        *synced = target;
+        Ok(true)
     }
 }
 

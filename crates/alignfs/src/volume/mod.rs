@@ -384,6 +384,18 @@ impl Inner {
         if committer.wants_checkpoint() {
             self.notify_maintenance();
         }
+        let group = committer.group_sync().map(|group| {
+            let ticket = group.ordered();
+            (group, ticket)
+        });
+        drop(committer);
+        // Group commit: durable before returning, so that what the commit freed is reused
+        // only once no crash can bring back the state that used it.
+        if let Some((group, ticket)) = group {
+            if group.sync_through(ticket, &|| self.committer.is_locked())? {
+                self.stats.add(Counter::kv_syncs, 1);
+            }
+        }
         Ok(freed)
     }
 
