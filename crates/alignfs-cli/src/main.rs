@@ -1,6 +1,7 @@
 //! The `alignfs` command: format, mount, inspect, check and benchmark volumes.
 
 mod bench;
+mod bench_objects;
 mod defaults;
 mod health;
 mod mount;
@@ -51,6 +52,9 @@ enum Command {
     S3(s3::S3Args),
     /// Benchmark alignfs against a plain file and the device limit, in-process.
     Bench(bench::BenchArgs),
+    /// Run one cell of NVStore's object workloads on an object store (`nvstore`),
+    /// in-process, and print it as JSON (bench/nvstore.py compares it with Ceph BlueStore).
+    BenchObjects(bench_objects::BenchObjectsArgs),
     /// Probe a mount: exit 0 if its daemon answers, 1 if it died or hangs (for watchdogs).
     Health(health::HealthArgs),
 }
@@ -462,6 +466,7 @@ fn main() -> ExitCode {
         Command::Nbd(args) => nbd::run(args),
         Command::S3(args) => s3::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchObjects(args) => bench_objects::run(args),
         Command::Health(args) => match health::run(args) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::FAILURE,
