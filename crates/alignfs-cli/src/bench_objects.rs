@@ -70,6 +70,9 @@ pub struct BenchObjectsArgs {
     /// and counted apart.
     #[arg(long)]
     sync: bool,
+    /// Remove the cell's objects at the end (after the figures are taken).
+    #[arg(long)]
+    remove: bool,
     /// Memory for clean pages (NVStore's CP); 0 keeps none.
     #[arg(long, default_value = "256M")]
     clean_cache: String,
@@ -223,6 +226,11 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
         let started = Instant::now();
         let synced = store.volume().migrate_all()?;
         report["sync"] = serde_json::json!({ "blocks": synced, "seconds": started.elapsed().as_secs_f64(), "counters": delta_json(&written, &counters(store)) });
+    }
+    if args.remove {
+        for name in &names {
+            bucket.remove(name)?;
+        }
     }
     Ok(report)
 }
