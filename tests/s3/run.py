@@ -3,7 +3,8 @@
 objects, ranges, listings against a model, copies, metadata, multipart, the errors S3
 defines), awscli, s3cmd and rclone (copy up, list, copy back, compare), then a kill -9
 loop: a boto3 writer PUTs objects and multipart uploads while the gateway is killed at
-random moments; after each restart every acknowledged object reads back with its MD5.
+random moments; after each restart every acknowledged object reads back with its MD5, and
+an interrupted multipart upload is absent or listed as incomplete (then aborted).
 
 usage: run.py ALIGNFS_BINARY WORK_DIR [--kill-rounds N]
 Ends with "suite totals: N passed, N failed".
@@ -440,9 +441,11 @@ while True:
         parts = [rng.randbytes(5 << 20), rng.randbytes(rng.randrange(1, 300_000))]
         out.write(json.dumps({"key": key, "pending": hashlib.md5(b"".join(parts)).hexdigest()}) + "\n")
         up = s3.create_multipart_upload(Bucket="crash", Key=key)
+        out.write(json.dumps({"upload": up["UploadId"], "key": key}) + "\n")
         etags = [s3.upload_part(Bucket="crash", Key=key, UploadId=up["UploadId"], PartNumber=i + 1, Body=p)["ETag"] for i, p in enumerate(parts)]
         s3.complete_multipart_upload(Bucket="crash", Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]})
+        out.write(json.dumps({"completed": up["UploadId"]}) + "\n")
         body = b"".join(parts)
     else:
         body = rng.randbytes(rng.choice([1, 100, 4096, 4097, 65_536, 1_000_001]))
@@ -462,6 +465,7 @@ def kill_suite(binary, work, rounds):
         f.write(WRITER)
     rng = random.Random(5)
     known = {}  # key -> md5 of the last acknowledged version
+    uploads = {}  # upload id -> key, for uploads created and not acknowledged complete
     for round_no in range(rounds):
         writer = subprocess.Popen([sys.executable, writer_path, gw.endpoint(), str(rng.randrange(1 << 30)), acks],
                                   env=dict(os.environ, K=ACCESS, S=SECRET), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -472,7 +476,11 @@ def kill_suite(binary, work, rounds):
         with open(acks) as f:
             for line in f:
                 rec = json.loads(line)
-                if "pending" in rec:
+                if "upload" in rec:
+                    uploads[rec["upload"]] = rec["key"]
+                elif "completed" in rec:
+                    uploads.pop(rec["completed"], None)
+                elif "pending" in rec:
                     pending[rec["key"]] = rec["pending"]
                 else:
                     known[rec["key"]] = rec["acked"]
@@ -491,7 +499,17 @@ def kill_suite(binary, work, rounds):
                 got = hashlib.md5(s3.get_object(Bucket="crash", Key=key)["Body"].read()).hexdigest()
                 assert got in allowed, f"{key}: md5 {got}, acknowledged {known.get(key)}, in flight {pending.get(key)}"
                 known[key] = got
-        check(f"kill -9 round {round_no + 1}: every acknowledged object reads back whole", verify)
+            # An upload the kill interrupted is absent or listed as incomplete, with
+            # readable parts, and can be aborted; nothing else is listed.
+            listed = {u["UploadId"]: u["Key"] for u in s3.list_multipart_uploads(Bucket="crash").get("Uploads", [])}
+            for upload, key in listed.items():
+                assert uploads.get(upload) == key, f"upload {upload} of {key} is listed but was completed or never made"
+                s3.list_parts(Bucket="crash", Key=key, UploadId=upload)
+                s3.abort_multipart_upload(Bucket="crash", Key=key, UploadId=upload)
+            uploads.clear()
+            assert not s3.list_multipart_uploads(Bucket="crash").get("Uploads"), "aborted uploads are still listed"
+        check(f"kill -9 round {round_no + 1}: every acknowledged object reads back whole, interrupted uploads are "
+              "absent or listed incomplete", verify)
     gw.stop()
     fsck_clean(binary, work, "kill -9: fsck is clean after the rounds")
 
