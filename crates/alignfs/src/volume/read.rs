@@ -84,9 +84,7 @@ impl Inner {
             }
         }
     }
-}
 
-impl Inner {
     /// Write the block's bytes into a fragment page's unit wherever its chunks leave a gap.
     fn fill_around(&self, unit: PageNo, chunks: &Chunks, block: &[u8]) {
         let page = self.geometry.page_bytes;
@@ -281,8 +279,7 @@ impl Inner {
                         let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
                         let device_at = ssd_block.0 * block + rs;
                         let dest = out_at + (rs - s) as usize;
-                        let copy = self.clean.as_ref().and_then(|clean| clean.get(*ssd_block));
-                        if let Some(copy) = copy {
+                        if let Some(copy) = self.clean.as_ref().and_then(|clean| clean.get(*ssd_block)) {
                             // A clean page: the block's bytes without the device.
                             self.stats.add(Counter::clean_page_hits, 1);
                             out[dest..dest + (re - rs) as usize].copy_from_slice(&copy[rs as usize..re as usize]);
