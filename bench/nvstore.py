@@ -464,13 +464,21 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/nvstore.py needs root (loop devices, mounts, a Ceph OSD)")
-    for tool in ["ceph-mon", "ceph-osd", "losetup", "mkfs.ext4"]:
-        if not shutil.which(tool):
-            sys.exit(f"{tool} is missing: apt-get install ceph-mon ceph-osd python3-rados e2fsprogs")
+    packages = {"ceph-mon": "ceph-mon", "ceph-osd": "ceph-osd", "ceph": "ceph-common", "mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs"}
+    missing = sorted({p for tool, p in packages.items() if not shutil.which(tool)})
     try:
         import rados  # noqa: F401
     except ImportError:
-        sys.exit("python3-rados is missing (apt-get install python3-rados; run with /usr/bin/python3)")
+        missing.append("python3-rados")
+    if missing:
+        log(f"installing: {' '.join(missing)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=True, stdout=subprocess.DEVNULL)
+        try:
+            import rados  # noqa: F401
+        except ImportError:
+            sys.exit("python3-rados does not import: run with /usr/bin/python3, Debian's")
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing: cargo build --release -p alignfs-cli")
     rounds, seconds, objects = (1, 1.0, 4) if args.quick else (args.rounds, args.seconds, 64)

@@ -151,4 +151,7 @@ cargo build --release --locked -q -p alignfs-bench
 target/release/alignfs-ssd-scaling --quick || suites=1
 # The uhs NBD benchmark's smoke run: uhs, UHS-NB and the NBD peers through fio.
 bench/uhs.py --quick | sed -n '/^| workload/,/^$/p' || suites=1
+# The nvstore benchmark's smoke run: alignfs, Ceph BlueStore (installed if missing) and
+# files on ext4, on loop devices, 1 s cells.
+/usr/bin/python3 bench/nvstore.py --quick --patterns append2k,random | sed -n '/^| pattern/,/^$/p' || suites=1
 exit "$suites"
