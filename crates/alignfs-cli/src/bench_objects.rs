@@ -178,7 +178,15 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
         }
         return Ok(serde_json::json!({ "prefilled": args.objects, "object_size": object_size }));
     }
-    if !args.pattern.overwrites() {
+    if args.pattern.overwrites() {
+        if let Some(missing) = names.iter().find(|name| bucket.stat(name).is_err()) {
+            bail!(
+                "--pattern {} overwrites filled objects, and {} is not there: fill them first with --prefill (same --objects, --object-size and --prefix)",
+                args.pattern.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),
+                String::from_utf8_lossy(missing)
+            );
+        }
+    } else {
         for name in &names {
             bucket.create(name)?;
         }

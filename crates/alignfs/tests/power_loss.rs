@@ -45,7 +45,12 @@ fn geometry(profile: Profile) -> Geometry {
 
 /// The recorded devices the profile takes.
 fn devices(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> Devices {
-    Devices { fast: profile.devices().fast_tier.then(|| Arc::clone(fast) as Arc<dyn ByteTier>), ssd: Arc::clone(ssd), kv: None }
+    Devices {
+        fast: profile.devices().fast_tier.then(|| Arc::clone(fast) as Arc<dyn ByteTier>),
+        ssd: Arc::clone(ssd),
+        kv: None,
+        kv_syncs: None,
+    }
 }
 
 fn open(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> alignfs::Result<Volume> {

@@ -14,15 +14,22 @@
 //!   8-byte word (the largest store the media is assumed to keep atomic);
 //! - SSD: a completed write sits in the volatile cache until the next flush. At a power
 //!   cut each of its 4 KiB sectors may or may not have reached the flash, independently
-//!   (the device reorders freely within a flush epoch).
+//!   (the device reorders freely within a flush epoch);
+//! - a KV store's directory (`nvstore`): the store records a [`DirSnapshot`] each time one
+//!   of its syncs returns. A power cut keeps the last one; the bytes the store appended
+//!   to its files after it may have reached the disk in part, as a prefix of what the
+//!   next sync made durable ([`DirSnapshot::torn_toward`]). What the KV store does inside
+//!   a sync (its own flushes and compactions) is its business: the images test the
+//!   engine's ordering around the syncs, not the store's.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::{BlockDevice, IoOp, IoRequest, IoTicket};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 
 const WORD: u64 = 8;
@@ -31,17 +38,28 @@ const LINE: u64 = 64;
 /// One recorded event.
 #[derive(Clone, Debug)]
 pub enum Event {
-    FastStore { offset: u64, bytes: Vec<u8> },
-    FastPersist { offset: u64, len: u64 },
-    SsdWrite { offset: u64, bytes: Vec<u8> },
+    FastStore {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
+    FastPersist {
+        offset: u64,
+        len: u64,
+    },
+    SsdWrite {
+        offset: u64,
+        bytes: Vec<u8>,
+    },
     SsdFlush,
+    /// A KV store's sync returned; its directory as it then was.
+    KvSync(Arc<DirSnapshot>),
 }
 
 impl Event {
     /// Whether a power cut just before this event can differ from one just after the
     /// previous persistence point: these are the points worth crashing at.
     pub fn is_persistence_point(&self) -> bool {
-        matches!(self, Event::FastPersist { .. } | Event::SsdFlush)
+        matches!(self, Event::FastPersist { .. } | Event::SsdFlush | Event::KvSync(_))
     }
 }
 
@@ -124,6 +142,102 @@ impl BlockDevice for RecordedSsd {
     }
 }
 
+/// The files of a directory tree, by path relative to it. A file's trailing zeros are
+/// not kept (the KV store preallocates its journal), only its length.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DirSnapshot {
+    files: BTreeMap<PathBuf, (u64, Vec<u8>)>,
+}
+
+impl DirSnapshot {
+    pub fn take(dir: &Path) -> Result<DirSnapshot> {
+        let mut snapshot = DirSnapshot::default();
+        let mut pending = vec![dir.to_path_buf()];
+        while let Some(at) = pending.pop() {
+            let entries = std::fs::read_dir(&at).map_err(|e| Error::io(format!("snapshot {}", at.display()), e))?;
+            for entry in entries {
+                let path = entry.map_err(|e| Error::io(format!("snapshot {}", at.display()), e))?.path();
+                if path.is_dir() {
+                    pending.push(path);
+                    continue;
+                }
+                let mut bytes = std::fs::read(&path).map_err(|e| Error::io(format!("snapshot {}", path.display()), e))?;
+                let len = bytes.len() as u64;
+                bytes.truncate(bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1));
+                let relative = path.strip_prefix(dir).expect("found under dir").to_path_buf();
+                snapshot.files.insert(relative, (len, bytes));
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// Write the tree under `dir` (which must not hold it yet).
+    pub fn restore(&self, dir: &Path) -> Result<()> {
+        for (relative, (len, bytes)) in &self.files {
+            let path = dir.join(relative);
+            let io = |e| Error::io(format!("restore {}", path.display()), e);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            std::fs::write(&path, bytes).map_err(io)?;
+            std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(*len)).map_err(io)?;
+        }
+        Ok(())
+    }
+
+    /// This snapshot with part of what `next` added. A file `next` extended (the store's
+    /// journal, appended to in order) keeps a prefix of the new bytes, cut `fraction` of
+    /// the way through them; a file `next` created is there, cut the same way from empty.
+    /// A file rewritten otherwise (the store replaces those by renaming a new one over
+    /// them) is old or new whole: new from `fraction` 0.5 on. A file `next` removed stays.
+    pub fn torn_toward(&self, next: &DirSnapshot, fraction: f64) -> DirSnapshot {
+        let fraction = fraction.clamp(0.0, 1.0);
+        let mut torn = self.clone();
+        for (path, (next_len, new)) in &next.files {
+            let (len, old) = self.files.get(path).cloned().unwrap_or_default();
+            if *new == old {
+                continue;
+            }
+            let file = match new.strip_prefix(old.as_slice()) {
+                Some(appended) => {
+                    let kept = old.len() + (appended.len() as f64 * fraction) as usize;
+                    let mut bytes = new[..kept].to_vec();
+                    bytes.truncate(bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1));
+                    (len.max(bytes.len() as u64), bytes)
+                }
+                None if fraction >= 0.5 => (*next_len, new.clone()),
+                None => continue,
+            };
+            torn.files.insert(path.clone(), file);
+        }
+        torn
+    }
+
+    /// Bytes kept (after trimming).
+    pub fn bytes(&self) -> u64 {
+        self.files.values().map(|(_, b)| b.len() as u64).sum()
+    }
+}
+
+/// Records a [`DirSnapshot`] of a KV store's directory in a [`PowerLog`] after each of
+/// the store's syncs.
+pub struct RecordedDir {
+    dir: PathBuf,
+    log: Arc<PowerLog>,
+}
+
+impl RecordedDir {
+    pub fn new(dir: &Path, log: Arc<PowerLog>) -> RecordedDir {
+        RecordedDir { dir: dir.to_path_buf(), log }
+    }
+
+    /// A sync of the store returned.
+    pub fn synced(&self) -> Result<()> {
+        self.log.record(Event::KvSync(Arc::new(DirSnapshot::take(&self.dir)?)));
+        Ok(())
+    }
+}
+
 /// How much of what was still volatile a crash image keeps.
 #[derive(Clone, Copy, Debug)]
 pub struct Survival {
@@ -137,6 +251,8 @@ pub struct Survival {
 pub struct CrashImage {
     pub fast: Vec<u8>,
     pub ssd: Vec<u8>,
+    /// The KV store's directory as of its last sync, if one was recorded.
+    pub kv: Option<Arc<DirSnapshot>>,
 }
 
 /// Walks a [`PowerLog`]'s events from blank devices, keeping what is durable apart from
@@ -150,6 +266,7 @@ pub struct Replay {
     ssd_durable: Vec<u8>,
     /// Completed SSD writes since the last flush, in order.
     ssd_cached: Vec<(u64, Vec<u8>)>,
+    kv_synced: Option<Arc<DirSnapshot>>,
     position: usize,
 }
 
@@ -162,6 +279,7 @@ impl Replay {
             fast_unpersisted: BTreeSet::new(),
             ssd_durable: vec![0; ssd_bytes as usize],
             ssd_cached: Vec::new(),
+            kv_synced: None,
             position: 0,
         }
     }
@@ -198,6 +316,7 @@ impl Replay {
                     self.ssd_durable[offset as usize..offset as usize + bytes.len()].copy_from_slice(&bytes);
                 }
             }
+            Event::KvSync(snapshot) => self.kv_synced = Some(Arc::clone(snapshot)),
         }
     }
 
@@ -233,7 +352,7 @@ impl Replay {
                 }
             }
         }
-        CrashImage { fast, ssd }
+        CrashImage { fast, ssd, kv: self.kv_synced.clone() }
     }
 }
 
@@ -293,5 +412,40 @@ mod tests {
         assert_eq!(&image.fast[..64], &[0; 64]);
         assert_eq!(&image.fast[64..128], &[1; 64]);
         assert_eq!(&image.fast[128..200], &[0; 72]);
+    }
+
+    #[test]
+    fn a_directory_snapshot_restores_and_tears_as_appends_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journals/1.jnl");
+        std::fs::create_dir_all(journal.parent().unwrap()).unwrap();
+        let file = std::fs::File::create(&journal).unwrap();
+        file.set_len(1 << 20).unwrap();
+        std::fs::write(dir.path().join("marker"), b"uuid").unwrap();
+        use std::os::unix::fs::FileExt;
+        file.write_all_at(b"first batch;", 0).unwrap();
+        let synced = DirSnapshot::take(dir.path()).unwrap();
+        assert_eq!(synced.bytes(), 12 + 4, "trailing zeros are not kept");
+        file.write_all_at(b"second batch", 12).unwrap();
+        std::fs::write(dir.path().join("new"), b"abcd").unwrap();
+        let next = DirSnapshot::take(dir.path()).unwrap();
+
+        let restored = tempfile::tempdir().unwrap();
+        synced.torn_toward(&next, 0.5).restore(restored.path()).unwrap();
+        let bytes = std::fs::read(restored.path().join("journals/1.jnl")).unwrap();
+        assert_eq!(bytes.len(), 1 << 20, "the file keeps its length");
+        assert_eq!(&bytes[..24], b"first batch;second\0\0\0\0\0\0");
+        assert_eq!(std::fs::read(restored.path().join("new")).unwrap(), b"ab");
+        assert_eq!(std::fs::read(restored.path().join("marker")).unwrap(), b"uuid");
+        std::fs::write(dir.path().join("marker"), b"next").unwrap();
+        let rewritten = DirSnapshot::take(dir.path()).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("marker")).unwrap(), b"next");
+        assert_eq!(next.torn_toward(&rewritten, 0.4).files[Path::new("marker")].1, b"uuid", "a rewrite is whole: old");
+        assert_eq!(next.torn_toward(&rewritten, 0.6).files[Path::new("marker")].1, b"next", "a rewrite is whole: new");
+        let nothing = synced.torn_toward(&next, 0.0);
+        assert_eq!(nothing.files[Path::new("journals/1.jnl")], synced.files[Path::new("journals/1.jnl")]);
+        assert_eq!(nothing.files[Path::new("new")], (0, Vec::new()), "created, nothing written yet");
+        assert_eq!(synced.torn_toward(&synced, 0.7), synced);
+        assert_eq!(synced.torn_toward(&next, 1.0).files, next.files);
     }
 }

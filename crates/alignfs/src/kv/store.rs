@@ -22,6 +22,7 @@ use super::records::{
     BlockValue, FragmentKey, FragmentValue, Onode,
 };
 use crate::codec::Short;
+use crate::device::power_loss::{PowerLog, RecordedDir};
 use crate::error::{Error, Result};
 use crate::journal::{CommitContext, GroupSync, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
@@ -88,8 +89,8 @@ pub(super) fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
 impl KvMeta {
     /// A new, empty store in `dir` for the volume `uuid`: the root directory alone.
     /// Refuses a directory that already holds a store.
-    pub fn create(dir: &Path, uuid: [u8; 16], root: &Inode) -> Result<KvMeta> {
-        let mut store = KvMeta::open_dir(dir)?;
+    pub fn create(dir: &Path, uuid: [u8; 16], root: &Inode, syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
+        let mut store = KvMeta::open_dir(dir, syncs)?;
         if store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))?.is_some() {
             return Err(Error::AlreadyFormatted { device: dir.display().to_string(), uuid: "a KV store".into() });
         }
@@ -102,6 +103,7 @@ impl KvMeta {
         let marker = dir.join(MARKER);
         std::fs::write(&marker, format!("{}\n", uuid::Uuid::from_bytes(uuid)))
             .map_err(|e| Error::io(format!("write {}", marker.display()), e))?;
+        store.group.synced_dir()?;
         store.durable_next_ino = root.ino.0 + 1;
         store.durable_sizes.insert(root.ino, 0);
         Ok(store)
@@ -137,11 +139,11 @@ impl KvMeta {
     }
 
     /// The store in `dir`, which must belong to the volume `uuid`.
-    pub fn open(dir: &Path, uuid: [u8; 16]) -> Result<KvMeta> {
+    pub fn open(dir: &Path, uuid: [u8; 16], syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
         if !dir.is_dir() {
             return Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()));
         }
-        let store = KvMeta::open_dir(dir)?;
+        let store = KvMeta::open_dir(dir, syncs)?;
         match store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))? {
             Some(found) if *found == uuid => Ok(store),
             Some(found) => {
@@ -153,7 +155,8 @@ impl KvMeta {
         }
     }
 
-    fn open_dir(dir: &Path) -> Result<KvMeta> {
+    /// `syncs`: record the directory after each sync (power-loss tests).
+    fn open_dir(dir: &Path, syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
         let fragments = keyspace("fragments")?;
@@ -177,6 +180,7 @@ impl KvMeta {
                 ordered: AtomicU64::new(0),
                 synced: Mutex::new(0),
                 failed: AtomicBool::new(false),
+                recorder: syncs.map(|log| RecordedDir::new(dir, log)),
             }),
         })
     }
@@ -318,6 +322,7 @@ impl KvMeta {
             batch.remove(&self.fragments, key.encode().to_vec());
         }
         batch.commit().map_err(|e| kv_error(&self.dir, "delete orphans", e))?;
+        self.group.synced_dir()?;
         for ino in objects {
             self.durable_sizes.remove(ino);
         }
@@ -451,7 +456,8 @@ impl MetaStore for KvMeta {
         cx.stats.add(Counter::kv_fragment_bytes, self.log.take_put_bytes());
         let counters: Vec<u8> = cx.stats.all().iter().flat_map(|v| v.to_le_bytes()).collect();
         self.volume.insert(COUNTERS_KEY, counters).map_err(|e| kv_error(&self.dir, "save the counters", e))?;
-        self.db.persist(PersistMode::SyncData).map_err(|e| kv_error(&self.dir, "save the counters", e))
+        self.db.persist(PersistMode::SyncData).map_err(|e| kv_error(&self.dir, "save the counters", e))?;
+        self.group.synced_dir()
     }
 
     fn usage(&self) -> MetaUsage {
@@ -475,6 +481,14 @@ pub(crate) struct KvGroupSync {
     synced: Mutex<u64>,
     /// A sync failed: memory and the journal are ahead of the disk.
     failed: AtomicBool,
+    recorder: Option<RecordedDir>,
+}
+
+impl KvGroupSync {
+    /// A sync of the store returned: tell the power-loss recorder, if there is one.
+    fn synced_dir(&self) -> Result<()> {
+        self.recorder.as_ref().map_or(Ok(()), RecordedDir::synced)
+    }
 }
 
 impl GroupSync for KvGroupSync {
@@ -498,6 +512,7 @@ impl GroupSync for KvGroupSync {
             self.failed.store(true, Ordering::SeqCst);
             return Err(kv_error(&self.dir, "sync the journal", e));
         }
+        self.synced_dir()?;
         *synced = target;
         Ok(true)
     }
@@ -685,7 +700,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let uuid = [9u8; 16];
         let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), uuid, &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let mut store = KvMeta::create(dir.path(), uuid, &meta.get(Ino::ROOT).unwrap(), None).unwrap();
         let mut rng = StdRng::seed_from_u64(24);
         let mut dirs = vec![Ino::ROOT];
         let mut named_dirs: Vec<(Ino, Vec<u8>, Ino)> = Vec::new(); // (parent, name, ino)
@@ -773,7 +788,7 @@ mod tests {
         let live = durable_view(&meta);
 
         drop(store);
-        let mut store = KvMeta::open(dir.path(), uuid).unwrap();
+        let mut store = KvMeta::open(dir.path(), uuid, None).unwrap();
         let loaded = store.load(4096).unwrap();
         assert!(loaded.fragment_blocks.is_empty());
         assert_eq!(durable_view(&loaded.state), live);
@@ -783,7 +798,7 @@ mod tests {
         let orphans = loaded.orphans.clone();
         store.forget(&orphans, &[]).unwrap();
         drop(store);
-        let mut store = KvMeta::open(dir.path(), uuid).unwrap();
+        let mut store = KvMeta::open(dir.path(), uuid, None).unwrap();
         let again = store.load(4096).unwrap();
         assert!(again.orphans.is_empty());
         assert_eq!(durable_view(&again.state), live);
@@ -793,7 +808,7 @@ mod tests {
     fn a_write_within_the_size_touches_no_onode() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
         let mut rng = StdRng::seed_from_u64(1);
         let attr = new_attr(&meta, &mut rng, FileKind::File);
         let ino = attr.ino;
@@ -810,10 +825,10 @@ mod tests {
     fn a_store_of_another_volume_or_none_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaState::fresh(0, 0, 5);
-        assert!(matches!(KvMeta::open(&dir.path().join("missing"), [1; 16]), Err(Error::BadPath(..))));
-        drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap());
-        assert!(matches!(KvMeta::open(dir.path(), [2; 16]), Err(Error::VolumeMismatch { .. })));
-        assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap()), Err(Error::AlreadyFormatted { .. })));
+        assert!(matches!(KvMeta::open(&dir.path().join("missing"), [1; 16], None), Err(Error::BadPath(..))));
+        drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap());
+        assert!(matches!(KvMeta::open(dir.path(), [2; 16], None), Err(Error::VolumeMismatch { .. })));
+        assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap(), None), Err(Error::AlreadyFormatted { .. })));
     }
 
     /// Records that do not check out make `load` fail with an error naming the record.
@@ -829,7 +844,7 @@ mod tests {
         for (keyspace, damage) in cases {
             let dir = tempfile::tempdir().unwrap();
             let meta = MetaState::fresh(0, 0, 5);
-            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
             damage(&store);
             match store.load(4096) {
                 Err(Error::Corrupt { problem, .. }) => assert!(problem.starts_with(keyspace), "{keyspace}: {problem}"),
@@ -845,7 +860,7 @@ mod tests {
     fn fragments_come_back_in_order_and_strays_are_found() {
         let dir = tempfile::tempdir().unwrap();
         let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap()).unwrap();
+        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
         let attr = new_attr(&meta, &mut StdRng::seed_from_u64(2), FileKind::File);
         let ino = attr.ino;
         commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
@@ -868,7 +883,7 @@ mod tests {
         commit(&mut store, &meta, &[DataOp::Map { ino, lblock: 0, entry: fast(2) }.into()]);
         drop((store, log));
 
-        let mut store = KvMeta::open(dir.path(), [1; 16]).unwrap();
+        let mut store = KvMeta::open(dir.path(), [1; 16], None).unwrap();
         let loaded = store.load(4096).unwrap();
         assert_eq!(loaded.fragment_blocks.len(), 1);
         let block = &loaded.fragment_blocks[0];

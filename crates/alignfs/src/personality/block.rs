@@ -59,6 +59,7 @@ impl BlockVolume {
                 fast: Some(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes))),
                 ssd: Arc::clone(&devices.ssd),
                 kv: None,
+                kv_syncs: None,
             },
         };
         let block = options.geometry.block();

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::clean_pages::CleanPages;
 use super::{FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
+use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
@@ -34,21 +35,35 @@ pub struct Devices {
     pub ssd: Arc<dyn BlockDevice>,
     /// The KV metadata store's directory, for a profile that keeps one.
     pub kv: Option<PathBuf>,
+    /// Power-loss tests: record the KV directory each time the store syncs it
+    /// ([`crate::device::power_loss::RecordedDir`]), as a `RecordedSsd` records its writes.
+    pub kv_syncs: Option<Arc<PowerLog>>,
 }
 
 impl Devices {
     pub fn new(fast: Arc<dyn ByteTier>, ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: Some(fast), ssd, kv: None }
+        Devices { fast: Some(fast), ssd, kv: None, kv_syncs: None }
     }
 
     pub fn ssd_only(ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: None, ssd, kv: None }
+        Devices { fast: None, ssd, kv: None, kv_syncs: None }
     }
 
     /// One SSD and the directory of the volume's KV metadata store.
     pub fn with_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>) -> Devices {
-        Devices { fast: None, ssd, kv: Some(dir.into()) }
+        Devices { fast: None, ssd, kv: Some(dir.into()), kv_syncs: None }
     }
+
+    /// [`Devices::with_kv`], recording each sync of the KV directory in `log`.
+    pub fn with_recorded_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>, log: Arc<PowerLog>) -> Devices {
+        Devices { kv_syncs: Some(log), ..Devices::with_kv(ssd, dir) }
+    }
+}
+
+/// Where the KV store of a volume being opened lives.
+struct KvLocation {
+    dir: PathBuf,
+    syncs: Option<Arc<PowerLog>>,
 }
 
 /// The superblock sector of SSD `member` of `ssd` (a device set has one per member).
@@ -164,7 +179,9 @@ impl Volume {
         }
         match (&devices.fast, needs.fast_tier) {
             (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
-            (None, false) if needs.kv_store => format_with_kv(devices.ssd.as_ref(), devices.kv.as_deref(), options),
+            (None, false) if needs.kv_store => {
+                format_with_kv(devices.ssd.as_ref(), devices.kv.as_deref(), devices.kv_syncs.as_ref(), options)
+            }
             (None, false) => format_on_ssd(&devices.ssd, options),
             (None, true) => Err(Error::WrongDevices(format!("profile {} needs a fast tier", profile.name()))),
             (Some(_), false) => {
@@ -178,7 +195,7 @@ impl Volume {
     /// written before every check passed.
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
-        let Devices { fast, ssd, kv } = devices;
+        let Devices { fast, ssd, kv, kv_syncs } = devices;
         let (superblock, meta_name) = match &fast {
             Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
             None => check_on_ssd(ssd.as_ref())?,
@@ -186,13 +203,14 @@ impl Volume {
         if kv.is_some() && !superblock.profile.devices().kv_store {
             return Err(Error::WrongDevices(format!("an {} volume keeps no KV store; drop the KV directory", superblock.profile.name())));
         }
-        Self::assemble(fast, ssd, kv.as_deref(), superblock, meta_name, options, started)
+        let kv = kv.map(|dir| KvLocation { dir, syncs: kv_syncs });
+        Self::assemble(fast, ssd, kv.as_ref(), superblock, meta_name, options, started)
     }
 
     fn assemble(
         fast: Option<Arc<dyn ByteTier>>,
         ssd: Arc<dyn BlockDevice>,
-        kv: Option<&Path>,
+        kv: Option<&KvLocation>,
         superblock: Superblock,
         meta_name: String,
         options: VolumeOptions,
@@ -310,11 +328,12 @@ fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &
 
 /// The records of the volume's KV store, with what a crash left behind (objects without a
 /// name, fragments no record names) deleted unless the volume opens read-only.
-fn recover_kv(dir: Option<&Path>, superblock: &Superblock, options: &VolumeOptions, started: Instant) -> Result<Recovered> {
-    let dir = dir.ok_or_else(|| {
+fn recover_kv(kv: Option<&KvLocation>, superblock: &Superblock, options: &VolumeOptions, started: Instant) -> Result<Recovered> {
+    let kv = kv.ok_or_else(|| {
         Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
     })?;
-    let mut store = KvMeta::open(dir, superblock.uuid)?;
+    let dir = kv.dir.as_path();
+    let mut store = KvMeta::open(dir, superblock.uuid, kv.syncs.clone())?;
     let loaded = store.load(superblock.geometry.block_bytes)?;
     if !options.read_only {
         store.forget(&loaded.orphans, &loaded.stray_fragments)?;
@@ -406,7 +425,7 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<
 
 /// One SSD and a KV store: the superblock alone on the SSD, the metadata in the store.
 /// The store is checked before anything is written, and the superblock goes last.
-fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, options: &FormatOptions) -> Result<Superblock> {
+fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, syncs: Option<&Arc<PowerLog>>, options: &FormatOptions) -> Result<Superblock> {
     let name = options.profile.name();
     let dir = kv.ok_or_else(|| Error::WrongDevices(format!("profile {name} keeps its metadata in a KV store: name its directory")))?;
     if !options.force {
@@ -417,7 +436,7 @@ fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, options: &FormatOpti
     KvMeta::clear_dir(dir, options.force)?;
     write_ssd_superblock(ssd, 0, &[0u8; SUPERBLOCK_BYTES as usize])?;
     let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
-    drop(KvMeta::create(dir, superblock.uuid, &fresh.get(Ino::ROOT).expect("a fresh state has its root"))?);
+    drop(KvMeta::create(dir, superblock.uuid, &fresh.get(Ino::ROOT).expect("a fresh state has its root"), syncs.cloned())?);
     write_ssd_superblock(ssd, 0, &superblock.encode())?;
     Ok(superblock)
 }

@@ -141,7 +141,7 @@ fn create_devices(
         }
         None => None,
     };
-    Ok(Devices { fast, ssd, kv })
+    Ok(Devices { fast, ssd, kv, kv_syncs: None })
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.

@@ -42,7 +42,7 @@ impl Devices {
     pub fn devices(&self) -> alignfs::Devices {
         let ssd = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
         let fast = self.profile.devices().fast_tier.then(|| Arc::clone(&self.fast) as Arc<dyn ByteTier>);
-        alignfs::Devices { fast, ssd, kv: None }
+        alignfs::Devices { fast, ssd, kv: None, kv_syncs: None }
     }
 
     pub fn fast_bytes(&self) -> Vec<u8> {
