@@ -883,7 +883,7 @@ impl S3 for Gateway {
                 let mut md5s = Md5::new();
                 for (number, part) in &chosen {
                     let name = part_name(&upload_id, *number);
-                    offset += staged.copy_from(&uploads, name.as_bytes(), offset).map_err(|e| storage_error(e, &name))?;
+                    offset += staged.append_from(&uploads, name.as_bytes(), offset).map_err(|e| storage_error(e, &name))?;
                     let digest = (0..part.etag.len() / 2)
                         .filter_map(|i| u8::from_str_radix(&part.etag[2 * i..2 * i + 2], 16).ok())
                         .collect::<Vec<u8>>();

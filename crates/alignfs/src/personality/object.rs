@@ -443,10 +443,14 @@ impl Staged<'_> {
         self.store.volume.clone_file(source.object(name)?, self.ino)
     }
 
-    /// Copy `source`'s whole object `name` to `offset` of the staged object; returns its
-    /// size. (Assembling a multipart upload from its parts.)
-    pub fn copy_from(&self, source: &Bucket<'_>, name: &[u8], offset: u64) -> Result<u64> {
+    /// Put `source`'s whole object `name` at `offset` of the staged object, past its
+    /// data; returns its size. At a multiple of the block size the object's blocks are
+    /// shared, elsewhere copied. (Assembling a multipart upload from its parts.)
+    pub fn append_from(&self, source: &Bucket<'_>, name: &[u8], offset: u64) -> Result<u64> {
         let ino = source.object(name)?;
+        if offset % self.store.volume.geometry().block() == 0 {
+            return self.store.volume.clone_into(ino, self.ino, offset);
+        }
         let mut buf = vec![0u8; 8 << 20];
         let mut done = 0u64;
         loop {

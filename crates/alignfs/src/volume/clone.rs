@@ -1,5 +1,5 @@
 //! Cloning a file's data by sharing its SSD blocks (no data copied): the object store's
-//! CopyObject, and what a future FICLONE would use.
+//! CopyObject and multipart completion, and what a future FICLONE would use.
 //!
 //! The source's residue is merged into whole blocks first, since residue units belong to
 //! one map entry; then every block is marked shared in both maps and counted once more in
@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use super::write::MAX_FILE_BYTES;
 use super::{Inner, Volume};
 use crate::error::{Error, Result};
 use crate::map::BlockEntry;
@@ -23,27 +24,59 @@ impl Volume {
     /// Make `dst` a copy of `src` (size and data) that shares `src`'s SSD blocks. Both are
     /// regular files; `dst`'s old data is dropped.
     pub fn clone_file(&self, src: Ino, dst: Ino) -> Result<()> {
+        self.with_both_locked(src, dst, |source, target| {
+            self.inner.truncate_locked(target, 0)?;
+            self.inner.clone_locked(source, target, 0)
+        })
+    }
+
+    /// Put a copy of `src` at `offset` of `dst`, sharing `src`'s SSD blocks: `dst` grows
+    /// to `offset` + `src`'s size. `offset` must be a multiple of the block size, at or
+    /// past the end of `dst` (nothing of `dst` is replaced). Returns the bytes cloned. A
+    /// multipart upload's parts become its object this way.
+    pub fn clone_into(&self, src: Ino, dst: Ino, offset: u64) -> Result<u64> {
+        let block = self.inner.geometry.block();
+        if offset % block != 0 {
+            return Err(Error::InvalidArgument(format!("a clone goes to a multiple of the block size ({block}), not {offset}")));
+        }
+        let mut cloned = 0;
+        self.with_both_locked(src, dst, |source, target| {
+            if target.size() > offset || target.map.lock().range(offset / block..).next().is_some() {
+                return Err(Error::InvalidArgument(format!("a clone to offset {offset} would replace data of the target")));
+            }
+            if offset.checked_add(source.size()).is_none_or(|end| end > MAX_FILE_BYTES) {
+                return Err(Error::FileTooLarge);
+            }
+            cloned = source.size();
+            self.inner.clone_locked(source, target, offset)
+        })?;
+        Ok(cloned)
+    }
+
+    /// Run `f` on two distinct regular files with both their whole ranges locked.
+    fn with_both_locked(&self, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<()>) -> Result<()> {
         if src == dst {
             return Err(Error::InvalidArgument("a file cannot be cloned onto itself".into()));
         }
         let (source, target) = (self.inner.file(src)?, self.inner.file(dst)?);
         self.inner.check_writable()?;
-        // Both whole files, the lower inode first, so two clones cannot deadlock.
+        // The lower inode first, so two clones cannot deadlock.
         let (first, second) = if src < dst { (&source, &target) } else { (&target, &source) };
         let _first = first.range.write(0, u64::MAX);
         let _second = second.range.write(0, u64::MAX);
-        self.inner.clone_locked(&source, &target)
+        f(&source, &target)
     }
 }
 
 impl Inner {
-    /// [`Volume::clone_file`] with both files' whole ranges locked.
-    fn clone_locked(&self, source: &Arc<Inode>, target: &Arc<Inode>) -> Result<()> {
+    /// Share `source`'s blocks into `target` from `offset` (a block boundary past the
+    /// target's data), with both files' whole ranges locked.
+    fn clone_locked(&self, source: &Arc<Inode>, target: &Arc<Inode>, offset: u64) -> Result<()> {
         self.merge_file_locked(source, Counter::migrations_sync)?;
-        self.truncate_locked(target, 0)?;
+        let first_lblock = offset / self.geometry.block();
         let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();
         let time = now_ns();
-        let mut ops = vec![Op::Data(DataOp::SetSize { ino: target.ino, size: source.size(), time })];
+        let mut ops = vec![Op::Data(DataOp::SetSize { ino: target.ino, size: offset + source.size(), time })];
         let mut shared = Vec::new();
         for (lblock, entry) in blocks {
             let Some(block) = entry.ssd_block() else { continue };
@@ -51,7 +84,7 @@ impl Inner {
             if !entry.shared() {
                 ops.push(Op::Data(DataOp::Map { ino: source.ino, lblock, entry: Some(marked.clone()) }));
             }
-            ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock, entry: Some(marked) }));
+            ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock: first_lblock + lblock, entry: Some(marked) }));
             shared.push(block);
             if ops.len() >= CLONE_OPS_PER_RECORD {
                 self.commit_shares(&mut ops, &mut shared)?;
@@ -119,6 +152,44 @@ mod tests {
         assert_eq!(v.check(), []);
         v.unlink(Ino::ROOT, b"b").unwrap();
         assert_eq!(v.inner.blocks.used_count(), 1, "every shared block freed by its last reference");
+    }
+
+    #[test]
+    fn parts_cloned_into_place_share_blocks_and_read_back_concatenated() {
+        let v = volume();
+        let block = v.geometry().block();
+        let whole = v.create_file(Ino::ROOT, b"whole", 0o644, 0, 0).unwrap().ino;
+        let mut expected = Vec::new();
+        for (i, len) in [3 * block, 2 * block, block / 2 + 17].into_iter().enumerate() {
+            let part = v.create_file(Ino::ROOT, format!("part{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
+            let data: Vec<u8> = (0..len).map(|j| (j as usize * 7 + i) as u8).collect();
+            v.write(part, 0, &data).unwrap();
+            let used = v.inner.blocks.used_count();
+            v.clone_into(part, whole, expected.len() as u64).unwrap();
+            // Only a partial block held in residue is merged into a block of its own.
+            assert!(v.inner.blocks.used_count() <= used + 1, "part {i}: no data copied");
+            expected.extend_from_slice(&data);
+            assert_eq!(read_all(&v, whole), expected, "after part {i}");
+        }
+        let end = expected.len() as u64;
+        assert!(matches!(v.clone_into(whole, whole, 0), Err(crate::Error::InvalidArgument(_))));
+        let part0 = v.lookup(Ino::ROOT, b"part0").unwrap().ino;
+        assert!(matches!(v.clone_into(part0, whole, block), Err(crate::Error::InvalidArgument(_))), "would replace data");
+        assert!(matches!(v.clone_into(part0, whole, end + 1), Err(crate::Error::InvalidArgument(_))), "unaligned");
+        assert!(matches!(v.clone_into(part0, whole, u64::MAX - block + 1), Err(crate::Error::FileTooLarge)));
+        assert_eq!(read_all(&v, whole), expected, "refused clones change nothing");
+        // A hole before a clone past the end reads as zeros.
+        let past = end.next_multiple_of(block) + block;
+        v.clone_into(part0, whole, past).unwrap();
+        expected.resize(past as usize, 0);
+        expected.extend_from_slice(&read_all(&v, part0));
+        assert_eq!(read_all(&v, whole), expected);
+        assert_eq!(v.check(), []);
+        for i in 0..3 {
+            v.unlink(Ino::ROOT, format!("part{i}").as_bytes()).unwrap();
+        }
+        assert_eq!(read_all(&v, whole), expected, "the parts gone, their blocks stay with the whole");
+        assert_eq!(v.check(), []);
     }
 
     #[test]
