@@ -287,13 +287,28 @@ def boto3_suite(gw):
         s3.abort_multipart_upload(Bucket="alpha", Key="mp/aborted", UploadId=up["UploadId"])
         expect_error("NoSuchUpload", lambda: s3.upload_part(Bucket="alpha", Key="mp/aborted", UploadId=up["UploadId"], PartNumber=2, Body=b"y"))
         expect_error("NoSuchKey", lambda: s3.get_object(Bucket="alpha", Key="mp/aborted"))
+        # ListMultipartUploads in pages of one, by key and then upload id; rolled up by a delimiter.
+        made = [(k, s3.create_multipart_upload(Bucket="alpha", Key=k)["UploadId"]) for k in ["pg/b", "pg/a", "pg/b", "pg/x/1"]]
+        seen, markers = [], {}
+        while True:
+            page = s3.list_multipart_uploads(Bucket="alpha", Prefix="pg/", MaxUploads=1, **markers)
+            seen += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+            if not page["IsTruncated"]:
+                break
+            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+        assert seen == sorted(made), (seen, sorted(made))
+        rolled = s3.list_multipart_uploads(Bucket="alpha", Prefix="pg/", Delimiter="/")
+        assert [u["Key"] for u in rolled["Uploads"]] == ["pg/a", "pg/b", "pg/b"], rolled
+        assert [p["Prefix"] for p in rolled["CommonPrefixes"]] == ["pg/x/"], rolled
+        for key, upload_id in made:
+            s3.abort_multipart_upload(Bucket="alpha", Key=key, UploadId=upload_id)
         big = rng.randbytes(17 << 20)
         from boto3.s3.transfer import TransferConfig
         s3.upload_fileobj(io.BytesIO(big), "alpha", "mp/transfer", Config=TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20))
         out = io.BytesIO()
         s3.download_fileobj("alpha", "mp/transfer", out, Config=TransferConfig(multipart_threshold=4 << 20, multipart_chunksize=4 << 20))
         assert out.getvalue() == big
-    check("boto3: multipart uploads (complete, errors, abort, list, ranged download)", multipart)
+    check("boto3: multipart uploads (complete, errors, abort, list in pages, ranged download)", multipart)
 
 
 def limits_suite(binary, work):

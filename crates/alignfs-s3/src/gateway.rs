@@ -302,6 +302,10 @@ fn check_conditions(etag: &str, if_match: Option<&ETagCondition>, if_none_match:
     Ok(())
 }
 
+/// Objects read from the store at a time when listing: small enough that the keys under
+/// a common prefix read before skipping past them cost little.
+const LIST_BATCH: usize = 128;
+
 /// One page of a listing with `delimiter` rolled up into common prefixes.
 struct Page {
     objects: Vec<(String, u64, i64, String)>,
@@ -330,16 +334,22 @@ fn list_page(
     };
     // A page that ended on a common prefix resumes past every key under it.
     let mut skip_past = after.as_deref().and_then(|a| common_prefix(a).filter(|c| c == a));
-    let mut cursor = after;
+    let mut cursor = after.map(String::into_bytes);
     loop {
-        let batch =
-            bucket.list(prefix.as_bytes(), cursor.as_deref().map(str::as_bytes), 1000).map_err(|e| storage_error(e, bucket_name))?;
+        // Past a common prefix, the next batch starts after every key under it: a name
+        // is UTF-8, so no key under it sorts after the prefix followed by 0xFF.
+        if let Some(skip) = &skip_past {
+            if cursor.as_deref().is_none_or(|c| c.starts_with(skip.as_bytes())) {
+                cursor = Some([skip.as_bytes(), &[0xFF]].concat());
+            }
+        }
+        let batch = bucket.list(prefix.as_bytes(), cursor.as_deref(), LIST_BATCH).map_err(|e| storage_error(e, bucket_name))?;
         if batch.is_empty() {
             return Ok(page);
         }
         for object in batch {
             let key = String::from_utf8_lossy(&object.name).into_owned();
-            cursor = Some(key.clone());
+            cursor = Some(object.name.clone());
             if skip_past.as_deref().is_some_and(|skip| key.starts_with(skip)) {
                 continue;
             }
@@ -366,6 +376,68 @@ fn list_page(
             }
         }
     }
+}
+
+/// One page of ListMultipartUploads.
+struct UploadsPage {
+    uploads: Vec<(String, UploadRecord)>,
+    prefixes: Vec<String>,
+    truncated: bool,
+    /// Where the next page starts after: the last key or common prefix returned, and the
+    /// last upload's id if it was an upload.
+    next: Option<(String, Option<String>)>,
+}
+
+/// The page of `found` (uploads by id, all under `prefix`) after the markers, in key
+/// order and, for one key, in id order (an id starts with its initiation time), with
+/// `delimiter` rolled up into common prefixes.
+fn uploads_page(
+    mut found: Vec<(String, UploadRecord)>,
+    prefix: &str,
+    delimiter: Option<&str>,
+    (key_marker, id_marker): (Option<&str>, Option<&str>),
+    max: usize,
+) -> UploadsPage {
+    found.sort_by(|a, b| (&a.1.key, &a.0).cmp(&(&b.1.key, &b.0)));
+    let delimiter = delimiter.filter(|d| !d.is_empty());
+    let common_prefix = |key: &str| -> Option<String> {
+        let d = delimiter?;
+        let rest = key.strip_prefix(prefix)?;
+        rest.find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())
+    };
+    // A page that ended on a common prefix resumes past every key under it.
+    let skip = key_marker.and_then(|m| common_prefix(m).filter(|c| c == m));
+    let after_markers = |key: &str, id: &str| match (key_marker, id_marker) {
+        _ if skip.as_deref().is_some_and(|s| key.starts_with(s)) => false,
+        (None, _) => true,
+        (Some(marker), None) => key > marker,
+        (Some(marker), Some(id_marker)) => key > marker || (key == marker && id > id_marker),
+    };
+    let mut page = UploadsPage { uploads: Vec::new(), prefixes: Vec::new(), truncated: false, next: None };
+    for (id, upload) in found.into_iter().filter(|(id, upload)| after_markers(&upload.key, id)) {
+        let common = common_prefix(&upload.key);
+        if common.is_some() && common == page.prefixes.last().cloned() {
+            continue;
+        }
+        if page.uploads.len() + page.prefixes.len() == max {
+            page.truncated = true;
+            break;
+        }
+        match common {
+            Some(common) => {
+                page.next = Some((common.clone(), None));
+                page.prefixes.push(common);
+            }
+            None => {
+                page.next = Some((upload.key.clone(), Some(id.clone())));
+                page.uploads.push((id, upload));
+            }
+        }
+    }
+    if !page.truncated {
+        page.next = None;
+    }
+    page
 }
 
 fn page_contents(page: &Page) -> (Option<ObjectList>, Option<CommonPrefixList>) {
@@ -971,6 +1043,7 @@ impl S3 for Gateway {
 
     async fn list_multipart_uploads(&self, req: S3Request<ListMultipartUploadsInput>) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
         let input = req.input;
+        let max = max_keys(input.max_uploads)?;
         let bucket_name = input.bucket.clone();
         let prefix = input.prefix.clone().unwrap_or_default();
         let found = self
@@ -978,6 +1051,8 @@ impl S3 for Gateway {
                 bucket(store, &bucket_name)?;
                 let uploads = uploads(store)?;
                 let mut found = Vec::new();
+                // The uploads are named by id: every one in the store is read (they are
+                // the uploads in progress, few next to the objects).
                 for object in uploads.list(b"", None, usize::MAX).map_err(|e| storage_error(e, "the uploads"))? {
                     if object.name.contains(&b'/') {
                         continue; // a part
@@ -989,13 +1064,14 @@ impl S3 for Gateway {
                         found.push((id, upload));
                     }
                 }
-                found.sort_by(|a, b| (&a.1.key, a.1.initiated_ns).cmp(&(&b.1.key, b.1.initiated_ns)));
                 Ok(found)
             })
             .await?;
-        let uploads = found
+        let markers = (input.key_marker.as_deref(), input.upload_id_marker.as_deref());
+        let page = uploads_page(found, input.prefix.as_deref().unwrap_or(""), input.delimiter.as_deref(), markers, max);
+        let uploads = page
+            .uploads
             .into_iter()
-            .take(1000)
             .map(|(id, upload)| MultipartUpload {
                 key: Some(upload.key),
                 upload_id: Some(id),
@@ -1003,12 +1079,147 @@ impl S3 for Gateway {
                 ..MultipartUpload::default()
             })
             .collect();
+        let common_prefixes = page.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect();
         Ok(S3Response::new(ListMultipartUploadsOutput {
             bucket: Some(input.bucket),
             prefix: input.prefix,
+            delimiter: input.delimiter,
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.truncated),
+            next_key_marker: page.next.as_ref().map(|(key, _)| key.clone()),
+            next_upload_id_marker: page.next.and_then(|(_, id)| id),
             uploads: Some(uploads),
-            is_truncated: Some(false),
+            common_prefixes: Some(common_prefixes),
             ..ListMultipartUploadsOutput::default()
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use alignfs::device::{BlockDevice, SimSsd};
+    use alignfs::test_support::seed;
+    use alignfs::{Devices, FormatOptions, Profile, VolumeOptions};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// What a listing must return, computed from every key: the keys and common
+    /// prefixes after `after`, in order, rolled up by `delimiter`.
+    fn model_listing(keys: &[String], prefix: &str, delimiter: Option<&str>, after: Option<&str>) -> Vec<(bool, String)> {
+        let mut out: Vec<(bool, String)> = Vec::new();
+        for key in keys.iter().filter(|k| k.starts_with(prefix)) {
+            let entry = match delimiter.and_then(|d| key[prefix.len()..].find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())) {
+                Some(common) => (true, common),
+                None => (false, key.clone()),
+            };
+            if after.is_some_and(|a| entry.1.as_str() <= a) || out.last() == Some(&entry) {
+                continue;
+            }
+            out.push(entry);
+        }
+        out
+    }
+
+    /// Listings page by page, with and without delimiters, against a model; the keys
+    /// under a common prefix are many, so the listing skips past them in batches.
+    #[test]
+    fn listings_page_through_keys_and_common_prefixes_as_the_model_says() {
+        let kv = tempfile::tempdir().unwrap();
+        let devices = || Devices::with_kv(Arc::new(SimSsd::new(64 << 20)) as Arc<dyn BlockDevice>, kv.path());
+        let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+        let ssd = devices().ssd;
+        ObjectStore::format(&Devices::with_kv(Arc::clone(&ssd), kv.path()), &format).unwrap();
+        let store =
+            ObjectStore::open(Devices::with_kv(ssd, kv.path()), VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap();
+        store.create_bucket(b"b").unwrap();
+        let mut rng = StdRng::seed_from_u64(seed("gateway::listings"));
+        let mut keys: Vec<String> = (0..300).map(|i| format!("deep/{:04}", i * 7 % 300)).collect();
+        for _ in 0..200 {
+            let parts: Vec<String> =
+                (0..rng.random_range(1..4)).map(|_| ["a", "b", "ab", "é", "z-", "a.b"][rng.random_range(0..6)].to_string()).collect();
+            keys.push(parts.join(["/", "-"][rng.random_range(0..2)]));
+        }
+        keys.sort();
+        keys.dedup();
+        let bucket = store.bucket(b"b").unwrap();
+        for key in &keys {
+            bucket.put(key.as_bytes(), b"x").unwrap();
+        }
+        for round in 0..60 {
+            let prefix = ["", "a", "a/", "deep/", "deep/00", "é", "z"][rng.random_range(0..7)];
+            let delimiter = [None, Some("/"), Some("-"), Some("b/")][rng.random_range(0..4)];
+            let max = [1, 7, 50, 1000][rng.random_range(0..4)];
+            let mut after: Option<String> = None;
+            let mut listed = Vec::new();
+            loop {
+                let page = list_page(&store, "b", prefix, delimiter, after.clone(), max).unwrap();
+                let entries = page.objects.len() + page.prefixes.len();
+                assert!(entries <= max, "round {round}: a page of {entries}, max {max}");
+                let mut got: Vec<(bool, String)> =
+                    page.objects.iter().map(|o| (false, o.0.clone())).chain(page.prefixes.iter().map(|p| (true, p.clone()))).collect();
+                got.sort_by(|a, b| a.1.cmp(&b.1));
+                listed.extend(got);
+                if !page.truncated {
+                    break;
+                }
+                assert_eq!(entries, max, "round {round}: a truncated page is full");
+                after = page.last;
+            }
+            let expected = model_listing(&keys, prefix, delimiter, None);
+            assert_eq!(listed, expected, "round {round}: prefix {prefix:?}, delimiter {delimiter:?}, pages of {max}");
+        }
+        store.close().unwrap();
+    }
+
+    /// ListMultipartUploads paged with markers, with and without a delimiter, returns
+    /// what one unpaged listing returns, which is what the model says.
+    #[test]
+    fn upload_listings_page_by_key_and_upload_id() {
+        let mut rng = StdRng::seed_from_u64(seed("gateway::upload_listings"));
+        let upload = |key: &str| UploadRecord { bucket: "b".into(), key: key.into(), record: ObjectRecord::default(), initiated_ns: 0 };
+        let mut found = Vec::new();
+        for n in 0..150 {
+            let key = ["a", "a/b", "a/c/d", "b", "b/x", "c-d", "c/e"][rng.random_range(0..7)];
+            found.push((format!("{:016x}{n:08x}", rng.random_range(0..1000u64)), upload(key)));
+        }
+        for round in 0..200 {
+            let prefix = ["", "a", "a/", "b", "c"][rng.random_range(0..5)];
+            let mine: Vec<(String, UploadRecord)> = found.iter().filter(|(_, u)| u.key.starts_with(prefix)).cloned().collect();
+            let delimiter = [None, Some("/"), Some("-")][rng.random_range(0..3)];
+            let max = [1, 2, 5, 1000][rng.random_range(0..4)];
+            let whole = uploads_page(mine.clone(), prefix, delimiter, (None, None), usize::MAX);
+            assert!(!whole.truncated && whole.next.is_none());
+            let mut keys: Vec<String> = mine.iter().map(|(_, u)| u.key.clone()).collect();
+            keys.sort();
+            let mut expected = model_listing(&keys, prefix, delimiter, None);
+            expected.dedup();
+            let mut keys_and_prefixes: Vec<(bool, String)> =
+                whole.uploads.iter().map(|(_, u)| (false, u.key.clone())).chain(whole.prefixes.iter().map(|p| (true, p.clone()))).collect();
+            keys_and_prefixes.sort_by(|a, b| a.1.cmp(&b.1));
+            keys_and_prefixes.dedup();
+            assert_eq!(keys_and_prefixes, expected, "round {round}");
+            let rolled_up = |key: &str| delimiter.is_some_and(|d| key[prefix.len()..].contains(d));
+            assert_eq!(whole.uploads.len(), mine.iter().filter(|(_, u)| !rolled_up(&u.key)).count(), "round {round}: every upload once");
+            assert!(whole.uploads.windows(2).all(|w| (&w[0].1.key, &w[0].0) < (&w[1].1.key, &w[1].0)), "round {round}: in key, id order");
+            let (mut uploads, mut prefixes, mut markers) = (Vec::new(), Vec::new(), (None::<String>, None::<String>));
+            loop {
+                let page = uploads_page(mine.clone(), prefix, delimiter, (markers.0.as_deref(), markers.1.as_deref()), max);
+                assert!(page.uploads.len() + page.prefixes.len() <= max);
+                uploads.extend(page.uploads.into_iter().map(|(id, _)| id));
+                prefixes.extend(page.prefixes);
+                match page.next {
+                    Some((key, id)) => markers = (Some(key), id),
+                    None => break,
+                }
+            }
+            assert_eq!(uploads, whole.uploads.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(), "round {round}: pages of {max}");
+            assert_eq!(prefixes, whole.prefixes, "round {round}: pages of {max}");
+        }
     }
 }
