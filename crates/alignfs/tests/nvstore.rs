@@ -442,6 +442,34 @@ fn parts_appended_at_block_boundaries_share_their_blocks() {
     store.close().unwrap();
 }
 
+/// A put syncs the KV store once, when it publishes: the staged object's own commits
+/// (its creation, its data) ride in that sync (`Volume::set_scratch_dir`).
+#[test]
+fn a_put_syncs_once() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    for size in [2048, 6000, 70_000, 1 << 20] {
+        let syncs = counter(&store, Counter::kv_syncs);
+        b(&store).put(format!("o{size}").as_bytes(), &vec![3u8; size]).unwrap();
+        assert_eq!(counter(&store, Counter::kv_syncs) - syncs, 1, "a put of {size} bytes");
+    }
+    // A published object's writes are synced as before.
+    let syncs = counter(&store, Counter::kv_syncs);
+    b(&store).write(b"o2048", 100, b"abc").unwrap();
+    assert_eq!(counter(&store, Counter::kv_syncs) - syncs, 1);
+    store.simulate_crash();
+    let store = fixture.open(&quiet());
+    for size in [2048, 6000, 70_000, 1 << 20] {
+        let mut want = vec![3u8; size];
+        if size == 2048 {
+            want[100..103].copy_from_slice(b"abc");
+        }
+        assert!(b(&store).get(format!("o{size}").as_bytes()).unwrap() == want, "o{size} after a crash");
+    }
+    assert_eq!(store.volume().check(), []);
+    store.close().unwrap();
+}
+
 /// One object operation of the crash tests, derived from a seed and the objects so far.
 enum ObjectOp {
     Write {

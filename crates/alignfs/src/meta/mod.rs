@@ -7,7 +7,7 @@ mod op;
 pub use op::{apply, DataOp, Freed, NamespaceOp, Op};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
@@ -105,6 +105,9 @@ pub struct Inode {
     pub opens: AtomicU32,
     /// What the application asked of this object since the volume opened (live only).
     pub io: ObjectIo,
+    /// Created in the volume's scratch directory and named nowhere else (live only):
+    /// a crash may lose any change to it (see `Volume::set_scratch_dir`).
+    pub scratch: AtomicBool,
 }
 
 /// Per-object IO counters: what a personality's callers read and wrote.
@@ -144,6 +147,7 @@ impl Inode {
             range: RangeLock::default(),
             opens: AtomicU32::new(0),
             io: ObjectIo::default(),
+            scratch: AtomicBool::new(false),
         }
     }
 

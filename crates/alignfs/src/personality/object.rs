@@ -103,6 +103,8 @@ impl ObjectStore {
             for entry in volume.readdir(staging)? {
                 volume.unlink(staging, &entry.name)?;
             }
+            // Emptied at every open: a staged object's commits need no sync of their own.
+            volume.set_scratch_dir(staging)?;
         }
         Ok(ObjectStore { volume, buckets, staging, next_staged: AtomicU64::new(0) })
     }

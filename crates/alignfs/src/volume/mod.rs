@@ -44,7 +44,7 @@ use crate::geometry::Geometry;
 use crate::journal::{CommitContext, MetaStore};
 use crate::layout::{BlockChecksums, BlockRefs, Profile, Superblock};
 use crate::map::{PageNo, SsdBlock};
-use crate::meta::{apply, DataOp, Freed, MetaState, NamespaceOp, Op};
+use crate::meta::{apply, DataOp, FileKind, Freed, Ino, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
 use crate::residue::ResidueStore;
 use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
@@ -177,6 +177,8 @@ pub(crate) struct Inner {
     shutdown: AtomicBool,
     /// Background merges between their first allocation and their commit.
     merges_in_flight: AtomicU64,
+    /// The directory whose files a crash may lose whole ([`Volume::set_scratch_dir`]).
+    scratch_dir: std::sync::OnceLock<Ino>,
     recovery: RecoveryReport,
     /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
     ssd_in_flight: Vec<AtomicU64>,
@@ -231,6 +233,19 @@ impl Volume {
     pub fn describe_devices(&self) -> (String, String, String) {
         let fast = self.inner.fast.as_ref().map_or_else(|| "none".to_string(), |f| f.describe());
         (fast, self.inner.ssd.describe(), self.inner.residue.describe())
+    }
+
+    /// Make `dir` the scratch directory: the caller promises to empty it at every open,
+    /// so a crash may lose any change to a file created there. Commits that change only
+    /// such files (until one gains a name elsewhere) are then not synced on their own;
+    /// the next synced commit, which follows them in the metadata store, makes them
+    /// durable with it. The object store stages objects there: a PUT syncs once, when
+    /// it publishes. Set once per open.
+    pub fn set_scratch_dir(&self, dir: Ino) -> Result<()> {
+        if self.inner.get(dir)?.kind != FileKind::Dir {
+            return Err(Error::NotDir);
+        }
+        self.inner.scratch_dir.set(dir).map_err(|_| Error::InvalidArgument("the scratch directory is set already".into()))
     }
 
     /// Write a checkpoint now (the journal restarts empty).
@@ -367,6 +382,7 @@ impl Inner {
                 }
             }
         }
+        let scratch_only = self.scratch_only(ops);
         let projection = self.policy.project(self, ops);
         let journaled = projection.as_ref().map_or(ops, |p| p.journal.as_slice());
         let mut apply_all = || {
@@ -381,10 +397,13 @@ impl Inner {
         if let Some(projection) = projection {
             self.policy.committed(self, projection, &freed);
         }
+        self.track_scratch(ops);
         if committer.wants_checkpoint() {
             self.notify_maintenance();
         }
-        let group = committer.group_sync().map(|group| {
+        // A commit that changes only scratch files is ordered in the store but not synced
+        // on its own: the next synced commit covers it.
+        let group = committer.group_sync().filter(|_| !scratch_only).map(|group| {
             let ticket = group.ordered();
             (group, ticket)
         });
@@ -397,6 +416,54 @@ impl Inner {
             }
         }
         Ok(freed)
+    }
+
+    /// Whether every op changes only scratch files (or the scratch directory's entries
+    /// for them). Decided before the ops apply; false whenever in doubt.
+    fn scratch_only(&self, ops: &[Op]) -> bool {
+        let Some(&dir) = self.scratch_dir.get() else { return false };
+        let scratch = |ino: &Ino| self.meta.get(*ino).is_some_and(|inode| inode.scratch.load(Ordering::SeqCst));
+        !ops.is_empty()
+            && ops.iter().all(|op| match op {
+                Op::Namespace(NamespaceOp::Create { parent, attr, .. }) => *parent == dir && attr.kind == FileKind::File,
+                Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
+                    *parent == dir && self.meta.get(dir).and_then(|d| d.data.lock().entries.get(name).copied()).is_some_and(|i| scratch(&i))
+                }
+                Op::Namespace(NamespaceOp::Free { ino })
+                | Op::Namespace(NamespaceOp::SetAttr { ino, .. })
+                | Op::Namespace(NamespaceOp::SetXattr { ino, .. })
+                | Op::Data(DataOp::Map { ino, .. })
+                | Op::Data(DataOp::Extend { ino, .. })
+                | Op::Data(DataOp::SetSize { ino, .. }) => scratch(ino),
+                Op::Namespace(NamespaceOp::Link { .. }) | Op::Namespace(NamespaceOp::Rename { .. }) => false,
+            })
+    }
+
+    /// After `ops` applied: a file created in the scratch directory is scratch; one that
+    /// gains a name elsewhere is not any more.
+    fn track_scratch(&self, ops: &[Op]) {
+        let Some(&dir) = self.scratch_dir.get() else { return };
+        let set = |ino: Ino, scratch: bool| {
+            if let Some(inode) = self.meta.get(ino) {
+                inode.scratch.store(scratch, Ordering::SeqCst);
+            }
+        };
+        let named = |parent: Ino, name: &[u8]| self.meta.get(parent).and_then(|d| d.data.lock().entries.get(name).copied());
+        for op in ops {
+            match op {
+                Op::Namespace(NamespaceOp::Create { parent, attr, .. }) if *parent == dir => set(attr.ino, true),
+                Op::Namespace(NamespaceOp::Link { ino, .. }) => set(*ino, false),
+                Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, .. })
+                    if *from_parent == dir || *to_parent == dir =>
+                {
+                    // Both names, whatever moved where (an exchange swaps them).
+                    for ino in [named(*from_parent, from_name), named(*to_parent, to_name)].into_iter().flatten() {
+                        set(ino, false);
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Run `f` with what the metadata store borrows from the engine.

@@ -275,6 +275,7 @@ impl Volume {
             maintenance_due: Wakeup::default(),
             shutdown: AtomicBool::new(false),
             merges_in_flight: AtomicU64::new(0),
+            scratch_dir: std::sync::OnceLock::new(),
             recovery,
             ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
             #[cfg(debug_assertions)]
