@@ -6,6 +6,12 @@
 //! fragments replay oldest first. Each residue unit holds one block's fragment page; the
 //! log remembers which orders each unit put, so that dropping a unit deletes exactly its
 //! keys (NVStore's prefix delete, without the scan) and never a newer unit's.
+//!
+//! A new unit's puts wait in memory for the commit that first maps it, and go in its
+//! batch: until that commit, no record names the unit, yet its block's record may name
+//! fragments (an older unit's), and recovery would lay the new ones over them. So an
+//! operation that gives a block a new page (a truncate's zeroed tail, a write's new page)
+//! lands whole or not at all. Puts into a unit already mapped go to the store at once.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -29,9 +35,14 @@ struct UnitOrders {
     orders: (u32, u32),
 }
 
+/// One fragment record, encoded.
+type Put = (Vec<u8>, Vec<u8>);
+
 #[derive(Default)]
 struct Registry {
     units: HashMap<PageNo, UnitOrders>,
+    /// The puts of units no commit has mapped yet.
+    unmapped: HashMap<PageNo, Vec<Put>>,
     /// The next order of each block that has units, and how many it has.
     blocks: HashMap<BlockKey, (u32, usize)>,
 }
@@ -60,6 +71,7 @@ impl FragmentLog {
     /// (rebuilt at open).
     pub fn register(&self, unit: PageNo, block: BlockKey, restored: Option<Range<u32>>) {
         let mut registry = self.registry.lock();
+        let fresh = restored.is_none();
         let (next, units) = registry.blocks.entry(block).or_insert((0, 0));
         let orders = match restored {
             Some(range) => {
@@ -70,33 +82,50 @@ impl FragmentLog {
         };
         *units += 1;
         registry.units.insert(unit, UnitOrders { block, orders });
+        if fresh {
+            registry.unmapped.insert(unit, Vec::new());
+        }
     }
 
     /// Put `data`, the bytes at `inoff` of `unit`'s block, as the block's next fragment.
-    /// Durable with the next synced batch (the commit that acknowledges the write).
+    /// Durable with the next synced batch (the commit that acknowledges the write); held
+    /// for that batch while no commit has mapped the unit.
     pub fn put(&self, unit: PageNo, inoff: u32, data: &[u8]) {
+        let value = FragmentValue::of(inoff as u16, data).encode();
         let key = {
             let mut registry = self.registry.lock();
-            let Registry { units, blocks } = &mut *registry;
+            let Registry { units, blocks, unmapped } = &mut *registry;
             let entry = units.get_mut(&unit).expect("a unit is registered before it is written");
             let next = &mut blocks.get_mut(&entry.block).expect("a registered unit's block").0;
-            let key = FragmentKey { block: entry.block, order: *next };
+            let key = FragmentKey { block: entry.block, order: *next }.encode();
             *next += 1;
             entry.orders.1 = *next;
+            self.put_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
+            if let Some(held) = unmapped.get_mut(&unit) {
+                held.push((key.to_vec(), value));
+                return;
+            }
             key
         };
-        let (key, value) = (key.encode(), FragmentValue::of(inoff as u16, data).encode());
-        self.put_bytes.fetch_add((key.len() + value.len()) as u64, Ordering::Relaxed);
         if let Err(e) = self.fragments.insert(key, value) {
             tracing::error!("{}", kv_error(&self.dir, "write a fragment", e));
             self.failed.store(true, Ordering::SeqCst);
         }
     }
 
+    /// `unit` is mapped by the commit whose batch this is: its held puts go in it.
+    pub(super) fn mapped_into(&self, unit: PageNo, batch: &mut OwnedWriteBatch) {
+        for (key, value) in self.registry.lock().unmapped.remove(&unit).unwrap_or_default() {
+            batch.insert(&self.fragments, key, value);
+        }
+    }
+
     /// Forget `unit`; its fragments' keys, for the caller to delete.
+    /// (A unit no commit mapped has nothing in the store: `None`.)
     fn take(&self, unit: PageNo) -> Option<(BlockKey, (u32, u32))> {
         let mut registry = self.registry.lock();
         let orders = registry.units.remove(&unit)?;
+        let unmapped = registry.unmapped.remove(&unit).is_some();
         if let Some((_, units)) = registry.blocks.get_mut(&orders.block) {
             *units -= 1;
             if *units == 0 {
@@ -105,7 +134,7 @@ impl FragmentLog {
                 registry.blocks.remove(&orders.block);
             }
         }
-        Some((orders.block, orders.orders))
+        (!unmapped).then_some((orders.block, orders.orders))
     }
 
     /// Delete `unit`'s fragments in `batch` (the commit that drops it from its block).
