@@ -70,6 +70,11 @@ pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future
             },
             () = shutdown.as_mut() => break,
         };
+        // A response's head and body go out as separate writes: with Nagle's algorithm
+        // the body waits for the client's delayed ACK, 40 ms per request.
+        if let Err(e) = socket.set_nodelay(true) {
+            tracing::debug!(%peer, "TCP_NODELAY: {e}");
+        }
         let connection = http.serve_connection(TokioIo::new(socket), service.clone());
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {
