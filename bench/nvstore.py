@@ -16,7 +16,10 @@ acknowledged durable by all three.
 
 The patterns are the paper's (§4.2–4.3), scaled: 2 KiB appends (within a block), 4 KiB
 appends at offset 2 KiB (across blocks), 2 KiB and 512 B–64 KiB overwrites of filled
-4 MiB objects, 1 MiB aligned appends; one writer, and eight. alignfs merges its fragment
+4 MiB objects, 1 MiB aligned appends, and filebench's fileserver flow as object
+operations (the paper's RB workload, scaled): per round a new object of gamma-distributed
+size (mean 128 KiB), an append to one (mean 16 KiB), a whole read, a stat, and a removal
+beyond 32 objects per writer; one writer, and eight. alignfs merges its fragment
 pages into whole blocks after each cell (NVStore-Sync) and that traffic is counted; Ceph
 and ext4 get a few seconds to write back after theirs.
 
@@ -41,7 +44,7 @@ import uuid
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(REPO, "target/release/alignfs")
 OBJECT_SIZE = 4 << 20
-PATTERNS = ["append2k", "cross4k", "overwrite2k", "random", "aligned1m"]
+PATTERNS = ["append2k", "cross4k", "overwrite2k", "random", "aligned1m", "fileserver"]
 UNALIGNED = {"append2k", "cross4k", "overwrite2k", "random"}
 OVERWRITES = {"overwrite2k", "random"}
 SYSTEMS = ["alignfs", "bluestore", "ext4-files"]
@@ -120,6 +123,58 @@ def writes(pattern, objects, seed):
 
 
 PAYLOAD = os.urandom((1 << 20) + 65536)
+
+
+def fileserver(jobs, seconds, max_bytes, store):
+    """Each of `jobs` writers runs filebench's fileserver flow on its own objects (as
+    `alignfs bench-objects --pattern fileserver` does) through `store`, an object with
+    put(name, data), append(name, offset, data), read(name, size), stat(name) and
+    remove(name), each durable when it returns. Returns (rounds, bytes created and
+    appended, seconds, names left)."""
+    import random
+    totals, left, errors = [(0, 0)] * jobs, [], []
+    started = time.monotonic()
+
+    def size(rng, mean):
+        return max(1, min(int(rng.gammavariate(1.5, mean / 1.5)), 1 << 20))
+
+    def chunk(rng, length):
+        at = rng.randrange(len(PAYLOAD) - length)
+        return PAYLOAD[at:at + length]
+
+    def worker(job):
+        rng = random.Random(42 + job)
+        live, rounds, written = [], 0, 0
+        try:
+            while written < max_bytes // jobs and time.monotonic() - started < seconds:
+                name, length = f"f{job}-{rounds}", size(rng, 128 << 10)
+                store.put(name, chunk(rng, length))
+                live.append([name, length])
+                written += length
+                target = rng.choice(live)
+                more = min(size(rng, 16 << 10), OBJECT_SIZE - target[1])
+                if more > 0:
+                    store.append(target[0], target[1], chunk(rng, more))
+                    target[1] += more
+                    written += more
+                store.read(*rng.choice(live))
+                store.stat(rng.choice(live)[0])
+                if len(live) > 32:
+                    store.remove(live.pop(rng.randrange(len(live)))[0])
+                rounds += 1
+        except Exception as e:  # reported after the join
+            errors.append(e)
+        totals[job] = (rounds, written)
+        left.extend(name for name, _ in live)
+
+    threads = [threading.Thread(target=worker, args=(j,)) for j in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(o for o, _ in totals), sum(b for _, b in totals), time.monotonic() - started, left
 
 
 def drive(jobs, objects, pattern, seconds, max_bytes, write_one):
@@ -278,15 +333,29 @@ bluestore block db path = {self.db.dev}
 
     def cell(self, prefix, pattern, jobs, objects, seconds, max_bytes):
         before = self.perf()
-        ops, written, took = drive(jobs, objects, pattern, seconds, max_bytes,
-                                   lambda _job, obj, offset, data: self.io.write(self.name_of(prefix, obj), data, offset))
+        if pattern == "fileserver":
+            io, name = self.io, lambda n: f"{prefix}-{n}"
+
+            class Store:
+                put = staticmethod(lambda n, data: io.write_full(name(n), data))
+                append = staticmethod(lambda n, _offset, data: io.append(name(n), data))
+                read = staticmethod(lambda n, size: io.read(name(n), size))
+                stat = staticmethod(lambda n: io.stat(name(n)))
+                remove = staticmethod(lambda n: io.remove_object(name(n)))
+            ops, written, took, left = fileserver(jobs, seconds, max_bytes, Store)
+            self.left = [name(n) for n in left]
+        else:
+            ops, written, took = drive(jobs, objects, pattern, seconds, max_bytes,
+                                       lambda _job, obj, offset, data: self.io.write(self.name_of(prefix, obj), data, offset))
         after = self.perf()
         return ops, written, took, {k: after[k] - before[k] for k in after}
 
     def remove(self, prefix, objects):
-        for obj in range(objects):
+        names = [self.name_of(prefix, obj) for obj in range(objects)] + getattr(self, "left", [])
+        self.left = []
+        for name in names:
             try:
-                self.io.remove_object(self.name_of(prefix, obj))
+                self.io.remove_object(name)
             except Exception:
                 pass
 
@@ -326,6 +395,38 @@ class Ext4Files:
                 os.fsync(f.fileno())
 
     def cell(self, prefix, pattern, jobs, objects, seconds, max_bytes):
+        if pattern == "fileserver":
+            path = lambda n: self.path(prefix, n)
+
+            class Store:
+                @staticmethod
+                def put(n, data):
+                    fd = os.open(path(n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        os.write(fd, data)
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+
+                @staticmethod
+                def append(n, offset, data):
+                    fd = os.open(path(n), os.O_WRONLY)
+                    try:
+                        os.pwrite(fd, data, offset)
+                        os.fdatasync(fd)
+                    finally:
+                        os.close(fd)
+
+                @staticmethod
+                def read(n, size):
+                    with open(path(n), "rb") as f:
+                        return f.read(size)
+
+                stat = staticmethod(lambda n: os.stat(path(n)))
+                remove = staticmethod(lambda n: os.unlink(path(n)))
+            ops, written, took, left = fileserver(jobs, seconds, max_bytes, Store)
+            self.left = [path(n) for n in left]
+            return ops, written, took, {}
         fds = {}
         for obj in range(objects):
             fds[obj] = os.open(self.path(prefix, obj), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -341,9 +442,11 @@ class Ext4Files:
         return (*result, {})
 
     def remove(self, prefix, objects):
-        for obj in range(objects):
+        paths = [self.path(prefix, obj) for obj in range(objects)] + getattr(self, "left", [])
+        self.left = []
+        for path in paths:
             try:
-                os.unlink(self.path(prefix, obj))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
 

@@ -29,6 +29,10 @@ pub enum Pattern {
     Random,
     /// 1 MiB appends, block-aligned.
     Aligned1m,
+    /// filebench's fileserver flow on each writer's own objects: create one (gamma
+    /// sizes, mean 128 KiB), append to one (mean 16 KiB), read one whole, stat one,
+    /// remove one beyond 32. Bytes are those created and appended.
+    Fileserver,
 }
 
 impl Pattern {
@@ -112,6 +116,8 @@ impl Iterator for Writes {
                 let len = self.rng.random_range(512..=65536u64).min(size);
                 Some((self.rng.random_range(0..self.objects), self.rng.random_range(0..=size - len), len))
             }
+            // Not a stream of writes to fixed objects: see `fileserver`.
+            Pattern::Fileserver => None,
         }
     }
 }
@@ -186,7 +192,7 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
                 String::from_utf8_lossy(missing)
             );
         }
-    } else {
+    } else if args.pattern != Pattern::Fileserver {
         for name in &names {
             bucket.create(name)?;
         }
@@ -200,7 +206,12 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
                 let (bucket, names, payload) = (&bucket, &names[(job * per_job) as usize..((job + 1) * per_job) as usize], &payload);
                 let rng = StdRng::seed_from_u64(args.seed + job);
                 let writes = Writes { pattern: args.pattern, objects: per_job, object_size, position: 0, rng };
+                let job_bytes = max_bytes / args.jobs;
                 scope.spawn(move || -> Result<(u64, u64)> {
+                    if args.pattern == Pattern::Fileserver {
+                        let prefix = format!("{}-f{job}", args.prefix);
+                        return fileserver(bucket, &prefix, object_size, payload, writes.rng, || started.elapsed() >= limit, job_bytes);
+                    }
                     let (mut ops, mut bytes) = (0u64, 0u64);
                     for (object, offset, len) in writes {
                         let at = (ops as usize * 4099) % (payload.len() - len as usize);
@@ -237,10 +248,68 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
     }
     if args.remove {
         for name in &names {
-            bucket.remove(name)?;
+            match bucket.remove(name) {
+                Err(alignfs::Error::NotFound) if args.pattern == Pattern::Fileserver => {}
+                other => other?,
+            }
+        }
+        let left = format!("{}-f", args.prefix).into_bytes();
+        for object in bucket.list(&left, None, usize::MAX)? {
+            bucket.remove(&object.name)?;
         }
     }
     Ok(report)
+}
+
+/// A size from filebench's gamma distribution (shape 1.5) of mean `mean`, at most `cap`:
+/// Gamma(1.5) is Exp(1) plus half a squared standard normal.
+fn gamma_size(rng: &mut StdRng, mean: f64, cap: u64) -> u64 {
+    let scale = mean / 1.5;
+    let (u1, u2, u3): (f64, f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random_range(f64::EPSILON..1.0), rng.random());
+    let normal = (-2.0 * u2.ln()).sqrt() * (std::f64::consts::TAU * u3).cos();
+    ((scale * (-u1.ln() + normal * normal / 2.0)) as u64).clamp(1, cap)
+}
+
+/// One writer of the fileserver cell, on objects `PREFIX-N`; returns (flow rounds, bytes
+/// created and appended).
+fn fileserver(
+    bucket: &alignfs::personality::Bucket<'_>,
+    prefix: &str,
+    object_size: u64,
+    payload: &[u8],
+    mut rng: StdRng,
+    out_of_time: impl Fn() -> bool,
+    max_bytes: u64,
+) -> Result<(u64, u64)> {
+    let (mut rounds, mut bytes) = (0u64, 0u64);
+    let mut live: Vec<(Vec<u8>, u64)> = Vec::new();
+    let chunk = |rng: &mut StdRng, len: u64| {
+        let at = rng.random_range(0..payload.len() - len as usize);
+        &payload[at..at + len as usize]
+    };
+    while bytes < max_bytes && !out_of_time() {
+        let name = format!("{prefix}-{rounds}").into_bytes();
+        let size = gamma_size(&mut rng, 128.0 * 1024.0, 1 << 20);
+        bucket.put(&name, chunk(&mut rng, size))?;
+        live.push((name, size));
+        bytes += size;
+        let target = rng.random_range(0..live.len());
+        let append = gamma_size(&mut rng, 16.0 * 1024.0, 1 << 20).min(object_size.saturating_sub(live[target].1));
+        if append > 0 {
+            bucket.write(&live[target].0, live[target].1, chunk(&mut rng, append))?;
+            live[target].1 += append;
+            bytes += append;
+        }
+        let read = &live[rng.random_range(0..live.len())].0;
+        bucket.get(read)?;
+        bucket.stat(&live[rng.random_range(0..live.len())].0)?;
+        if live.len() > 32 {
+            let (gone, _) = live.swap_remove(rng.random_range(0..live.len()));
+            bucket.remove(&gone)?;
+        }
+        rounds += 1;
+    }
+    Ok((rounds, bytes))
 }
 
 #[cfg(test)]
@@ -260,6 +329,15 @@ mod tests {
         assert_eq!(cross.len(), 2 * 255);
         assert!(cross.iter().all(|&(_, offset, len)| offset % 4096 == 2048 && offset + len <= 1 << 20));
         assert_eq!(writes(Pattern::Aligned1m), [(0, 0, 1 << 20), (1, 0, 1 << 20)]);
+    }
+
+    #[test]
+    fn gamma_sizes_have_the_mean_asked_for_and_stay_under_the_cap() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let sizes: Vec<u64> = (0..20_000).map(|_| gamma_size(&mut rng, 16384.0, 1 << 20)).collect();
+        let mean = sizes.iter().sum::<u64>() as f64 / sizes.len() as f64;
+        assert!((15_500.0..17_300.0).contains(&mean), "mean {mean}");
+        assert!(sizes.iter().all(|&s| (1..=1 << 20).contains(&s)));
     }
 
     #[test]
