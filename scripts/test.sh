@@ -153,5 +153,7 @@ target/release/alignfs-ssd-scaling --quick || suites=1
 bench/uhs.py --quick | sed -n '/^| workload/,/^$/p' || suites=1
 # The nvstore benchmark's smoke run: alignfs, Ceph BlueStore (installed if missing) and
 # files on ext4, on loop devices, 1 s cells.
-/usr/bin/python3 bench/nvstore.py --quick --patterns append2k,random | sed -n '/^| pattern/,/^$/p' || suites=1
+/usr/bin/python3 bench/nvstore.py --quick --patterns append2k,random,fileserver | sed -n '/^| pattern/,/^$/p' || suites=1
+# The S3 benchmark's smoke run: alignfs s3 and s3s-fs (cargo-installed if missing).
+/usr/bin/python3 bench/s3.py --quick --jobs 2 --cells put2k,get,fileserver | sed -n '/^| cell/,/^$/p' || suites=1
 exit "$suites"

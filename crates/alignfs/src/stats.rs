@@ -65,7 +65,7 @@ counters! {
     kv_attr_bytes: "attribute records written, by namespace operations (nvstore)",
     kv_name_bytes: "name records written (nvstore)",
     kv_batches: "KV batches committed, one per metadata commit (nvstore)",
-    kv_syncs: "KV journal syncs; fewer than kv_batches when concurrent commits shared one (nvstore: group commit)",
+    kv_syncs: "KV journal syncs; fewer than kv_batches when commits shared one (nvstore: group commit, staged objects)",
 }
 
 /// What opening the volume took.
