@@ -125,6 +125,39 @@ def writes(pattern, objects, seed):
 PAYLOAD = os.urandom((1 << 20) + 65536)
 
 
+def run_threads(jobs, work):
+    """Run `work(job)` on `jobs` threads, each returning (ops, bytes); returns the sums,
+    raising the first exception a thread met."""
+    results, errors = [(0, 0)] * jobs, []
+
+    def run(job):
+        try:
+            results[job] = work(job)
+        except Exception as e:  # raised after the join
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(j,)) for j in range(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(o for o, _ in results), sum(b for _, b in results)
+
+
+def save_report(out, text, records):
+    """Print the report; with `out`, keep it and the raw results there."""
+    print(text)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "report.md"), "w") as f:
+            f.write(text)
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump(records, f, indent=1)
+        log(f"report in {out}")
+
+
 def fileserver(jobs, seconds, max_bytes, store):
     """Each of `jobs` writers runs filebench's fileserver flow on its own objects (as
     `alignfs bench-objects --pattern fileserver` does) through `store`, an object with
@@ -132,7 +165,7 @@ def fileserver(jobs, seconds, max_bytes, store):
     remove(name), each durable when it returns. Returns (rounds, bytes created and
     appended, seconds, names left)."""
     import random
-    totals, left, errors = [(0, 0)] * jobs, [], []
+    left = []
     started = time.monotonic()
 
     def size(rng, mean):
@@ -145,36 +178,27 @@ def fileserver(jobs, seconds, max_bytes, store):
     def worker(job):
         rng = random.Random(42 + job)
         live, rounds, written = [], 0, 0
-        try:
-            while written < max_bytes // jobs and time.monotonic() - started < seconds:
-                name, length = f"f{job}-{rounds}", size(rng, 128 << 10)
-                store.put(name, chunk(rng, length))
-                live.append([name, length])
-                written += length
-                target = rng.choice(live)
-                more = min(size(rng, 16 << 10), OBJECT_SIZE - target[1])
-                if more > 0:
-                    store.append(target[0], target[1], chunk(rng, more))
-                    target[1] += more
-                    written += more
-                store.read(*rng.choice(live))
-                store.stat(rng.choice(live)[0])
-                if len(live) > 32:
-                    store.remove(live.pop(rng.randrange(len(live)))[0])
-                rounds += 1
-        except Exception as e:  # reported after the join
-            errors.append(e)
-        totals[job] = (rounds, written)
+        while written < max_bytes // jobs and time.monotonic() - started < seconds:
+            name, length = f"f{job}-{rounds}", size(rng, 128 << 10)
+            store.put(name, chunk(rng, length))
+            live.append([name, length])
+            written += length
+            target = rng.choice(live)
+            more = min(size(rng, 16 << 10), OBJECT_SIZE - target[1])
+            if more > 0:
+                store.append(target[0], target[1], chunk(rng, more))
+                target[1] += more
+                written += more
+            store.read(*rng.choice(live))
+            store.stat(rng.choice(live)[0])
+            if len(live) > 32:
+                store.remove(live.pop(rng.randrange(len(live)))[0])
+            rounds += 1
         left.extend(name for name, _ in live)
+        return rounds, written
 
-    threads = [threading.Thread(target=worker, args=(j,)) for j in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(o for o, _ in totals), sum(b for _, b in totals), time.monotonic() - started, left
+    rounds, written = run_threads(jobs, worker)
+    return rounds, written, time.monotonic() - started, left
 
 
 def drive(jobs, objects, pattern, seconds, max_bytes, write_one):
@@ -182,32 +206,21 @@ def drive(jobs, objects, pattern, seconds, max_bytes, write_one):
     (ops, bytes, seconds). `write_one(job, object, offset, data)` is durable when it
     returns."""
     per_job = objects // jobs
-    totals = [(0, 0)] * jobs
-    errors = []
     started = time.monotonic()
 
     def worker(job):
         ops = written = 0
-        try:
-            for obj, offset, length in writes(pattern, per_job, 42 + job):
-                at = (ops * 4099) % (len(PAYLOAD) - length)
-                write_one(job, job * per_job + obj, offset, PAYLOAD[at:at + length])
-                ops += 1
-                written += length
-                if written >= max_bytes // jobs or time.monotonic() - started >= seconds:
-                    break
-        except Exception as e:  # reported after the join
-            errors.append(e)
-        totals[job] = (ops, written)
+        for obj, offset, length in writes(pattern, per_job, 42 + job):
+            at = (ops * 4099) % (len(PAYLOAD) - length)
+            write_one(job, job * per_job + obj, offset, PAYLOAD[at:at + length])
+            ops += 1
+            written += length
+            if written >= max_bytes // jobs or time.monotonic() - started >= seconds:
+                break
+        return ops, written
 
-    threads = [threading.Thread(target=worker, args=(j,)) for j in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(o for o, _ in totals), sum(b for _, b in totals), time.monotonic() - started
+    ops, written = run_threads(jobs, worker)
+    return ops, written, time.monotonic() - started
 
 
 # --- the systems ------------------------------------------------------------------------
@@ -541,15 +554,8 @@ def report(results, jobs_list, out):
         lines.append(f"- {pattern}, {jobs} writer(s): bandwidth {bw:.2f}x ({ok(bw >= 2)}), metadata records {meta:.0%} "
                      f"({ok(meta <= 0.10)}; metadata device {meta_device:.0%}), total device traffic {total:.0%} "
                      f"({ok(total <= 0.60)})")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if out:
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "report.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump([{"pattern": p, "jobs": j, "system": s, "cells": c} for (p, j, s), c in results.items()], f, indent=1)
-        log(f"report in {out}")
+    save_report(out, "\n".join(lines) + "\n",
+                [{"pattern": p, "jobs": j, "system": s, "cells": c} for (p, j, s), c in results.items()])
 
 
 def main():

@@ -37,11 +37,10 @@ import random
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvstore import BIN, REPO, Loop, detach, fs_on, log, med, run, unmount  # noqa: E402
+from nvstore import BIN, REPO, Loop, detach, fs_on, log, med, run, run_threads, save_report, unmount  # noqa: E402
 
 CELLS = ["put2k", "putrand", "put4m", "get", "fileserver"]
 SYSTEMS = ["alignfs", "s3s-fs", "s3s-fs-sync"]
@@ -167,30 +166,19 @@ def body(rng, size):
 def drive(server, jobs, seconds, op):
     """Run `jobs` threads, each calling `op(client, job, n, rng)` (returns bytes moved) until
     time runs out; returns (ops, bytes, seconds)."""
-    totals = [(0, 0)] * jobs
-    errors = []
     clients = [server.client(jobs) for _ in range(jobs)]
     started = time.monotonic()
 
     def worker(job):
         rng = random.Random(1000 + job)
         ops = moved = 0
-        try:
-            while time.monotonic() - started < seconds:
-                moved += op(clients[job], job, ops, rng)
-                ops += 1
-        except Exception as e:  # reported after the join
-            errors.append(e)
-        totals[job] = (ops, moved)
+        while time.monotonic() - started < seconds:
+            moved += op(clients[job], job, ops, rng)
+            ops += 1
+        return ops, moved
 
-    threads = [threading.Thread(target=worker, args=(j,)) for j in range(jobs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(o for o, _ in totals), sum(b for _, b in totals), time.monotonic() - started
+    ops, moved = run_threads(jobs, worker)
+    return ops, moved, time.monotonic() - started
 
 
 def put_cell(size_of):
@@ -301,16 +289,8 @@ def report(results, jobs_list, cells, systems, out):
             row += ["-" if cell == "get" else f"{per_gib[s]:.2f} GiB" for s in systems]
             row.append(", ".join(f"{ops['alignfs'] / ops[s]:.2f}x" if ops[s] else "-" for s in systems[1:]))
             lines.append("| " + " | ".join(row) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if out:
-        import json
-        os.makedirs(out, exist_ok=True)
-        with open(os.path.join(out, "report.md"), "w") as f:
-            f.write(text)
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump([{"cell": c, "jobs": j, "system": s, "runs": r} for (c, j, s), r in results.items()], f, indent=1)
-        log(f"report in {out}")
+    save_report(out, "\n".join(lines) + "\n",
+                [{"cell": c, "jobs": j, "system": s, "runs": r} for (c, j, s), r in results.items()])
 
 
 def main():

@@ -739,7 +739,8 @@ struct ObjectTrace {
     models: Vec<Objects>,
 }
 
-fn record_objects(rng: &mut StdRng, count: usize) -> ObjectTrace {
+/// A new object store (bucket `b`) whose SSD and KV directory record into the log.
+fn recorded_store() -> (Arc<PowerLog>, tempfile::TempDir, ObjectStore) {
     let log = PowerLog::new();
     let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(POWER_LOSS_SSD_BYTES)), Arc::clone(&log)));
     let kv = tempfile::tempdir().unwrap();
@@ -748,6 +749,11 @@ fn record_objects(rng: &mut StdRng, count: usize) -> ObjectTrace {
     ObjectStore::format(&devices(), &format).unwrap();
     let store = ObjectStore::open(devices(), no_clean_pages()).unwrap();
     store.create_bucket(b"b").unwrap();
+    (log, kv, store)
+}
+
+fn record_objects(rng: &mut StdRng, count: usize) -> ObjectTrace {
+    let (log, _kv, store) = recorded_store();
     let setup_end = log.position();
     let (mut model, mut ops) = (Objects::new(), Vec::new());
     let mut models = vec![model.clone()];
@@ -858,14 +864,7 @@ fn object_workloads_survive_every_power_loss_image() {
 /// the old size (the page's put waits for the commit that maps it).
 #[test]
 fn a_truncate_torn_anywhere_is_whole_or_absent() {
-    let log = PowerLog::new();
-    let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(POWER_LOSS_SSD_BYTES)), Arc::clone(&log)));
-    let kv = tempfile::tempdir().unwrap();
-    let devices = || Devices::with_recorded_kv(Arc::clone(&ssd), kv.path(), Arc::clone(&log));
-    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
-    ObjectStore::format(&devices(), &format).unwrap();
-    let store = ObjectStore::open(devices(), no_clean_pages()).unwrap();
-    store.create_bucket(b"b").unwrap();
+    let (log, _kv, store) = recorded_store();
     let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
     b(&store).put(b"o", &data).unwrap();
     b(&store).write(b"o", 9000, &[9; 700]).unwrap();
