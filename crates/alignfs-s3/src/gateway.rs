@@ -302,6 +302,15 @@ fn check_conditions(etag: &str, if_match: Option<&ETagCondition>, if_none_match:
     Ok(())
 }
 
+/// The common prefix `key` rolls up into in a listing of `prefix` by `delimiter`: `key` up
+/// to the first delimiter after the prefix, included. None without a delimiter (or an
+/// empty one).
+fn common_prefix(key: &str, prefix: &str, delimiter: Option<&str>) -> Option<String> {
+    let d = delimiter.filter(|d| !d.is_empty())?;
+    let rest = key.strip_prefix(prefix)?;
+    rest.find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())
+}
+
 /// Objects read from the store at a time when listing: small enough that the keys under
 /// a common prefix read before skipping past them cost little.
 const LIST_BATCH: usize = 128;
@@ -325,15 +334,9 @@ fn list_page(
 ) -> S3Result<Page> {
     let bucket = bucket(store, bucket_name)?;
     let mut page = Page { objects: Vec::new(), prefixes: Vec::new(), truncated: false, last: None };
-    let delimiter = delimiter.filter(|d| !d.is_empty());
-    // The common prefix a key rolls up into, if any.
-    let common_prefix = |key: &str| -> Option<String> {
-        let d = delimiter?;
-        let rest = key.strip_prefix(prefix)?;
-        rest.find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())
-    };
+    let roll_up = |key: &str| common_prefix(key, prefix, delimiter);
     // A page that ended on a common prefix resumes past every key under it.
-    let mut skip_past = after.as_deref().and_then(|a| common_prefix(a).filter(|c| c == a));
+    let mut skip_past = after.as_deref().and_then(|a| roll_up(a).filter(|c| c == a));
     let mut cursor = after.map(String::into_bytes);
     loop {
         // Past a common prefix, the next batch starts after every key under it: a name
@@ -357,7 +360,7 @@ fn list_page(
                 page.truncated = true;
                 return Ok(page);
             }
-            match common_prefix(&key) {
+            match roll_up(&key) {
                 Some(common) => {
                     page.prefixes.push(common.clone());
                     page.last = Some(common.clone());
@@ -399,14 +402,9 @@ fn uploads_page(
     max: usize,
 ) -> UploadsPage {
     found.sort_by(|a, b| (&a.1.key, &a.0).cmp(&(&b.1.key, &b.0)));
-    let delimiter = delimiter.filter(|d| !d.is_empty());
-    let common_prefix = |key: &str| -> Option<String> {
-        let d = delimiter?;
-        let rest = key.strip_prefix(prefix)?;
-        rest.find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())
-    };
+    let roll_up = |key: &str| common_prefix(key, prefix, delimiter);
     // A page that ended on a common prefix resumes past every key under it.
-    let skip = key_marker.and_then(|m| common_prefix(m).filter(|c| c == m));
+    let skip = key_marker.and_then(|m| roll_up(m).filter(|c| c == m));
     let after_markers = |key: &str, id: &str| match (key_marker, id_marker) {
         _ if skip.as_deref().is_some_and(|s| key.starts_with(s)) => false,
         (None, _) => true,
@@ -415,7 +413,7 @@ fn uploads_page(
     };
     let mut page = UploadsPage { uploads: Vec::new(), prefixes: Vec::new(), truncated: false, next: None };
     for (id, upload) in found.into_iter().filter(|(id, upload)| after_markers(&upload.key, id)) {
-        let common = common_prefix(&upload.key);
+        let common = roll_up(&upload.key);
         if common.is_some() && common == page.prefixes.last().cloned() {
             continue;
         }
@@ -1131,9 +1129,8 @@ mod tests {
     #[test]
     fn listings_page_through_keys_and_common_prefixes_as_the_model_says() {
         let kv = tempfile::tempdir().unwrap();
-        let devices = || Devices::with_kv(Arc::new(SimSsd::new(64 << 20)) as Arc<dyn BlockDevice>, kv.path());
+        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(64 << 20));
         let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
-        let ssd = devices().ssd;
         ObjectStore::format(&Devices::with_kv(Arc::clone(&ssd), kv.path()), &format).unwrap();
         let store =
             ObjectStore::open(Devices::with_kv(ssd, kv.path()), VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap();
