@@ -163,7 +163,7 @@ impl DirSnapshot {
                 }
                 let mut bytes = std::fs::read(&path).map_err(|e| Error::io(format!("snapshot {}", path.display()), e))?;
                 let len = bytes.len() as u64;
-                bytes.truncate(bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1));
+                trim_zeros(&mut bytes);
                 let relative = path.strip_prefix(dir).expect("found under dir").to_path_buf();
                 snapshot.files.insert(relative, (len, bytes));
             }
@@ -194,15 +194,15 @@ impl DirSnapshot {
         let fraction = fraction.clamp(0.0, 1.0);
         let mut torn = self.clone();
         for (path, (next_len, new)) in &next.files {
-            let (len, old) = self.files.get(path).cloned().unwrap_or_default();
-            if *new == old {
+            let (len, old) = self.files.get(path).map_or((0, &[][..]), |(len, bytes)| (*len, bytes.as_slice()));
+            if new == old {
                 continue;
             }
-            let file = match new.strip_prefix(old.as_slice()) {
+            let file = match new.strip_prefix(old) {
                 Some(appended) => {
                     let kept = old.len() + (appended.len() as f64 * fraction) as usize;
                     let mut bytes = new[..kept].to_vec();
-                    bytes.truncate(bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1));
+                    trim_zeros(&mut bytes);
                     (len.max(bytes.len() as u64), bytes)
                 }
                 None if fraction >= 0.5 => (*next_len, new.clone()),
@@ -217,6 +217,11 @@ impl DirSnapshot {
     pub fn bytes(&self) -> u64 {
         self.files.values().map(|(_, b)| b.len() as u64).sum()
     }
+}
+
+/// Drop a file image's trailing zeros (its length is kept apart).
+fn trim_zeros(bytes: &mut Vec<u8>) {
+    bytes.truncate(bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1));
 }
 
 /// Records a [`DirSnapshot`] of a KV store's directory in a [`PowerLog`] after each of

@@ -404,7 +404,7 @@ impl KvMeta {
         }
         for (parent, name) in &touched.names {
             let key = encode_name_key(*parent, name);
-            match meta.get(*parent).and_then(|dir| dir.data.lock().entries.get(name).copied()) {
+            match meta.child(*parent, name) {
                 Some(ino) => {
                     count(Counter::kv_name_bytes, key.len(), 8);
                     batch.insert(&self.names, key, encode_object_id(ino).to_vec());
@@ -539,7 +539,6 @@ struct Touched {
 impl Touched {
     fn of(meta: &MetaState, ops: &[Op]) -> Touched {
         let mut t = Touched::default();
-        let named = |dir: Ino, name: &[u8]| meta.get(dir).and_then(|d| d.data.lock().entries.get(name).copied());
         for op in ops {
             match op {
                 Op::Data(DataOp::Map { ino, lblock, .. }) => {
@@ -559,13 +558,13 @@ impl Touched {
                     t.objects.extend([*parent, *ino]);
                 }
                 Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
-                    t.objects.extend(named(*parent, name));
+                    t.objects.extend(meta.child(*parent, name));
                     t.names.insert((*parent, name.clone()));
                     t.objects.insert(*parent);
                 }
                 Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, .. }) => {
-                    t.objects.extend(named(*from_parent, from_name));
-                    t.objects.extend(named(*to_parent, to_name));
+                    t.objects.extend(meta.child(*from_parent, from_name));
+                    t.objects.extend(meta.child(*to_parent, to_name));
                     t.names.insert((*from_parent, from_name.clone()));
                     t.names.insert((*to_parent, to_name.clone()));
                     t.objects.extend([*from_parent, *to_parent]);

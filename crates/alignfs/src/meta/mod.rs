@@ -172,6 +172,11 @@ impl MetaState {
         self.inodes.read().get(&ino).cloned()
     }
 
+    /// The inode `name` names in directory `dir`, if both exist.
+    pub fn child(&self, dir: Ino, name: &[u8]) -> Option<Ino> {
+        self.get(dir).and_then(|d| d.data.lock().entries.get(name).copied())
+    }
+
     pub fn insert(&self, inode: Inode) {
         let ino = inode.ino;
         self.next_ino.fetch_max(ino.0 + 1, Ordering::SeqCst);

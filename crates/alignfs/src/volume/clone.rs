@@ -39,7 +39,6 @@ impl Volume {
         if offset % block != 0 {
             return Err(Error::InvalidArgument(format!("a clone goes to a multiple of the block size ({block}), not {offset}")));
         }
-        let mut cloned = 0;
         self.with_both_locked(src, dst, |source, target| {
             if target.size() > offset || target.map.lock().range(offset / block..).next().is_some() {
                 return Err(Error::InvalidArgument(format!("a clone to offset {offset} would replace data of the target")));
@@ -47,14 +46,13 @@ impl Volume {
             if offset.checked_add(source.size()).is_none_or(|end| end > MAX_FILE_BYTES) {
                 return Err(Error::FileTooLarge);
             }
-            cloned = source.size();
-            self.inner.clone_locked(source, target, offset)
-        })?;
-        Ok(cloned)
+            self.inner.clone_locked(source, target, offset)?;
+            Ok(source.size())
+        })
     }
 
     /// Run `f` on two distinct regular files with both their whole ranges locked.
-    fn with_both_locked(&self, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<()>) -> Result<()> {
+    fn with_both_locked<R>(&self, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<R>) -> Result<R> {
         if src == dst {
             return Err(Error::InvalidArgument("a file cannot be cloned onto itself".into()));
         }

@@ -427,7 +427,7 @@ impl Inner {
             && ops.iter().all(|op| match op {
                 Op::Namespace(NamespaceOp::Create { parent, attr, .. }) => *parent == dir && attr.kind == FileKind::File,
                 Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
-                    *parent == dir && self.meta.get(dir).and_then(|d| d.data.lock().entries.get(name).copied()).is_some_and(|i| scratch(&i))
+                    *parent == dir && self.meta.child(dir, name).is_some_and(|i| scratch(&i))
                 }
                 Op::Namespace(NamespaceOp::Free { ino })
                 | Op::Namespace(NamespaceOp::SetAttr { ino, .. })
@@ -448,7 +448,6 @@ impl Inner {
                 inode.scratch.store(scratch, Ordering::SeqCst);
             }
         };
-        let named = |parent: Ino, name: &[u8]| self.meta.get(parent).and_then(|d| d.data.lock().entries.get(name).copied());
         for op in ops {
             match op {
                 Op::Namespace(NamespaceOp::Create { parent, attr, .. }) if *parent == dir => set(attr.ino, true),
@@ -457,7 +456,7 @@ impl Inner {
                     if *from_parent == dir || *to_parent == dir =>
                 {
                     // Both names, whatever moved where (an exchange swaps them).
-                    for ino in [named(*from_parent, from_name), named(*to_parent, to_name)].into_iter().flatten() {
+                    for ino in [self.meta.child(*from_parent, from_name), self.meta.child(*to_parent, to_name)].into_iter().flatten() {
                         set(ino, false);
                     }
                 }
