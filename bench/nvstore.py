@@ -146,6 +146,44 @@ def run_threads(jobs, work):
     return sum(o for o, _ in results), sum(b for _, b in results)
 
 
+def install_missing(tools, modules):
+    """apt-get install what is missing: `tools` maps a command to its Debian package,
+    `modules` a Python module to its. The modules must import afterwards."""
+    import importlib.util
+    missing = sorted({p for tool, p in tools.items() if not shutil.which(tool)})
+    absent = lambda m: importlib.util.find_spec(m) is None
+    missing += [p for m, p in modules.items() if absent(m)]
+    if not missing:
+        return
+    log(f"installing: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
+    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=True, stdout=subprocess.DEVNULL)
+    importlib.invalidate_caches()
+    for module, package in modules.items():
+        if absent(module):
+            sys.exit(f"{package} is installed and {module} does not import: run with /usr/bin/python3, Debian's")
+
+
+def run_rounds(systems, rounds, cells, jobs_list, measure, describe):
+    """Every cell at every writer count on every system, `rounds` times, the systems in
+    reverse order every other round so that the machine's drift falls on all of them.
+    `measure(system, cell, jobs, tag)` runs one and returns its result, `describe(result)`
+    its log line. Returns {(cell, jobs, system name): [result per round]}."""
+    results = {}
+    total, done = rounds * len(cells) * len(jobs_list) * len(systems), 0
+    for round_no in range(rounds):
+        order = systems if round_no % 2 == 0 else systems[::-1]
+        for cell in cells:
+            for jobs in jobs_list:
+                for system in order:
+                    done += 1
+                    result = measure(system, cell, jobs, f"r{round_no}")
+                    results.setdefault((cell, jobs, system.name), []).append(result)
+                    log(f"[{done}/{total}] round {round_no + 1} {cell:12} {jobs} writer(s) {system.name:11} {describe(result)}")
+    return results
+
+
 def save_report(out, text, records):
     """Print the report; with `out`, keep it and the raw results there."""
     print(text)
@@ -573,21 +611,8 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/nvstore.py needs root (loop devices, mounts, a Ceph OSD)")
-    packages = {"ceph-mon": "ceph-mon", "ceph-osd": "ceph-osd", "ceph": "ceph-common", "mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs"}
-    missing = sorted({p for tool, p in packages.items() if not shutil.which(tool)})
-    try:
-        import rados  # noqa: F401
-    except ImportError:
-        missing.append("python3-rados")
-    if missing:
-        log(f"installing: {' '.join(missing)}")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=True, stdout=subprocess.DEVNULL)
-        try:
-            import rados  # noqa: F401
-        except ImportError:
-            sys.exit("python3-rados does not import: run with /usr/bin/python3, Debian's")
+    install_missing({"ceph-mon": "ceph-mon", "ceph-osd": "ceph-osd", "ceph": "ceph-common", "mkfs.xfs": "xfsprogs",
+                     "mkfs.ext4": "e2fsprogs"}, {"rados": "python3-rados"})
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing: cargo build --release -p alignfs-cli")
     rounds, seconds, objects = (1, 1.0, 4) if args.quick else (args.rounds, args.seconds, 64)
@@ -606,19 +631,10 @@ def main():
                 continue
             systems.append(system)  # stopped in the end even if starting fails halfway
             system.start(args.work, size)
-        results = {}
-        total = rounds * len(patterns) * len(jobs_list) * len(systems)
-        done = 0
-        for round_no in range(rounds):
-            order = systems if round_no % 2 == 0 else systems[::-1]
-            for pattern in patterns:
-                for jobs in jobs_list:
-                    for system in order:
-                        done += 1
-                        cell = one_cell(system, pattern, jobs, max(objects, jobs), seconds, max_bytes, f"r{round_no}")
-                        results.setdefault((pattern, jobs, system.name), []).append(cell)
-                        log(f"[{done}/{total}] round {round_no + 1} {pattern:12} {jobs} writer(s) {system.name:11} "
-                            f"{cell['bytes'] / cell['seconds'] / 2**20:8.2f} MiB/s  traffic {cell['traffic']}")
+        results = run_rounds(systems, rounds, patterns, jobs_list,
+                             lambda system, pattern, jobs, tag: one_cell(system, pattern, jobs, max(objects, jobs), seconds,
+                                                                         max_bytes, tag),
+                             lambda cell: f"{cell['bytes'] / cell['seconds'] / 2**20:8.2f} MiB/s  traffic {cell['traffic']}")
         report(results, jobs_list, out)
     except BaseException:
         for name in ("mon.a.log", "osd.0.log"):

@@ -40,7 +40,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvstore import BIN, REPO, Loop, detach, fs_on, log, med, run, run_threads, save_report, unmount  # noqa: E402
+from nvstore import (BIN, REPO, Loop, detach, fs_on, install_missing, log, med, run, run_rounds, run_threads,  # noqa: E402
+                     save_report, unmount)
 
 CELLS = ["put2k", "putrand", "put4m", "get", "fileserver"]
 SYSTEMS = ["alignfs", "s3s-fs", "s3s-fs-sync"]
@@ -307,17 +308,7 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/s3.py needs root (loop devices, mounts)")
-    packages = {"mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs"}
-    missing = sorted({p for tool, p in packages.items() if not shutil.which(tool)})
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        missing.append("python3-boto3")
-    if missing:
-        log(f"installing: {' '.join(missing)}")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=True, stdout=subprocess.DEVNULL)
+    install_missing({"mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs"}, {"boto3": "python3-boto3"})
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing: cargo build --release -p alignfs-cli")
     rounds, seconds = (1, 2.0) if args.quick else (args.rounds, args.seconds)
@@ -338,20 +329,10 @@ def main():
             systems.append(system)  # stopped in the end even if starting fails halfway
             log(f"starting {system.name}")
             system.start(args.work, size)
-        results = {}
-        total = rounds * len(cells) * len(jobs_list) * len(systems)
-        done = 0
-        for round_no in range(rounds):
-            order = systems if round_no % 2 == 0 else systems[::-1]
-            for cell in cells:
-                for jobs in jobs_list:
-                    for system in order:
-                        done += 1
-                        result = one_cell(system, cell, jobs, seconds, f"r{round_no}")
-                        results.setdefault((cell, jobs, system.name), []).append(result)
-                        log(f"[{done}/{total}] round {round_no + 1} {cell:10} {jobs} writer(s) {system.name:11} "
-                            f"{result['ops'] / result['seconds']:8.0f} ops/s {result['bytes'] / result['seconds'] / 2**20:8.2f} MiB/s "
-                            f"traffic {result['traffic']}")
+        results = run_rounds(systems, rounds, cells, jobs_list,
+                             lambda system, cell, jobs, tag: one_cell(system, cell, jobs, seconds, tag),
+                             lambda r: f"{r['ops'] / r['seconds']:8.0f} ops/s {r['bytes'] / r['seconds'] / 2**20:8.2f} MiB/s "
+                                       f"traffic {r['traffic']}")
         report(results, jobs_list, cells, [s.name for s in systems], out)
     except BaseException:
         for system in systems:
