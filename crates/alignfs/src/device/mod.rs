@@ -1,6 +1,7 @@
 //! Where bytes live: the SSD seam ([`BlockDevice`]) and the byte-addressable tier seam
-//! ([`ByteTier`], implemented by the persistent-memory region [`PmemRegion`]),
-//! plus the test twins: a simulated SSD, fault injection, and power-loss recording.
+//! ([`ByteTier`], implemented by the persistent-memory region [`PmemRegion`]), the
+//! emulated memory-semantic SSD ([`mssd`]), plus the test twins: a simulated SSD, fault
+//! injection, and power-loss recording.
 //!
 //! A block device moves owned, aligned buffers and hands them back with the result
 //! (the shape io_uring needs). Every request's offset and length are multiples of
@@ -11,6 +12,7 @@ mod aligned;
 mod faults;
 mod file_ssd;
 mod io_engine;
+pub mod mssd;
 mod pmem;
 mod pool;
 pub mod power_loss;
@@ -72,12 +74,17 @@ pub struct IoTicket {
     parts: Vec<(Vec<usize>, IoTicket)>,
     /// A batch on the calling thread's io_uring.
     ring: Option<RingBatch>,
+    /// What the device does once the batch finished, on the waiting thread (a
+    /// memory-semantic SSD installs its new mappings and hands back the caller's buffers).
+    then: Option<Completion>,
 }
+
+type Completion = Box<dyn FnOnce(Result<Vec<AlignedBuf>>) -> Result<Vec<AlignedBuf>> + Send>;
 
 impl IoTicket {
     pub(crate) fn channel(pending: usize) -> (Sender<IoOutcome>, IoTicket) {
         let (tx, rx) = crossbeam_channel::bounded(pending.max(1));
-        (tx, IoTicket { pending, results: rx, parts: Vec::new(), ring: None })
+        (tx, IoTicket { pending, results: rx, parts: Vec::new(), ring: None, then: None })
     }
 
     pub(crate) fn ring(batch: RingBatch) -> IoTicket {
@@ -102,9 +109,28 @@ impl IoTicket {
         ticket
     }
 
+    /// Run `step` on the batch's outcome when it is waited for, before the caller sees it.
+    pub(crate) fn then(mut self, step: impl FnOnce(Result<Vec<AlignedBuf>>) -> Result<Vec<AlignedBuf>> + Send + 'static) -> IoTicket {
+        let step: Completion = match self.then.take() {
+            Some(first) => Box::new(move |outcome| step(first(outcome))),
+            None => Box::new(step),
+        };
+        self.then = Some(step);
+        self
+    }
+
     /// Wait for every IO of the batch. The first error wins, after all have finished,
     /// so no buffer is still in use by the device when this returns.
-    pub fn wait(self) -> Result<Vec<AlignedBuf>> {
+    pub fn wait(mut self) -> Result<Vec<AlignedBuf>> {
+        let then = self.then.take();
+        let outcome = self.wait_batch();
+        match then {
+            Some(step) => step(outcome),
+            None => outcome,
+        }
+    }
+
+    fn wait_batch(self) -> Result<Vec<AlignedBuf>> {
         let mut outcomes: Vec<IoOutcome> = Vec::new();
         let total = if let Some(batch) = self.ring {
             outcomes = batch.wait();
@@ -176,8 +202,9 @@ pub trait BlockDevice: Send + Sync {
 }
 
 /// The byte-addressable persistent tier: loads and stores at any byte offset, durable
-/// once persisted. `orch` keeps residue pages and its journal in one; the next are a
-/// memory-semantic SSD's byte interface (`byte`) and a hybrid volume's NVM zone (`uhs`).
+/// once persisted. `orch` keeps residue pages and its journal in one, a hybrid volume
+/// (`uhs`) its buffer and NVM zone. (A memory-semantic SSD's byte interface is not one:
+/// its stores belong to device transactions, [`mssd::MemorySemanticSsd`].)
 ///
 /// Stores may be torn at 8-byte granularity by a power cut until persisted; callers keep
 /// concurrent accesses to disjoint bytes.
