@@ -1,0 +1,96 @@
+//! An optional timing model of the device, with the ByteFS paper's emulator settings
+//! (its Table 4). Off by default: the flash image then runs at the speed of the disk
+//! under it. On, each operation takes at least the modelled time (the real IO counts
+//! toward it), so a byte-interface store is cheaper than a 4 KiB block write by what the
+//! paper measured rather than by what this machine's page cache happens to do.
+
+use std::time::{Duration, Instant};
+
+use super::layout::{LINE, PAGE};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatencyModel {
+    pub flash_read: Duration,
+    pub flash_write: Duration,
+    /// Flash channels working in parallel.
+    pub channels: u32,
+    pub read_bytes_per_sec: f64,
+    pub write_bytes_per_sec: f64,
+    /// A cache-line load over PCIe (a non-posted read: a round trip).
+    pub line_read: Duration,
+    /// A cache-line store (posted).
+    pub line_write: Duration,
+}
+
+impl LatencyModel {
+    /// Table 4 of the ByteFS paper: 40/60 µs flash reads/writes, 8 channels,
+    /// 3.5/2.5 GB/s, 4.8/0.6 µs cache-line reads/writes.
+    pub fn bytefs_table4() -> LatencyModel {
+        LatencyModel {
+            flash_read: Duration::from_micros(40),
+            flash_write: Duration::from_micros(60),
+            channels: 8,
+            read_bytes_per_sec: 3.5e9,
+            write_bytes_per_sec: 2.5e9,
+            line_read: Duration::from_nanos(4800),
+            line_write: Duration::from_nanos(600),
+        }
+    }
+
+    /// A block-interface transfer of `pages` pages: the flash latency per round of the
+    /// channels, or the bandwidth, whichever is slower.
+    pub fn block(&self, write: bool, pages: u64) -> Duration {
+        let (latency, rate) = if write { (self.flash_write, self.write_bytes_per_sec) } else { (self.flash_read, self.read_bytes_per_sec) };
+        let rounds = pages.div_ceil(u64::from(self.channels.max(1))) as u32;
+        let transfer = Duration::from_secs_f64((pages * PAGE) as f64 / rate);
+        (latency * rounds).max(transfer)
+    }
+
+    /// Stores of `bytes` through the byte interface.
+    pub fn store(&self, bytes: u64) -> Duration {
+        self.line_write * bytes.div_ceil(LINE) as u32
+    }
+
+    /// The zero-byte write-verify read that makes posted stores durable.
+    pub fn verify(&self) -> Duration {
+        self.line_read
+    }
+
+    /// Loads of `bytes` through the byte interface, one round trip per line.
+    pub fn load(&self, bytes: u64) -> Duration {
+        self.line_read * bytes.div_ceil(LINE) as u32
+    }
+}
+
+/// Wait until `start + model` has passed: sleep for the bulk, spin for the last stretch
+/// (a sleep overshoots by tens of microseconds, as long as a whole modelled store).
+pub fn settle(start: Instant, model: Duration) {
+    let deadline = start + model;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        let left = deadline - now;
+        if left > Duration::from_micros(200) {
+            std::thread::sleep(left - Duration::from_micros(100));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table4_prices_a_line_below_a_page() {
+        let model = LatencyModel::bytefs_table4();
+        assert_eq!(model.store(64) + model.verify(), Duration::from_nanos(5400));
+        assert_eq!(model.block(true, 1), Duration::from_micros(60));
+        assert_eq!(model.block(true, 8), Duration::from_micros(60), "eight channels in parallel");
+        assert_eq!(model.block(true, 9), Duration::from_micros(120));
+        assert!(model.block(false, 4096) > Duration::from_millis(4), "bandwidth bounds large reads");
+    }
+}
