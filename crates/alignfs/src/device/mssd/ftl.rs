@@ -21,8 +21,8 @@ use crate::device::{run_batch, AlignedBuf, BlockDevice, ByteTier, IoOp, IoReques
 use crate::error::{Error, Result};
 
 const NO_PAGE: u32 = u32::MAX;
-/// Collection starts when fewer erase blocks than this are free, and stops at twice it.
-const FREE_LOW: usize = 3;
+/// Erase blocks collection keeps free beyond what the request at hand needs.
+const FREE_LOW: u64 = 3;
 
 pub struct FtlState {
     /// The DRAM copy of the map, mirrored (physical page + 1; 0 unmapped).
@@ -110,16 +110,29 @@ impl Ftl {
         self.live[lpa as usize].load(Ordering::Acquire).checked_sub(1)
     }
 
-    pub fn needs_collection(&self) -> bool {
-        self.free_blocks.load(Ordering::Relaxed) < FREE_LOW as u64
+    /// Whether a write of `pages` should collect garbage first.
+    pub fn needs_collection(&self, pages: usize) -> bool {
+        let ppeb = u64::from(self.layout.pages_per_erase_block);
+        self.free_blocks.load(Ordering::Relaxed) * ppeb < pages as u64 + FREE_LOW * ppeb
+    }
+
+    /// Flash beyond the logical size: the most a batch of new pages can take before the
+    /// pages they replace are released (at the next flush).
+    pub fn spare_pages(&self) -> u64 {
+        u64::from(self.layout.flash_pages - self.layout.logical_pages)
+    }
+
+    fn available(&self, st: &FtlState) -> u64 {
+        let ppeb = self.layout.pages_per_erase_block;
+        let left_open = st.frontier.map_or(0, |(_, next)| ppeb - next);
+        u64::from(left_open) + st.free.len() as u64 * u64::from(ppeb)
     }
 
     /// `n` fresh flash pages for `lpas`, in frontier order (so consecutive pages of a
     /// write are consecutive on flash unless an erase block ends between them).
     pub fn allocate(&self, st: &mut FtlState, lpas: &[u32], host_write: bool) -> Result<Vec<u32>> {
         let ppeb = self.layout.pages_per_erase_block;
-        let left_open = st.frontier.map_or(0, |(_, next)| ppeb - next);
-        if (lpas.len() as u64) > u64::from(left_open) + st.free.len() as u64 * u64::from(ppeb) {
+        if lpas.len() as u64 > self.available(st) {
             return Err(Error::NoSpace);
         }
         let mut out = Vec::with_capacity(lpas.len());
@@ -278,12 +291,14 @@ impl Ftl {
         run_batch(self.flash.as_ref(), batch).map(|_| ())
     }
 
-    /// Garbage collection: move the valid pages of the erase blocks with the fewest,
-    /// until enough blocks are free. The caller excludes readers.
-    pub fn collect(&self, st: &mut FtlState) -> Result<()> {
+    /// Garbage collection: flush (which releases the pages persisted entries no longer
+    /// name), then move the valid pages of the erase blocks with the fewest until `want`
+    /// pages and a few erase blocks more are free, or no block would give any back. The
+    /// caller excludes readers.
+    pub fn collect(&self, st: &mut FtlState, want: usize) -> Result<()> {
         self.flush(st)?;
         let ppeb = self.layout.pages_per_erase_block;
-        while st.free.len() < 2 * FREE_LOW {
+        while self.available(st) < want as u64 + FREE_LOW * u64::from(ppeb) {
             let open = st.frontier.map(|(block, _)| block);
             let candidate = (0..self.layout.erase_blocks())
                 .filter(|&b| Some(b) != open && st.in_flight[b as usize] == 0 && !st.free.contains(&b))

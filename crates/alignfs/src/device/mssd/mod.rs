@@ -638,13 +638,6 @@ impl Inner {
         for (index, request) in rejected {
             done.push((index, self.check_range(request.offset_bytes, request.buf.len() as u64).map(|()| request.buf)));
         }
-        if self.ftl.needs_collection() {
-            let _media = self.media.write();
-            let mut f = self.ftl.state.lock();
-            if let Err(e) = self.ftl.collect(&mut f) {
-                tracing::error!("memory-semantic SSD garbage collection failed: {e}");
-            }
-        }
         let lpas: Vec<u32> = requests
             .iter()
             .flat_map(|(_, r)| {
@@ -652,6 +645,13 @@ impl Inner {
                 first..first + (r.buf.len() as u64 / PAGE) as u32
             })
             .collect();
+        if self.ftl.needs_collection(lpas.len()) {
+            let _media = self.media.write();
+            let mut f = self.ftl.state.lock();
+            if let Err(e) = self.ftl.collect(&mut f, lpas.len()) {
+                tracing::error!("memory-semantic SSD garbage collection failed: {e}");
+            }
+        }
         let first_seq = self.seq.fetch_add(lpas.len() as u64, Ordering::Relaxed);
         let ppas = match self.ftl.allocate(&mut self.ftl.state.lock(), &lpas, true) {
             Ok(ppas) => ppas,
@@ -747,7 +747,10 @@ impl Inner {
             (st.tail, old)
         };
         let pages = self.index.pages();
-        for batch in pages.chunks(CLEAN_BATCH) {
+        // A batch's new pages need free flash until the flush that releases the pages
+        // they replace; on a small device the spare flash bounds the batch.
+        let batch_pages = CLEAN_BATCH.min(self.ftl.spare_pages() as usize / 2).max(1);
+        for batch in pages.chunks(batch_pages) {
             self.clean_batch(batch, cut)?;
         }
         let _media = self.media.write();
@@ -804,6 +807,9 @@ impl Inner {
             merge(page, chunks, &mut |chunk, bytes| self.read_log(chunk.pos + ENTRY_HEADER, bytes));
         }
         let lpas: Vec<u32> = plan.iter().map(|(lpa, _)| *lpa).collect();
+        if self.ftl.needs_collection(lpas.len()) {
+            self.ftl.collect(&mut f, lpas.len())?;
+        }
         let targets = self.ftl.allocate(&mut f, &lpas, false)?;
         self.ftl.program(&targets, &pages)?;
         for ((lpa, chunks), target) in plan.iter().zip(targets) {
