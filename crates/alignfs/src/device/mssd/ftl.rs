@@ -255,34 +255,25 @@ impl Ftl {
         Ok(())
     }
 
-    /// Read whole flash pages (none of them unmapped) into one buffer each.
-    pub fn read_pages(&self, ppas: &[u32]) -> Result<Vec<AlignedBuf>> {
+    /// Read whole flash pages (none of them unmapped), one IO per run of consecutive pages.
+    pub fn read_pages(&self, ppas: &[u32]) -> Result<FlashPages> {
         let mut batch = Vec::new();
         for run in runs(ppas) {
             let len = run.len() * PAGE as usize;
             batch.push(IoRequest { op: IoOp::Read, offset_bytes: u64::from(run[0]) * PAGE, buf: AlignedBuf::zeroed(len) });
         }
-        let bytes = ppas.len() as u64 * PAGE;
-        self.counters.flash_read_bytes.fetch_add(bytes, Ordering::Relaxed);
-        let mut pages = Vec::with_capacity(ppas.len());
-        for buf in run_batch(self.flash.as_ref(), batch)? {
-            for page in buf.chunks(PAGE as usize) {
-                let mut one = AlignedBuf::zeroed(PAGE as usize);
-                one.copy_from_slice(page);
-                pages.push(one);
-            }
-        }
-        Ok(pages)
+        self.counters.flash_read_bytes.fetch_add(ppas.len() as u64 * PAGE, Ordering::Relaxed);
+        Ok(FlashPages(run_batch(self.flash.as_ref(), batch)?))
     }
 
     /// Program `pages` at `ppas` and wait.
-    pub fn program(&self, ppas: &[u32], pages: &[AlignedBuf]) -> Result<()> {
+    pub fn program(&self, ppas: &[u32], pages: &[&[u8]]) -> Result<()> {
         let mut batch = Vec::new();
         let mut at = 0;
         for run in runs(ppas) {
             let mut buf = AlignedBuf::zeroed(run.len() * PAGE as usize);
-            for (i, page) in pages[at..at + run.len()].iter().enumerate() {
-                buf[i * PAGE as usize..(i + 1) * PAGE as usize].copy_from_slice(page);
+            for (page, slot) in pages[at..at + run.len()].iter().zip(buf.chunks_mut(PAGE as usize)) {
+                slot.copy_from_slice(page);
             }
             at += run.len();
             batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(run[0]) * PAGE, buf });
@@ -313,7 +304,7 @@ impl Ftl {
             let lpas: Vec<u32> = moving.iter().map(|&p| st.owner[p as usize]).collect();
             let pages = self.read_pages(&moving)?;
             let targets = self.allocate(st, &lpas, false)?;
-            self.program(&targets, &pages)?;
+            self.program(&targets, &pages.pages().collect::<Vec<_>>())?;
             for (&lpa, &target) in lpas.iter().zip(&targets) {
                 let version = st.version[lpa as usize];
                 self.replace(st, lpa, target + 1, version);
@@ -324,6 +315,15 @@ impl Ftl {
             debug_assert_eq!(st.valid[victim as usize], 0, "a collected erase block holds no valid page");
         }
         Ok(())
+    }
+}
+
+/// Flash pages as read: the run buffers, walked a page at a time.
+pub struct FlashPages(Vec<AlignedBuf>);
+
+impl FlashPages {
+    pub fn pages(&self) -> impl Iterator<Item = &[u8]> {
+        self.0.iter().flat_map(|run| run.chunks(PAGE as usize))
     }
 }
 

@@ -84,15 +84,6 @@ impl Index {
         chunks
     }
 
-    /// Whether the page's chunks together cover `range` (a load can skip the flash).
-    pub fn covers(&self, lpa: u32, range: std::ops::Range<usize>) -> bool {
-        let mut coverage = Coverage::new();
-        for chunk in self.chunks(lpa) {
-            coverage.add(chunk.range());
-        }
-        coverage.covers(range)
-    }
-
     /// Drop the chunks `remove` picks; a page left with none leaves the skip list.
     pub fn retain(&self, lpa: u32, mut keep: impl FnMut(&Chunk) -> bool) {
         let partition = self.partition(lpa);
@@ -146,13 +137,14 @@ pub fn merge(page: &mut [u8], chunks: &[Chunk], read: &mut dyn FnMut(&Chunk, &mu
     }
 }
 
-/// Whether `chunks` cover the whole page (cleaning then skips the flash read).
-pub fn covers_page(chunks: &[Chunk]) -> bool {
+/// Whether `chunks` together cover `range` of their page: a load, or cleaning for the
+/// whole page, can then skip the flash read.
+pub fn covers(chunks: &[Chunk], range: std::ops::Range<usize>) -> bool {
     let mut coverage = Coverage::new();
     for chunk in chunks {
         coverage.add(chunk.range());
     }
-    coverage.covers(0..PAGE as usize)
+    coverage.covers(range)
 }
 
 #[cfg(test)]
@@ -254,7 +246,7 @@ mod tests {
             index.prune(3, |_| true);
         }
         assert_eq!(index.chunks(3).len(), 1);
-        assert!(index.covers(3, 128..192));
-        assert!(!index.covers(3, 120..192));
+        assert!(covers(&index.chunks(3), 128..192));
+        assert!(!covers(&index.chunks(3), 120..192));
     }
 }

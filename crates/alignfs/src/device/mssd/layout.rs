@@ -95,26 +95,30 @@ impl Layout {
         // Garbage collection needs a few whole erase blocks beyond the live data, whatever
         // the percentage says.
         let spare = (logical_pages * u64::from(config.over_provision_percent) / 100).max(4 * ppeb);
-        let erase_blocks = (logical_pages + spare).div_ceil(ppeb);
-        let flash_pages = erase_blocks * ppeb;
+        let flash_pages = (logical_pages + spare).div_ceil(ppeb) * ppeb;
+        Ok(Layout::place(config, logical_pages as u32, flash_pages as u32))
+    }
+
+    /// Lay the regions out for a device of these page counts (checked by the caller).
+    fn place(config: &MssdConfig, logical_pages: u32, flash_pages: u32) -> Layout {
         let l2p_at = PAGE;
-        let oob_at = l2p_at + round_up(logical_pages * 4, PAGE);
+        let oob_at = l2p_at + round_up(u64::from(logical_pages) * 4, PAGE);
         let half = config.txlog_bytes / 2;
-        let txlog_at = [oob_at + round_up(flash_pages * OOB_BYTES, PAGE), oob_at + round_up(flash_pages * OOB_BYTES, PAGE) + half];
-        let log_at = txlog_at[1] + half;
-        Ok(Layout {
-            logical_pages: logical_pages as u32,
-            flash_pages: flash_pages as u32,
+        let txlog_at = oob_at + round_up(u64::from(flash_pages) * OOB_BYTES, PAGE);
+        let log_at = txlog_at + 2 * half;
+        Layout {
+            logical_pages,
+            flash_pages,
             pages_per_erase_block: config.pages_per_erase_block,
             txlog_entries: half / 4,
             log_bytes: config.log_bytes,
             l2p_at,
             oob_at,
-            txlog_at,
+            txlog_at: [txlog_at, txlog_at + half],
             log_at,
             dram_bytes: log_at + config.log_bytes,
             incarnation: 0,
-        })
+        }
     }
 
     pub fn flash_bytes(&self) -> u64 {
@@ -199,19 +203,14 @@ impl Layout {
             pages_per_erase_block: u32_at(24),
             over_provision_percent: 0,
         };
-        let mut layout = Layout::new(&config).map_err(|e| corrupt(e.to_string()))?;
-        layout.incarnation = u64_at(44);
+        let smallest = Layout::new(&config).map_err(|e| corrupt(e.to_string()))?;
         let flash_pages = u32_at(20);
-        if flash_pages < layout.flash_pages || flash_pages % layout.pages_per_erase_block != 0 {
-            return Err(corrupt(format!("{flash_pages} flash pages cannot hold {} logical ones", layout.logical_pages)));
+        if flash_pages < smallest.flash_pages || flash_pages % smallest.pages_per_erase_block != 0 {
+            return Err(corrupt(format!("{flash_pages} flash pages cannot hold {} logical ones", smallest.logical_pages)));
         }
         // The over-provisioning chosen at format shows only in the flash size.
-        let half = config.txlog_bytes / 2;
-        layout.flash_pages = flash_pages;
-        let tx0 = layout.oob_at + round_up(u64::from(flash_pages) * OOB_BYTES, PAGE);
-        layout.txlog_at = [tx0, tx0 + half];
-        layout.log_at = tx0 + 2 * half;
-        layout.dram_bytes = layout.log_at + layout.log_bytes;
+        let mut layout = Layout::place(&config, smallest.logical_pages, flash_pages);
+        layout.incarnation = u64_at(44);
         if layout.dram_bytes > dram_bytes {
             return Err(corrupt(format!("the layout needs {} bytes of DRAM, the region has {dram_bytes}", layout.dram_bytes)));
         }

@@ -32,12 +32,12 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
 use super::{AlignedBuf, BlockDevice, ByteTier, IoOp, IoOutcome, IoRequest, IoTicket};
 use crate::error::{Error, Result};
 use ftl::{runs, Ftl};
-use index::{covers_page, merge, Chunk, Index};
+use index::{covers, merge, Chunk, Index};
 use latency::settle;
 use layout::{EntryHeader, EntryKind, Layout, ENTRY_HEADER};
 
@@ -402,38 +402,29 @@ impl Inner {
         let pieces = pieces(addr, data.len());
         let sizes: Vec<u64> = pieces.iter().map(|(_, _, r)| EntryHeader::footprint(r.len())).collect();
         let limit = self.layout.log_bytes - self.layout.log_bytes / RESERVE_DIVISOR;
-        let mut cleaned = false;
-        let over_threshold = loop {
-            let mut st = self.log.lock();
+        let mut st = self.log_with_room(&sizes, limit, |st| {
             if txid != 0 && !st.open.contains_key(&txid) {
                 return Err(Error::InvalidArgument(format!("transaction {txid} is not open")));
             }
-            if self.fits(&st, &sizes, limit) {
-                for ((lpa, offset, range), _) in pieces.iter().zip(&sizes) {
-                    let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-                    let header =
-                        EntryHeader { kind: EntryKind::Data, txid, seq, lpa: *lpa, offset: *offset as u16, len: range.len() as u16 };
-                    let pos = self.append(&mut st, &header, &data[range.clone()])?;
-                    self.index.insert(*lpa, Chunk { offset: header.offset, len: header.len, pos, seq, txid });
-                    if txid == 0 {
-                        let committed = &st.committed;
-                        self.index.prune(*lpa, |t| t == 0 || committed.contains(&t));
-                    } else {
-                        let pages = st.open.get_mut(&txid).expect("checked open");
-                        if pages.last() != Some(lpa) {
-                            pages.push(*lpa);
-                        }
-                    }
+            Ok(())
+        })?;
+        for (lpa, offset, range) in &pieces {
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let header = EntryHeader { kind: EntryKind::Data, txid, seq, lpa: *lpa, offset: *offset as u16, len: range.len() as u16 };
+            let pos = self.append(&mut st, &header, &data[range.clone()])?;
+            self.index.insert(*lpa, Chunk { offset: header.offset, len: header.len, pos, seq, txid });
+            if txid == 0 {
+                let committed = &st.committed;
+                self.index.prune(*lpa, |t| t == 0 || committed.contains(&t));
+            } else {
+                let pages = st.open.get_mut(&txid).expect("checked open");
+                if pages.last() != Some(lpa) {
+                    pages.push(*lpa);
                 }
-                break self.over_threshold(&st);
             }
-            drop(st);
-            if cleaned {
-                return Err(Error::NoSpace);
-            }
-            self.clean()?;
-            cleaned = true;
-        };
+        }
+        let over_threshold = self.over_threshold(&st);
+        drop(st);
         self.counters.byte_store_payload.fetch_add(data.len() as u64, Ordering::Relaxed);
         let lines: u64 = pieces.iter().map(|(lpa, offset, range)| line_span(u64::from(*lpa) * PAGE + *offset as u64, range.len())).sum();
         self.counters.byte_store_bytes.fetch_add(lines, Ordering::Relaxed);
@@ -444,6 +435,25 @@ impl Inner {
             settle(start, model.store(lines));
         }
         Ok(())
+    }
+
+    /// The log, locked, once entries of `sizes` fit below `limit` bytes of use: after
+    /// one cleaning if they do not yet. `check` runs first, each time the lock is taken.
+    fn log_with_room(&self, sizes: &[u64], limit: u64, check: impl Fn(&LogState) -> Result<()>) -> Result<MutexGuard<'_, LogState>> {
+        let mut cleaned = false;
+        loop {
+            let st = self.log.lock();
+            check(&st)?;
+            if self.fits(&st, sizes, limit) {
+                return Ok(st);
+            }
+            drop(st);
+            if cleaned {
+                return Err(Error::NoSpace);
+            }
+            self.clean()?;
+            cleaned = true;
+        }
     }
 
     /// Whether entries of `sizes` fit below `limit` bytes of use, pads included.
@@ -537,25 +547,12 @@ impl Inner {
         }
         self.check_range(addr, len)?;
         for lpa in (addr / PAGE) as u32..((addr + len) / PAGE) as u32 {
-            let mut cleaned = false;
-            loop {
-                let mut st = self.log.lock();
-                if self.fits(&st, &[EntryHeader::footprint(0)], self.layout.log_bytes) {
-                    let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-                    let header = EntryHeader { kind: EntryKind::Trim, txid: 0, seq, lpa, offset: 0, len: 0 };
-                    self.append(&mut st, &header, &[])?;
-                    self.index.retain(lpa, |_| false);
-                    let mut f = self.ftl.state.lock();
-                    self.ftl.unmap(&mut f, lpa, seq);
-                    break;
-                }
-                drop(st);
-                if cleaned {
-                    return Err(Error::NoSpace);
-                }
-                self.clean()?;
-                cleaned = true;
-            }
+            let mut st = self.log_with_room(&[EntryHeader::footprint(0)], self.layout.log_bytes, |_| Ok(()))?;
+            let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+            let header = EntryHeader { kind: EntryKind::Trim, txid: 0, seq, lpa, offset: 0, len: 0 };
+            self.append(&mut st, &header, &[])?;
+            self.index.retain(lpa, |_| false);
+            self.ftl.unmap(&mut self.ftl.state.lock(), lpa, seq);
         }
         self.verify(&mut self.log.lock());
         Ok(())
@@ -570,13 +567,13 @@ impl Inner {
         for (lpa, offset, range) in pieces(addr, out.len()) {
             let in_page = offset..offset + range.len();
             page.fill(0);
-            let from_log_only = load && self.index.covers(lpa, in_page.clone());
+            let chunks = self.index.chunks(lpa);
+            let from_log_only = load && covers(&chunks, in_page.clone());
             if !from_log_only {
                 if let Some(ppa) = self.ftl.lookup(lpa) {
-                    page.copy_from_slice(&self.ftl.read_pages(&[ppa])?[0]);
+                    page.copy_from_slice(self.ftl.read_pages(&[ppa])?.pages().next().expect("one page read"));
                 }
             }
-            let chunks = self.index.chunks(lpa);
             merge(&mut page, &chunks, &mut |chunk, bytes| self.read_log(chunk.pos + ENTRY_HEADER, bytes));
             out[range].copy_from_slice(&page[in_page]);
         }
@@ -600,8 +597,8 @@ impl Inner {
             mapped.extend(lookups.iter().flatten());
             pending.push((index, request, first, lookups));
         }
-        let mut flash = match self.ftl.read_pages(&mapped) {
-            Ok(pages) => pages.into_iter(),
+        let flash = match self.ftl.read_pages(&mapped) {
+            Ok(pages) => pages,
             Err(e) => {
                 let message = e.to_string();
                 outcomes.extend(
@@ -610,12 +607,13 @@ impl Inner {
                 return outcomes;
             }
         };
+        let mut flash = flash.pages();
         let mut total_pages = 0u64;
         for (index, mut request, first, lookups) in pending {
             for (i, ppa) in lookups.iter().enumerate() {
                 let page = &mut request.buf[i * PAGE as usize..(i + 1) * PAGE as usize];
                 match ppa {
-                    Some(_) => page.copy_from_slice(&flash.next().expect("one buffer per mapped page")),
+                    Some(_) => page.copy_from_slice(flash.next().expect("one page per mapped page")),
                     None => page.fill(0),
                 }
                 let chunks = self.index.chunks(first + i as u32);
@@ -633,11 +631,14 @@ impl Inner {
 
     fn write_blocks(self: &Arc<Inner>, requests: Vec<(usize, IoRequest)>, mut done: Vec<IoOutcome>) -> IoTicket {
         let start = Instant::now();
-        let (requests, rejected): (Vec<_>, Vec<_>) =
-            requests.into_iter().partition(|(_, r)| self.check_range(r.offset_bytes, r.buf.len() as u64).is_ok());
-        for (index, request) in rejected {
-            done.push((index, self.check_range(request.offset_bytes, request.buf.len() as u64).map(|()| request.buf)));
+        let mut accepted = Vec::with_capacity(requests.len());
+        for (index, request) in requests {
+            match self.check_range(request.offset_bytes, request.buf.len() as u64) {
+                Ok(()) => accepted.push((index, request)),
+                Err(e) => done.push((index, Err(e))),
+            }
         }
+        let requests = accepted;
         let lpas: Vec<u32> = requests
             .iter()
             .flat_map(|(_, r)| {
@@ -794,13 +795,13 @@ impl Inner {
         let partial: Vec<(usize, u32)> = plan
             .iter()
             .enumerate()
-            .filter(|(_, (_, chunks))| !covers_page(chunks))
+            .filter(|(_, (_, chunks))| !covers(chunks, 0..PAGE as usize))
             .filter_map(|(i, (lpa, _))| self.ftl.lookup(*lpa).map(|ppa| (i, ppa)))
             .collect();
         let ppas: Vec<u32> = partial.iter().map(|&(_, ppa)| ppa).collect();
-        let mut pages: Vec<AlignedBuf> = (0..plan.len()).map(|_| AlignedBuf::zeroed(PAGE as usize)).collect();
-        for ((i, _), base) in partial.iter().zip(self.ftl.read_pages(&ppas)?) {
-            pages[*i] = base;
+        let mut pages = vec![vec![0u8; PAGE as usize]; plan.len()];
+        for ((i, _), base) in partial.iter().zip(self.ftl.read_pages(&ppas)?.pages()) {
+            pages[*i].copy_from_slice(base);
         }
         self.counters.log_base_reads.fetch_add(partial.len() as u64, Ordering::Relaxed);
         for ((_, chunks), page) in plan.iter().zip(pages.iter_mut()) {
@@ -811,7 +812,7 @@ impl Inner {
             self.ftl.collect(&mut f, lpas.len())?;
         }
         let targets = self.ftl.allocate(&mut f, &lpas, false)?;
-        self.ftl.program(&targets, &pages)?;
+        self.ftl.program(&targets, &pages.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         for ((lpa, chunks), target) in plan.iter().zip(targets) {
             let version = chunks.iter().map(|c| c.seq).max().expect("a planned page has chunks");
             if self.ftl.install(&mut f, *lpa, target, version) {
@@ -869,6 +870,7 @@ impl Inner {
         }
         self.clean_log(false)?;
         let mut st = self.log.lock();
+        // Whole: a crash while a cleaning zeroed one can leave stale TxIDs past a zero.
         for which in 0..2 {
             let (at, len) = self.layout.txlog_range(which);
             self.dram.zero(at, len as usize);
