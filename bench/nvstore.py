@@ -196,6 +196,41 @@ def save_report(out, text, records):
         log(f"report in {out}")
 
 
+def report_dir(out, quick, name):
+    """Where a full run keeps its report: `out`, or bench/results/DATE-name; a quick run keeps none."""
+    if quick:
+        return None
+    return out or os.path.join(REPO, "bench/results", time.strftime("%Y-%m-%d-%H%M") + "-" + name)
+
+
+def with_systems(work, candidates, wanted, size, body, failure_logs):
+    """Start each of `candidates` whose name is in `wanted` on devices of `size` under a
+    fresh `work` directory, then run `body(systems)`. Every system started is stopped and
+    `work` removed whatever happens; on a failure the last lines of each file
+    `failure_logs(systems)` names are shown first."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    systems = []
+    try:
+        for system in candidates:
+            if system.name not in wanted:
+                continue
+            systems.append(system)  # stopped in the end even if starting fails halfway
+            log(f"starting {system.name}")
+            system.start(work, size)
+        body(systems)
+    except BaseException:
+        for path in failure_logs(systems):
+            if path and os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    log(f"== {path} (last 20 lines)\n" + "".join(f.readlines()[-20:]))
+        raise
+    finally:
+        for system in systems:
+            system.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def fileserver(jobs, seconds, max_bytes, store):
     """Each of `jobs` writers runs filebench's fileserver flow on its own objects (as
     `alignfs bench-objects --pattern fileserver` does) through `store`, an object with
@@ -620,34 +655,17 @@ def main():
     patterns = args.patterns.split(",")
     size = int(args.device_size.rstrip("G")) << 30 if not args.quick else 1 << 30
     max_bytes = 256 << 20
-    out = None if args.quick else (args.out or os.path.join(REPO, "bench/results", time.strftime("%Y-%m-%d-%H%M") + "-nvstore"))
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
-    systems = []
-    try:
-        log("starting: alignfs (mkfs), BlueStore (mon + OSD), ext4")
-        for system in (Alignfs(args.kv_fs), BlueStore(), Ext4Files()):
-            if system.name not in args.systems.split(","):
-                continue
-            systems.append(system)  # stopped in the end even if starting fails halfway
-            system.start(args.work, size)
+    out = report_dir(args.out, args.quick, "nvstore")
+
+    def measure(systems):
         results = run_rounds(systems, rounds, patterns, jobs_list,
                              lambda system, pattern, jobs, tag: one_cell(system, pattern, jobs, max(objects, jobs), seconds,
                                                                          max_bytes, tag),
                              lambda cell: f"{cell['bytes'] / cell['seconds'] / 2**20:8.2f} MiB/s  traffic {cell['traffic']}")
         report(results, jobs_list, out)
-    except BaseException:
-        for name in ("mon.a.log", "osd.0.log"):
-            path = os.path.join(args.work, "ceph", name)
-            if os.path.exists(path):
-                with open(path, errors="replace") as f:
-                    log(f"== {path} (last 20 lines)\n" + "".join(f.readlines()[-20:]))
-        raise
-    finally:
-        for system in systems:
-            system.stop()
-        shutil.rmtree(args.work, ignore_errors=True)
 
+    with_systems(args.work, (Alignfs(args.kv_fs), BlueStore(), Ext4Files()), args.systems.split(","), size, measure,
+                 lambda systems: [os.path.join(args.work, "ceph", name) for name in ("mon.a.log", "osd.0.log")])
 
 if __name__ == "__main__":
     main()

@@ -40,8 +40,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvstore import (BIN, REPO, Loop, detach, fs_on, install_missing, log, med, run, run_rounds, run_threads,  # noqa: E402
-                     save_report, unmount)
+from nvstore import (BIN, Loop, detach, fs_on, install_missing, log, med, report_dir, run, run_rounds,  # noqa: E402
+                     run_threads, save_report, unmount, with_systems)
 
 CELLS = ["put2k", "putrand", "put4m", "get", "fileserver"]
 SYSTEMS = ["alignfs", "s3s-fs", "s3s-fs-sync"]
@@ -318,34 +318,17 @@ def main():
     if unknown:
         sys.exit(f"unknown cells or systems: {', '.join(sorted(unknown))} (cells: {', '.join(CELLS)}; systems: {', '.join(SYSTEMS)})")
     size = int(args.device_size.rstrip("G")) << 30 if not args.quick else 1 << 30
-    out = None if args.quick else (args.out or os.path.join(REPO, "bench/results", time.strftime("%Y-%m-%d-%H%M") + "-s3"))
-    shutil.rmtree(args.work, ignore_errors=True)
-    os.makedirs(args.work)
-    systems = []
-    try:
-        for system in (Alignfs(), S3sFs(False), S3sFs(True)):
-            if system.name not in args.systems.split(","):
-                continue
-            systems.append(system)  # stopped in the end even if starting fails halfway
-            log(f"starting {system.name}")
-            system.start(args.work, size)
+    out = report_dir(args.out, args.quick, "s3")
+
+    def measure(systems):
         results = run_rounds(systems, rounds, cells, jobs_list,
                              lambda system, cell, jobs, tag: one_cell(system, cell, jobs, seconds, tag),
                              lambda r: f"{r['ops'] / r['seconds']:8.0f} ops/s {r['bytes'] / r['seconds'] / 2**20:8.2f} MiB/s "
                                        f"traffic {r['traffic']}")
         report(results, jobs_list, cells, [s.name for s in systems], out)
-    except BaseException:
-        for system in systems:
-            path = getattr(system, "logfile", None)
-            if path and os.path.exists(path):
-                with open(path, errors="replace") as f:
-                    log(f"== {path} (last 20 lines)\n" + "".join(f.readlines()[-20:]))
-        raise
-    finally:
-        for system in systems:
-            system.stop()
-        shutil.rmtree(args.work, ignore_errors=True)
 
+    with_systems(args.work, (Alignfs(), S3sFs(False), S3sFs(True)), args.systems.split(","), size, measure,
+                 lambda systems: [getattr(system, "logfile", None) for system in systems])
 
 if __name__ == "__main__":
     main()
