@@ -47,6 +47,18 @@ impl MssdConfig {
     }
 }
 
+impl MssdConfig {
+    /// The largest device (in whole MiB) whose flash fits `flash_bytes`, with a write log
+    /// of `log_bytes`.
+    pub fn fitting(flash_bytes: u64, log_bytes: u64) -> Result<MssdConfig> {
+        let config = |mib: u64| MssdConfig { log_bytes, ..MssdConfig::new(mib * MIB) };
+        let fits = |mib: u64| Layout::new(&config(mib)).is_ok_and(|l| l.flash_bytes() <= flash_bytes);
+        // Too small a size fails for want of erase blocks, so search down from the top.
+        let largest = (1..=flash_bytes / MIB).rev().find(|&mib| fits(mib));
+        largest.map(config).ok_or_else(|| Error::BadSize(format!("a flash image of {flash_bytes} bytes holds no memory-semantic SSD")))
+    }
+}
+
 /// The geometry of one device, fixed at format and read back from its header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -181,6 +193,10 @@ impl Layout {
     }
 
     /// The geometry a header names, checked against the DRAM region it came from.
+    pub fn has_magic(bytes: &[u8]) -> bool {
+        bytes.starts_with(MAGIC)
+    }
+
     pub fn decode_header(bytes: &[u8], dram_bytes: u64, device: &str) -> Result<Layout> {
         let corrupt =
             |problem: String| Error::Corrupt { structure: "memory-semantic SSD header", device: device.into(), offset: 0, problem };

@@ -160,11 +160,13 @@ struct Inner {
     wake: Mutex<bool>,
     woken: Condvar,
     stop: AtomicBool,
+    /// A posted store ([`MemorySemanticSsd::post`]) failed: every later verify reports it.
+    posted_failure: Mutex<Option<String>>,
 }
 
 pub struct MemorySemanticSsd {
     inner: Arc<Inner>,
-    cleaner: Option<JoinHandle<()>>,
+    cleaner: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl MemorySemanticSsd {
@@ -230,10 +232,11 @@ impl MemorySemanticSsd {
             wake: Mutex::new(false),
             woken: Condvar::new(),
             stop: AtomicBool::new(false),
+            posted_failure: Mutex::new(None),
         });
         let recovery = inner.recover(entries)?;
         let cleaner = options.background_cleaning.then(|| spawn_cleaner(&inner));
-        Ok((MemorySemanticSsd { inner, cleaner }, recovery))
+        Ok((MemorySemanticSsd { inner, cleaner: Mutex::new(cleaner) }, recovery))
     }
 
     /// Start a transaction.
@@ -258,6 +261,46 @@ impl MemorySemanticSsd {
         if let Some(model) = self.inner.options.latency {
             settle(start, model.verify());
         }
+    }
+
+    /// A posted store whose caller cannot take an error on the spot (a host cache-line
+    /// write-back): a failure is kept, and every later [`verify_posted`](Self::verify_posted)
+    /// reports it, as the device would on its write-verify read.
+    pub fn post(&self, addr: u64, data: &[u8]) {
+        if let Err(e) = self.store(None, addr, data) {
+            tracing::error!("memory-semantic SSD: a posted store of {} bytes at {addr} failed: {e}", data.len());
+            self.inner.posted_failure.lock().get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    /// [`verify`](Self::verify), failing if any posted store failed since the device opened.
+    pub fn verify_posted(&self) -> Result<()> {
+        self.verify();
+        match self.inner.posted_failure.lock().as_ref() {
+            Some(failure) => Err(Error::io("verify posted stores", std::io::Error::other(failure.clone()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Stop the firmware's background cleaning (the host is done with the device, or a
+    /// test cuts its power). Stores still clean when the log fills.
+    pub fn halt(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        *self.inner.wake.lock() = true;
+        self.inner.woken.notify_all();
+        if let Some(cleaner) = self.cleaner.lock().take() {
+            let _ = cleaner.join();
+        }
+    }
+
+    /// Whether `dram` holds a formatted device's state (its header's magic).
+    pub fn is_formatted(dram: &dyn ByteTier) -> bool {
+        let mut head = [0u8; 8];
+        if dram.len_bytes() < head.len() as u64 {
+            return false;
+        }
+        dram.read(0, &mut head);
+        Layout::has_magic(&head)
     }
 
     /// Make a transaction's stores durable and atomic: after this, recovery keeps all of
@@ -301,12 +344,7 @@ impl MemorySemanticSsd {
 
 impl Drop for MemorySemanticSsd {
     fn drop(&mut self) {
-        self.inner.stop.store(true, Ordering::Release);
-        *self.inner.wake.lock() = true;
-        self.inner.woken.notify_all();
-        if let Some(cleaner) = self.cleaner.take() {
-            let _ = cleaner.join();
-        }
+        self.halt();
     }
 }
 
@@ -883,7 +921,8 @@ impl Inner {
     }
 
     fn wake_cleaner(&self) -> Result<()> {
-        if self.options.background_cleaning {
+        // Once halted, the store that needs room cleans.
+        if self.options.background_cleaning && !self.stop.load(Ordering::Acquire) {
             *self.wake.lock() = true;
             self.woken.notify_one();
             Ok(())
