@@ -2,7 +2,7 @@
 # Crash tests on a real mount. Each round kills the daemon with kill -9, checks that
 # everything acknowledged before the crash survived, and runs fsck.
 #   1. crates/alignfs-crash: a mixed file-system workload against a model kept outside
-#      the mount, on an `orch` volume and then on a `scrap` volume;
+#      the mount, on an `orch` volume, then on a `scrap` and a `byte` volume;
 #   2. SQLite (synchronous=FULL) in WAL and in DELETE journal mode: integrity_check, and
 #      every committed transaction complete (tests/crash/sqlite_crash.py);
 #   3. PostgreSQL (initdb --data-checksums) under pgbench: crash recovery, pg_amcheck
@@ -12,7 +12,8 @@
 #      killing the daemon.
 # Ends with "suite totals: N passed, N failed" (one per round).
 #
-# Environment: CRASH_ROUNDS (default 300), SCRAP_CRASH_ROUNDS (default 150), SQLITE_ROUNDS per journal mode (default 50),
+# Environment: CRASH_ROUNDS (default 300), SCRAP_CRASH_ROUNDS (default 150),
+# BYTE_CRASH_ROUNDS (default 60), SQLITE_ROUNDS per journal mode (default 50),
 # PG_ROUNDS (default 3), FIO_ROUNDS (default 10); 0 skips a loop. CRASH_SEED (default
 # random, printed) replays the mixed workload. The soak is scripts/crash-soak.sh.
 set -uo pipefail
@@ -34,19 +35,26 @@ else
     passed=${passed:-0}
     failed=1
 fi
-# The same loop on a `scrap` volume (DRAM scrap pages, 8 MiB of them): every fsynced byte
-# must survive, and unsynced bytes may only go missing, never turn into others.
-scrap_rounds=${SCRAP_CRASH_ROUNDS:-150}
-if ((scrap_rounds > 0)); then
-    target/release/alignfs-crash --alignfs target/release/alignfs --profile scrap --rounds "$scrap_rounds" "${seed_args[@]}" 2>&1 | tee "$out"
+# The same loop on another profile's volume, counted round by round.
+profile_rounds() {
+    local profile=$1 rounds=$2
+    ((rounds > 0)) || return 0
+    target/release/alignfs-crash --alignfs target/release/alignfs --profile "$profile" --rounds "$rounds" "${seed_args[@]}" 2>&1 | tee "$out"
     if ((PIPESTATUS[0] == 0)); then
-        passed=$((passed + scrap_rounds))
+        passed=$((passed + rounds))
     else
-        scrap_passed=$(grep -o '^  [0-9]* rounds' "$out" | tail -1 | awk '{print $1}')
-        passed=$((passed + ${scrap_passed:-0}))
+        local done_rounds
+        done_rounds=$(grep -o '^  [0-9]* rounds' "$out" | tail -1 | awk '{print $1}')
+        passed=$((passed + ${done_rounds:-0}))
         failed=$((failed + 1))
     fi
-fi
+}
+# `scrap` (DRAM scrap pages, 8 MiB of them): every fsynced byte must survive, and unsynced
+# bytes may only go missing, never turn into others.
+profile_rounds scrap "${SCRAP_CRASH_ROUNDS:-150}"
+# `byte` (the emulated memory-semantic SSD, its firmware killed with the daemon): every
+# acknowledged operation survives the device's own recovery and then the volume's.
+profile_rounds byte "${BYTE_CRASH_ROUNDS:-60}"
 
 # --- SQLite -------------------------------------------------------------------------------
 bin=$(pwd)/target/release/alignfs

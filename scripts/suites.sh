@@ -40,8 +40,9 @@ chmod 0755 "$work" "$shm" # pjdfstest's other users must reach the mount points
 mnt=$work/mnt
 tiny=$work/tiny
 scrap=$work/scrap
+byte=$work/byte
 cleanup() {
-    for m in "$mnt" "$tiny" "$scrap"; do mountpoint -q "$m" && { "$bin" umount "$m" >/dev/null 2>&1 || umount -l "$m"; }; done
+    for m in "$mnt" "$tiny" "$scrap" "$byte"; do mountpoint -q "$m" && { "$bin" umount "$m" >/dev/null 2>&1 || umount -l "$m"; }; done
     [[ ${KEEP:-0} == 1 ]] && echo "kept $work and $shm" || rm -rf "$work" "$shm"
 }
 trap cleanup EXIT
@@ -262,15 +263,22 @@ mount_scrap() {
     "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
 }
 mount_scrap || { cat "$work/scrap.log"; exit 1; }
-echo "== pjdfstest (scrap)"
-pjdfstest_on "$scrap/pjdfstest" "$shm/pjd-secondary-scrap" "$work/pjdfstest-scrap.out"
-actual=$(awk '$NF == "FAILED" { print $1 }' "$work/pjdfstest-scrap.out" | sort -u)
-unexpected=$(comm -13 <(echo "$expected") <(echo "$actual") | grep -c . || true)
-pjd_passed=$(sed -n 's/^Summary: .* \([0-9]*\) passed.*/\1/p' "$work/pjdfstest-scrap.out")
-passed=$((passed + ${pjd_passed:-0}))
-failed=$((failed + unexpected))
-if [[ -z $pjd_passed ]]; then failed=$((failed + 1)); fi
-((unexpected)) && grep -A4 FAILED "$work/pjdfstest-scrap.out" | head -60
+# pjdfstest on another profile's mount, counted test by test against the main list of
+# expected failures.
+pjdfstest_counted() {
+    local dir=$1 name=$2 out=$work/pjdfstest-$2.out
+    echo "== pjdfstest ($name)"
+    pjdfstest_on "$dir/pjdfstest" "$shm/pjd-secondary-$name" "$out"
+    local actual unexpected pjd_passed
+    actual=$(awk '$NF == "FAILED" { print $1 }' "$out" | sort -u)
+    unexpected=$(comm -13 <(echo "$expected") <(echo "$actual") | grep -c . || true)
+    pjd_passed=$(sed -n 's/^Summary: .* \([0-9]*\) passed.*/\1/p' "$out")
+    passed=$((passed + ${pjd_passed:-0}))
+    failed=$((failed + unexpected))
+    if [[ -z $pjd_passed ]]; then failed=$((failed + 1)); fi
+    ((unexpected)) && grep -A4 FAILED "$out" | head -60
+}
+pjdfstest_counted "$scrap" scrap
 check "fsx seed 4 ($fsx_ops ops, scrap)" run_fsx "$scrap/fsx-4" 4
 check "fio verify (scrap)" run_fio "$scrap/fio" 256m
 rm -rf "$scrap/fio"
@@ -290,6 +298,51 @@ print(peak, "of", total, "scrap pages at most in use")' || return 1
     "$bin" stat "$scrap" --json | grep '"records_replayed": 0' >/dev/null
 }
 check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
+"$bin" umount "$scrap" >/dev/null
+
+# --- the byte profile --------------------------------------------------------------------
+# The emulated memory-semantic SSD (a 1 GiB flash image, its DRAM on tmpfs, a 32 MiB write
+# log that cleans during the suites), used through the byte interface, then through the
+# block interface alone: pjdfstest, fsx, fio verify, and remounts that keep every byte.
+"$bin" mkfs --profile byte --ssd "$work/byte.img:1G" --fast "$shm/byte-dram" >/dev/null || exit 1
+mount_byte() {
+    "$bin" mount --ssd "$work/byte.img" --fast "$shm/byte-dram" --log "$work/byte.log" -o allow_other "$@" "$byte" >/dev/null
+}
+mount_byte || { cat "$work/byte.log"; exit 1; }
+pjdfstest_counted "$byte" byte
+check "fsx seed 5 ($fsx_ops ops, byte)" run_fsx "$byte/fsx-5" 5
+check "fio verify (byte)" run_fio "$byte/fio" 64m
+rm -rf "$byte/fio"
+# Check the device's counters for the interface this mount used ($1: byte or block; on the
+# block interface alone nothing may be stored through the byte interface after the
+# mount's own recovery), then remount with the options that follow and compare every
+# file's checksum.
+byte_cycle() {
+    local used=$1 before after stat
+    shift
+    stat=$("$bin" stat "$byte" --json) || return 1
+    python3 -c '
+import json, sys
+r, used = json.loads(sys.argv[1]), sys.argv[2]
+device = {c["name"]: c["value"] for c in r["device_counters"]}
+if used == "byte":
+    assert device["byte_store_bytes"] > 0 and device["log_cleanings"] > 0, device
+else:
+    mounted = {c["name"]: c["value"] for c in json.load(open(sys.argv[3]))["device_counters"]}
+    assert device["byte_store_bytes"] == mounted["byte_store_bytes"], (mounted, device)
+    assert device["block_write_bytes"] > mounted["block_write_bytes"], (mounted, device)
+print(device["byte_store_payload"], "bytes stored through the byte interface,", device["block_write_bytes"],
+      "written through the block interface,", device["log_cleanings"], "log cleanings")' "$stat" "$used" "$work/byte-mounted.json" || return 1
+    before=$(cd "$byte" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    "$bin" umount "$byte" >/dev/null && mount_byte "$@" || return 1
+    "$bin" stat "$byte" --json >"$work/byte-mounted.json" || return 1
+    after=$(cd "$byte" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
+    [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
+}
+check "byte: counters, remount on the block interface alone, compare checksums" byte_cycle byte --no-byte-interface
+check "fsx seed 6 ($fsx_ops ops, byte, block interface only)" run_fsx "$byte/fsx-6" 6
+check "byte: counters, remount with the byte interface, compare checksums" byte_cycle block
+"$bin" umount "$byte" >/dev/null
 
 echo "counters of the main volume after the suites:"
 "$bin" stat "$mnt" | sed -n 1,9p

@@ -99,6 +99,16 @@ if "$bin" mount --ssd "$work/nv.img" --log "$work/mount.log" "$work/mnt" 2>"$wor
     echo "smoke: mount of an object store must fail" >&2; exit 1
 fi
 grep -q "object store, not a file system" "$work/err"
+# A byte volume: the flash image and the device's DRAM (named as --fast, sized by mkfs);
+# stat shows the device's own counters, fsck reads it, a second mkfs refuses, a block-only
+# option on another profile is noted as unused.
+"$bin" mkfs --profile byte --ssd "$work/byte.img:64M" --fast "$shm/byte-dram" | grep "write log" >/dev/null
+"$bin" stat --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep -q "^ flash_program_bytes"
+"$bin" fsck --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep ': clean$' >/dev/null
+if "$bin" mkfs --profile byte --ssd "$work/byte.img" --fast "$shm/byte-dram" 2>"$work/err"; then
+    echo "smoke: mkfs over an existing byte volume must refuse" >&2; exit 1
+fi
+grep -q "already holds an alignfs volume" "$work/err"
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"

@@ -203,7 +203,10 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
     let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
     let (fast, ssds) = args.devices.specs()?;
-    let fast = if profile.devices().fast_tier {
+    let fast = if profile.devices().memory_semantic {
+        // The device's DRAM: sized for the device unless named with a size.
+        Some(DeviceSpec { size: args.devices.fast.as_ref().and(fast.size), ..fast })
+    } else if profile.devices().fast_tier {
         Some(fast)
     } else if args.devices.fast.is_some() {
         anyhow::bail!("profile {} keeps no data in a fast tier; drop --fast", profile.name());
@@ -386,12 +389,14 @@ fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    let kv_store = Profile::parse(&r.profile).is_ok_and(|p| p.devices().kv_store);
+    let needs = Profile::parse(&r.profile).ok().map(|p| p.devices());
+    let kv_store = needs.is_some_and(|n| n.kv_store);
     // `scrap` keeps its residue in DRAM scrap pages instead of a fast tier, `nvstore` in
-    // fragment pages whose fragments are in its KV store.
-    let residue = match (kv_store, r.fast_device.as_str()) {
-        (true, _) => "fragments",
-        (false, "none") => "scrap mem",
+    // fragment pages whose fragments are in its KV store, `byte` in the SSD's write log.
+    let residue = match (needs, r.fast_device.as_str()) {
+        (Some(n), _) if n.kv_store => "fragments",
+        (Some(n), _) if n.memory_semantic => "byte log",
+        (_, "none") => "scrap mem",
         _ => "fast tier",
     };
     println!(
@@ -440,6 +445,15 @@ fn print_report(r: &VolumeReport) {
         table.add_row([c.name().to_string(), r.counter(c.name()).to_string(), c.doc().to_string()]);
     }
     println!("{table}");
+    if !r.device_counters.is_empty() {
+        println!("device counters (since the device was opened):");
+        let mut table = comfy_table::Table::new();
+        table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
+        for c in &r.device_counters {
+            table.add_row([c.name.clone(), c.value.to_string(), c.meaning.clone()]);
+        }
+        println!("{table}");
+    }
 }
 
 fn main() -> ExitCode {

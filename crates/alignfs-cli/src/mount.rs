@@ -71,6 +71,10 @@ pub struct MountArgs {
     /// `scrap` volumes: threads writing scrap pages back to the SSD (default 2).
     #[arg(long)]
     flush_workers: Option<usize>,
+    /// `byte` volumes: use the memory-semantic SSD's block interface alone (the paper's
+    /// block-only baseline: metadata in whole sectors, partial blocks read and rewritten).
+    #[arg(long)]
+    no_byte_interface: bool,
 }
 
 #[derive(Args)]
@@ -227,6 +231,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
             .map(|t| alignfs::geometry::parse_size(t).context("--request-threshold"))
             .transpose()?,
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
+        byte_interface: !args.no_byte_interface,
         ..defaults
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
@@ -327,7 +332,11 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
         match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
-            Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.devices().fast_tier => {
+            Ok(volume)
+                if devices.fast.is_some()
+                    && !volume.superblock().profile.devices().fast_tier
+                    && !volume.superblock().profile.devices().memory_semantic =>
+            {
                 bail!("{} holds a {} volume, which has no fast tier; drop --fast", ssd.path.display(), volume.superblock().profile.name())
             }
             result => return Ok(result?),
@@ -342,6 +351,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.scrap_mem.is_some(), Tunable::ResidueMemory, "--scrap-mem"),
         (args.request_threshold.is_some(), Tunable::RequestThreshold, "--request-threshold"),
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
+        (args.no_byte_interface, Tunable::ByteInterface, "--no-byte-interface"),
     ];
     for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {
         println!("note: {flag} has no effect: profile {} does not use it", profile.name());

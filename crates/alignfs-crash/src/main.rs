@@ -134,7 +134,8 @@ fn main() -> Result<()> {
     let volatile = profile.promise() == Promise::OnSync;
     let harness = Harness {
         alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
-        fast: profile.devices().fast_tier.then(|| shm.join("fast")),
+        // A memory-semantic SSD's DRAM is named as the fast tier, and sized by mkfs.
+        fast: (profile.devices().fast_tier || profile.devices().memory_semantic).then(|| shm.join("fast")),
         scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
         ssd: work.join("ssd.img"),
         mnt: work.join("mnt"),
@@ -142,9 +143,11 @@ fn main() -> Result<()> {
     };
     let mut mkfs = harness.alignfs();
     mkfs.arg("mkfs").arg("--force").args(["--profile", &args.profile]).args(["--ssd", &format!("{}:1G", harness.ssd.display())]);
-    if let Some(fast) = &harness.fast {
-        mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)]);
-    }
+    match &harness.fast {
+        Some(fast) if profile.devices().fast_tier => mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)]),
+        Some(fast) => mkfs.args(["--fast", &fast.display().to_string()]),
+        None => &mut mkfs,
+    };
     harness.run(mkfs, "alignfs mkfs")?;
 
     let mut model = if volatile { Model::volatile() } else { Model::default() };

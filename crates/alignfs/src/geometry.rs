@@ -143,6 +143,23 @@ impl MetaLayout {
         Ok(MetaLayout { pages_offset, ..layout })
     }
 
+    /// The metadata area of a memory-semantic SSD (`byte`): as [`MetaLayout::on_ssd`],
+    /// then a zone of `clamp(ssd/32, 1 MiB, 256 MiB)` that holds residue units, stored
+    /// through the device's byte interface. Data blocks start after the zone.
+    pub fn on_memory_semantic_ssd(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        let area = MetaLayout::on_ssd(ssd_bytes, geometry)?;
+        let zone = ((ssd_bytes / 32).clamp(MIB, 256 * MIB)).div_ceil(geometry.block()) * geometry.block();
+        let layout = MetaLayout { page_count: zone / geometry.page(), ..area };
+        let data_start = layout.reserved_ssd_blocks(geometry) * geometry.block();
+        if ssd_bytes < data_start + 2 * geometry.block() {
+            return Err(Error::Geometry(format!(
+                "SSD of {ssd_bytes} bytes leaves fewer than two {}-byte blocks after {data_start} bytes of metadata and residue",
+                geometry.block()
+            )));
+        }
+        Ok(layout)
+    }
+
     /// An SSD whose metadata lives elsewhere (`nvstore`'s KV store): the superblock's
     /// block alone, no journal, no checkpoint slots.
     pub fn superblock_only(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
@@ -161,14 +178,17 @@ impl MetaLayout {
             MetaLayout::compute(fast_bytes, geometry)
         } else if needs.kv_store {
             MetaLayout::superblock_only(ssd_bytes, geometry)
+        } else if needs.memory_semantic {
+            MetaLayout::on_memory_semantic_ssd(ssd_bytes, geometry)
         } else {
             MetaLayout::on_ssd(ssd_bytes, geometry)
         }
     }
 
-    /// SSD blocks the metadata area occupies (never allocated to data).
+    /// SSD blocks the metadata area (and a residue zone on the SSD) occupy, never
+    /// allocated to data. Only for layouts on an SSD.
     pub fn reserved_ssd_blocks(&self, geometry: &Geometry) -> u64 {
-        self.pages_offset / geometry.block()
+        (self.pages_offset + self.page_count * geometry.page()).div_ceil(geometry.block())
     }
 }
 

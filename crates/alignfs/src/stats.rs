@@ -183,9 +183,20 @@ pub struct VolumeReport {
     pub recovery_us: u64,
     pub records_replayed: u64,
     pub torn_tail_dropped: bool,
+    /// The SSD's own counters (a memory-semantic SSD's); empty for other devices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_counters: Vec<DeviceCounter>,
     /// Set by a mounted daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon: Option<DaemonInfo>,
+}
+
+/// One counter an SSD keeps of itself.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct DeviceCounter {
+    pub name: String,
+    pub value: u64,
+    pub meaning: String,
 }
 
 /// The process serving a mounted volume.

@@ -29,6 +29,8 @@ struct Case {
     read_mode: ReadMode,
     /// Whether the fast tier is big enough that no write ever needs the slow path.
     roomy: bool,
+    /// `byte`: `false` runs on the device's block interface alone.
+    byte_interface: bool,
 }
 
 fn write_size(rng: &mut StdRng, g: &Geometry) -> u64 {
@@ -89,9 +91,18 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     let g = case.geometry;
     let volatile = case.profile.promise() == Promise::OnSync;
-    let devices = if volatile { Devices::ssd_only(case.profile, 96 << 20) } else { Devices::new(case.fast_bytes, 96 << 20) };
+    let devices = if volatile || !case.profile.devices().fast_tier {
+        Devices::ssd_only(case.profile, 96 << 20)
+    } else {
+        Devices::new(case.fast_bytes, 96 << 20)
+    };
     devices.format(g);
-    let options = VolumeOptions { read_mode: case.read_mode, scrap_mem_bytes: case.fast_bytes, ..VolumeOptions::default() };
+    let options = VolumeOptions {
+        read_mode: case.read_mode,
+        scrap_mem_bytes: case.fast_bytes,
+        byte_interface: case.byte_interface,
+        ..VolumeOptions::default()
+    };
     let mut volume = devices.open(options.clone()).unwrap();
     let files: Vec<Ino> = (0..3).map(|i| volume.create_file(Ino::ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
     let mut model: Vec<Vec<u8>> = vec![Vec::new(); files.len()];
@@ -231,9 +242,34 @@ fn cases() -> Vec<Case> {
     let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
     let scrap = Geometry::for_profile(Profile::SCRAP);
     let scrap_small = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 128 << 10, io_workers: 2 };
-    let orch = |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::ORCH, geometry, fast_bytes, read_mode, roomy };
-    let scrap_case =
-        |name, geometry, fast_bytes, read_mode, roomy| Case { name, profile: Profile::SCRAP, geometry, fast_bytes, read_mode, roomy };
+    let orch = |name, geometry, fast_bytes, read_mode, roomy| Case {
+        name,
+        profile: Profile::ORCH,
+        geometry,
+        fast_bytes,
+        read_mode,
+        roomy,
+        byte_interface: true,
+    };
+    let scrap_case = |name, geometry, fast_bytes, read_mode, roomy| Case {
+        name,
+        profile: Profile::SCRAP,
+        geometry,
+        fast_bytes,
+        read_mode,
+        roomy,
+        byte_interface: true,
+    };
+    let byte = Geometry::for_profile(Profile::BYTE);
+    let byte_case = |name, geometry, read_mode, byte_interface| Case {
+        name,
+        profile: Profile::BYTE,
+        geometry,
+        fast_bytes: 0,
+        read_mode,
+        roomy: byte_interface,
+        byte_interface,
+    };
     vec![
         orch("default geometry, buffered reads", default, 64 << 20, ReadMode::Buffered, true),
         orch("default geometry, direct reads", default, 64 << 20, ReadMode::Direct, true),
@@ -244,6 +280,9 @@ fn cases() -> Vec<Case> {
         scrap_case("scrap, 256K pages", scrap, 32 << 20, ReadMode::Buffered, true),
         scrap_case("scrap, 64K pages, direct reads", scrap_small, 16 << 20, ReadMode::Direct, true),
         scrap_case("scrap, 4 pages of scrap memory", scrap_small, 256 << 10, ReadMode::Buffered, false),
+        byte_case("byte, buffered reads", byte, ReadMode::Buffered, true),
+        byte_case("byte, 16K blocks, direct reads", Geometry { block_bytes: 16 << 10, ..byte }, ReadMode::Direct, true),
+        byte_case("byte, block interface only", byte, ReadMode::Buffered, false),
     ]
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use alignfs::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
 use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, SimSsd};
@@ -23,6 +24,12 @@ fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions, Option<t
     let mut kv_dir = None;
     let devices = if profile.devices().fast_tier {
         Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(8 << 20).unwrap()), ssd)
+    } else if profile.devices().memory_semantic {
+        let config = MssdConfig { log_bytes: 2 << 20, ..MssdConfig::new(32 << 20) };
+        let (dram, flash) = MemorySemanticSsd::sizes(&config).unwrap();
+        let dram = Arc::new(alignfs::device::PmemRegion::anonymous(dram).unwrap());
+        let device = MemorySemanticSsd::format(Arc::new(SimSsd::new(flash)), dram, &config, MssdOptions::default()).unwrap();
+        Devices::memory_semantic(Arc::new(device))
     } else if profile.devices().kv_store {
         let dir = kv_dir.insert(tempfile::tempdir().unwrap());
         Devices::with_kv(ssd, dir.path())

@@ -50,6 +50,7 @@ fn devices(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>)
         ssd: Arc::clone(ssd),
         kv: None,
         kv_syncs: None,
+        byte: None,
     }
 }
 

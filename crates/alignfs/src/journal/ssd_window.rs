@@ -7,12 +7,18 @@
 //! device may tear at. The journal starts every record on a fresh sector
 //! ([`MetaMedium::write_unit`]), so an append never rewrites a sector that holds an
 //! acknowledged record.
+//!
+//! On a memory-semantic SSD (`byte`) a page program is atomic (the FTL maps the old page
+//! or the new one), so records start on 64-byte lines, and with its byte interface on, a
+//! write of less than a sector goes as cache-line stores made durable by one write-verify
+//! read, not as a sector write and a flush.
 
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use super::MetaMedium;
+use crate::device::mssd::{MemorySemanticSsd, LINE};
 use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest};
 use crate::error::Result;
 use crate::geometry::IO_ALIGN;
@@ -24,8 +30,11 @@ pub struct SsdWindow {
     offset: u64,
     len: u64,
     mirror: Mutex<Vec<u8>>,
-    /// `SECTOR`, except in the test that shows why it must be.
+    /// `SECTOR`, except on a memory-semantic SSD (a line) and in the test that shows why
+    /// it must be a sector elsewhere.
     unit: u64,
+    /// The byte interface small writes go through.
+    byte: Option<Arc<MemorySemanticSsd>>,
 }
 
 impl SsdWindow {
@@ -44,7 +53,18 @@ impl SsdWindow {
             mirror[at as usize..(at + n) as usize].copy_from_slice(&buf);
             at += n;
         }
-        Ok(SsdWindow { device, offset, len, mirror: Mutex::new(mirror), unit: SECTOR })
+        Ok(SsdWindow { device, offset, len, mirror: Mutex::new(mirror), unit: SECTOR, byte: None })
+    }
+
+    /// The window on a memory-semantic SSD (`device` is its block interface), writing
+    /// through `byte` when given.
+    pub fn on_memory_semantic(
+        device: Arc<dyn BlockDevice>,
+        byte: Option<Arc<MemorySemanticSsd>>,
+        offset: u64,
+        len: u64,
+    ) -> Result<SsdWindow> {
+        Ok(SsdWindow { unit: LINE, byte, ..SsdWindow::open(device, offset, len)? })
     }
 }
 
@@ -69,6 +89,10 @@ impl MetaMedium for SsdWindow {
         let end = offset + data.len() as u64;
         assert!(end <= self.len, "write inside the window");
         mirror[offset as usize..end as usize].copy_from_slice(data);
+        if let Some(byte) = self.byte.as_ref().filter(|_| data.len() < SECTOR as usize) {
+            byte.store(None, self.offset + offset, data)?;
+            return byte.verify_posted();
+        }
         let (first, last) = (offset / SECTOR * SECTOR, end.div_ceil(SECTOR) * SECTOR);
         let mut buf = AlignedBuf::zeroed((last - first) as usize);
         buf.copy_from_slice(&mirror[first as usize..last as usize]);

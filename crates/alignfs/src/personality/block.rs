@@ -60,6 +60,7 @@ impl BlockVolume {
                 ssd: Arc::clone(&devices.ssd),
                 kv: None,
                 kv_syncs: None,
+                byte: None,
             },
         };
         let block = options.geometry.block();

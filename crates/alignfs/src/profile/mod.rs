@@ -11,6 +11,7 @@
 //! Adding a profile is a new module here that implements both, plus its line in
 //! [`REGISTRY`]. Nothing outside this module matches on a profile.
 
+mod byte;
 mod nvstore;
 mod orch;
 mod scrap;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::device::mssd::MemorySemanticSsd;
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout};
@@ -33,10 +35,7 @@ use crate::volume::{Inner, VolumeOptions};
 
 /// Every profile this build implements, in the order `--help` lists them. The one line a
 /// new profile adds.
-const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs, &nvstore::NvStore];
-
-/// Profiles named by the project's plan that are not built yet.
-const PLANNED: &[&str] = &["byte"];
+const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs, &nvstore::NvStore, &byte::Byte];
 
 /// The named configuration a volume was formatted with: a registered profile's on-media
 /// code. Only registered codes can be held, so [`Profile::spec`] always finds one.
@@ -77,9 +76,6 @@ impl Profile {
             return Ok(profile);
         }
         let known = Profile::all().map(|p| format!("{:?}", p.name())).collect::<Vec<_>>().join(" or ");
-        if PLANNED.contains(&name) {
-            return Err(Error::UnknownProfile(format!("profile {name:?} is planned but not implemented yet; use {known}")));
-        }
         Err(Error::UnknownProfile(format!("unknown profile {name:?} (known: {known})")))
     }
 
@@ -140,6 +136,9 @@ pub struct DeviceNeeds {
     /// The metadata lives in a KV store in a directory of its own (`nvstore`), not in a
     /// journal and checkpoints.
     pub kv_store: bool,
+    /// The SSD is a memory-semantic SSD (`byte`, docs/BYTE.md): a flash image plus the
+    /// device's DRAM (`--fast` names its file), with a byte interface beside the block one.
+    pub memory_semantic: bool,
 }
 
 /// What a crash (of the process, or power) keeps of acknowledged work.
@@ -168,6 +167,8 @@ pub enum Tunable {
     SegmentSize,
     /// `--no-nvm-buffer`: run without the residue store (UHS-NB).
     NvmBuffer,
+    /// `--no-byte-interface`: use the memory-semantic SSD's block interface alone.
+    ByteInterface,
 }
 
 /// The static half of a profile.
@@ -203,6 +204,8 @@ pub(crate) struct ResidueSetup<'a> {
     pub layout: &'a MetaLayout,
     pub geometry: &'a Geometry,
     pub options: &'a VolumeOptions,
+    /// The memory-semantic SSD, when the profile takes one.
+    pub byte: Option<&'a Arc<MemorySemanticSsd>>,
     /// The KV store's fragment records, when the metadata lives in one.
     pub fragments: Option<&'a Arc<FragmentLog>>,
     /// Units the volume will restore residue into at open (the KV store's fragment
@@ -321,7 +324,6 @@ mod tests {
             a.default_geometry().validate(*a).unwrap();
         }
         assert!(Profile::from_code(0).is_none());
-        assert!(matches!(Profile::parse("byte"), Err(Error::UnknownProfile(m)) if m.contains("planned")));
         assert!(matches!(Profile::parse("ext4"), Err(Error::UnknownProfile(m)) if m.contains("unknown")));
     }
 }

@@ -40,7 +40,7 @@ impl ProfileSpec for NvStore {
         Personality::Objects
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: 1, kv_store: true }
+        DeviceNeeds { fast_tier: false, max_ssds: 1, kv_store: true, memory_semantic: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite

@@ -32,7 +32,7 @@ impl ProfileSpec for Orch {
         "OrchFS: residue in persistent-memory pages and upages (--fast), durable on every write"
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false }
+        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false, memory_semantic: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite

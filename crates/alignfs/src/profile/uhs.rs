@@ -44,7 +44,7 @@ impl ProfileSpec for Uhs {
         Personality::Block
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false }
+        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false, memory_semantic: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite

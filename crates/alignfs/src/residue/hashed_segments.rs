@@ -166,8 +166,8 @@ impl ResidueStore for HashedSegments {
     fn zero(&self, unit: PageNo, offset: u32, len: u32) {
         self.slots.zero(unit, offset, len);
     }
-    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
-        self.slots.read(unit, offset, out);
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> crate::error::Result<()> {
+        self.slots.read(unit, offset, out)
     }
     fn persist(&self, unit: PageNo, offset: u32, len: u32) {
         self.slots.persist(unit, offset, len);

@@ -68,13 +68,13 @@ impl ResidueStore for KvFragments {
     fn zero(&self, unit: PageNo, offset: u32, len: u32) {
         self.pages.zero(unit, offset, len);
     }
-    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
-        self.pages.read(unit, offset, out);
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> Result<()> {
+        self.pages.read(unit, offset, out)
     }
     /// One fragment put of the range as the page holds it now.
     fn persist(&self, unit: PageNo, offset: u32, len: u32) {
         let mut bytes = vec![0u8; len as usize];
-        self.pages.read(unit, offset, &mut bytes);
+        self.pages.copy_out(unit, offset, &mut bytes);
         self.log.put(unit, offset, &bytes);
     }
 }

@@ -13,11 +13,13 @@
 //! `byte`, the hashed segments of `uhs` and the KV fragments of `nvstore` implement the
 //! same trait.
 
+mod byte_log;
 mod hashed_segments;
 mod kv_fragments;
 mod pmem_pages;
 mod scrap_pages;
 
+pub use byte_log::ByteLogPages;
 pub use hashed_segments::HashedSegments;
 pub use kv_fragments::KvFragments;
 pub use pmem_pages::PmemPages;
@@ -52,7 +54,8 @@ pub trait ResidueStore: Send + Sync {
     /// Store bytes; durable only after [`ResidueStore::persist`].
     fn write(&self, unit: PageNo, offset: u32, data: &[u8]);
     fn zero(&self, unit: PageNo, offset: u32, len: u32);
-    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]);
+    /// Fails only for a store on a device that could not read.
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> crate::error::Result<()>;
     /// Make `offset..offset+len` of `unit` durable per the profile's promise.
     fn persist(&self, unit: PageNo, offset: u32, len: u32);
     /// After [`ResidueStore::allocate`] refused `requests`: the blocks whose migration

@@ -22,6 +22,11 @@ impl PmemPages {
         PmemPages { region, zone_offset, page_bytes, allocator: BitmapAllocator::new(page_count, &[]) }
     }
 
+    /// Memory reads cannot fail: [`ResidueStore::read`] without the `Result`.
+    pub fn copy_out(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
+        self.region.read(self.at(unit, offset, out.len()), out);
+    }
+
     fn at(&self, unit: PageNo, offset: u32, len: usize) -> u64 {
         assert!(offset as usize + len <= self.page_bytes as usize, "access within one page");
         self.zone_offset + unit.0 * u64::from(self.page_bytes) + u64::from(offset)
@@ -60,8 +65,9 @@ impl ResidueStore for PmemPages {
     fn zero(&self, unit: PageNo, offset: u32, len: u32) {
         self.region.zero(self.at(unit, offset, len as usize), len as usize);
     }
-    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
-        self.region.read(self.at(unit, offset, out.len()), out);
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> crate::error::Result<()> {
+        self.copy_out(unit, offset, out);
+        Ok(())
     }
     fn persist(&self, unit: PageNo, offset: u32, len: u32) {
         self.region.persist(self.at(unit, offset, len as usize), len as usize);

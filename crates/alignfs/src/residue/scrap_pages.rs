@@ -63,8 +63,8 @@ impl ResidueStore for ScrapPages {
     fn zero(&self, unit: PageNo, offset: u32, len: u32) {
         self.zones.zero(unit, offset, len);
     }
-    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) {
-        self.zones.read(unit, offset, out);
+    fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> crate::error::Result<()> {
+        self.zones.read(unit, offset, out)
     }
     /// Volatile: nothing to do; durability comes from flushing the block to the SSD.
     fn persist(&self, _unit: PageNo, _offset: u32, _len: u32) {}

@@ -26,8 +26,18 @@ impl Inner {
     /// flush and one journal record for all. The caller holds every block's range lock.
     /// Returns how many blocks moved.
     pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
-        let (work, images): (Vec<Staged>, Vec<AlignedBuf>) =
-            blocks.into_iter().filter_map(|(inode, lblock)| self.stage(inode, lblock)).unzip();
+        let mut staged = Vec::with_capacity(blocks.len());
+        for (inode, lblock) in blocks {
+            match self.stage(inode, lblock) {
+                Ok(Some(one)) => staged.push(one),
+                Ok(None) => {}
+                Err(e) => {
+                    self.buffers.give(staged.into_iter().map(|(_, image)| image));
+                    return Err(e);
+                }
+            }
+        }
+        let (work, images): (Vec<Staged>, Vec<AlignedBuf>) = staged.into_iter().unzip();
         if work.is_empty() {
             return Ok(0);
         }
@@ -68,7 +78,7 @@ impl Inner {
                 continue;
             };
             match self.stage(Arc::clone(&inode), lblock) {
-                Some((staged, image)) => {
+                Ok(Some((staged, image))) => {
                     // The merge reads this SSD block after the lock is dropped; a writer
                     // may then replace and free it. The pin keeps it allocated (so never
                     // rewritten under the read) until the reads are done.
@@ -78,7 +88,17 @@ impl Inner {
                     merging.work.push(staged);
                     images.push(image);
                 }
-                None => inode.range.unwatch(lblock),
+                Ok(None) => inode.range.unwatch(lblock),
+                Err(e) => {
+                    inode.range.unwatch(lblock);
+                    drop(guard);
+                    for staged in &merging.work {
+                        staged.inode.range.unwatch(staged.lblock);
+                    }
+                    self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
+                    self.buffers.give(images);
+                    return Err(e);
+                }
             }
             drop(guard);
         }
@@ -150,12 +170,15 @@ impl Inner {
 
     /// Copy out a block's entry and its residue (laid over zeros). The caller holds the
     /// block's range lock. `None` if the block holds no residue.
-    fn stage(&self, inode: Arc<Inode>, lblock: u64) -> Option<(Staged, AlignedBuf)> {
-        let entry = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0)?;
+    fn stage(&self, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Staged, AlignedBuf)>> {
+        let Some(entry) = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0) else { return Ok(None) };
         let mut image = self.buffers.take(self.geometry.block() as usize);
         image.fill(0);
-        self.lay_residue(&entry, &mut image);
-        Some((Staged { inode, lblock, entry }, image))
+        if let Err(e) = self.lay_residue(&entry, &mut image) {
+            self.buffers.give([image]);
+            return Err(e);
+        }
+        Ok(Some((Staged { inode, lblock, entry }, image)))
     }
 
     /// Write each staged block to a new SSD block, its residue over its SSD copy where the

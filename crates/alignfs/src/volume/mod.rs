@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::device::mssd::MemorySemanticSsd;
 use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
@@ -47,7 +48,7 @@ use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, DataOp, FileKind, Freed, Ino, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
 use crate::residue::ResidueStore;
-use crate::stats::{Counter, Stats, StatsSnapshot, Usage, VolumeReport};
+use crate::stats::{Counter, DeviceCounter, Stats, StatsSnapshot, Usage, VolumeReport};
 use clean_pages::CleanPages;
 
 /// How SSD data is read.
@@ -87,6 +88,10 @@ pub struct VolumeOptions {
     /// `uhs`: `false` runs without the NVM buffer (the paper's UHS-NB): whole blocks go to
     /// the SSD and a partly written block is read, merged and rewritten.
     pub nvm_buffer: bool,
+    /// `byte`: `false` uses the memory-semantic SSD's block interface alone (the paper's
+    /// block-only baseline): metadata written in whole sectors, partly written blocks
+    /// read, merged and rewritten.
+    pub byte_interface: bool,
 }
 
 impl Default for VolumeOptions {
@@ -103,6 +108,7 @@ impl Default for VolumeOptions {
             flush_workers: 2,
             segment_bytes: 4 << 20,
             nvm_buffer: true,
+            byte_interface: true,
         }
     }
 }
@@ -150,6 +156,8 @@ pub(crate) struct Inner {
     /// `None` for profiles without a fast tier.
     fast: Option<Arc<dyn ByteTier>>,
     ssd: Arc<dyn BlockDevice>,
+    /// The byte interface of a memory-semantic SSD (`byte`; `ssd` is its block interface).
+    byte: Option<Arc<MemorySemanticSsd>>,
     residue: Arc<dyn ResidueStore>,
     /// The profile's answers to the data path's questions.
     policy: Box<dyn Policy>,
@@ -307,8 +315,21 @@ impl Volume {
             recovery_us: u64::try_from(s.recovery.duration.as_micros()).unwrap_or(u64::MAX),
             records_replayed: s.recovery.records_replayed,
             torn_tail_dropped: s.recovery.torn_tail_dropped,
+            device_counters: self.device_counters(),
             daemon: None,
         }
+    }
+
+    /// The counters of the SSD itself, where it keeps any (the memory-semantic SSD's
+    /// traffic per interface, flash programs, cleanings; docs/BYTE.md).
+    pub fn device_counters(&self) -> Vec<DeviceCounter> {
+        let Some(byte) = &self.inner.byte else { return Vec::new() };
+        let stats = byte.stats();
+        stats
+            .named()
+            .into_iter()
+            .map(|(name, value, meaning)| DeviceCounter { name: name.into(), value, meaning: meaning.into() })
+            .collect()
     }
 
     /// Clean shutdown: stop background work, flush the SSD, write a checkpoint.
@@ -342,6 +363,10 @@ impl Volume {
             self.inner.policy.before_close(&self.inner)?;
             self.inner.ssd.flush()?;
             self.inner.checkpoint()?;
+        }
+        // The emulated device's firmware runs in this process: it stops with the volume.
+        if let Some(byte) = &self.inner.byte {
+            byte.halt();
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use super::clean_pages::CleanPages;
 use super::{FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
+use crate::device::mssd::MemorySemanticSsd;
 use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
@@ -38,20 +39,28 @@ pub struct Devices {
     /// Power-loss tests: record the KV directory each time the store syncs it
     /// ([`crate::device::power_loss::RecordedDir`]), as a `RecordedSsd` records its writes.
     pub kv_syncs: Option<Arc<PowerLog>>,
+    /// The SSD's byte interface, when it is a memory-semantic SSD (`byte`); `ssd` is then
+    /// the same device's block interface.
+    pub byte: Option<Arc<MemorySemanticSsd>>,
 }
 
 impl Devices {
     pub fn new(fast: Arc<dyn ByteTier>, ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: Some(fast), ssd, kv: None, kv_syncs: None }
+        Devices { fast: Some(fast), ssd, kv: None, kv_syncs: None, byte: None }
     }
 
     pub fn ssd_only(ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: None, ssd, kv: None, kv_syncs: None }
+        Devices { fast: None, ssd, kv: None, kv_syncs: None, byte: None }
+    }
+
+    /// A memory-semantic SSD: its block interface is the volume's SSD.
+    pub fn memory_semantic(device: Arc<MemorySemanticSsd>) -> Devices {
+        Devices { byte: Some(Arc::clone(&device)), ..Devices::ssd_only(device) }
     }
 
     /// One SSD and the directory of the volume's KV metadata store.
     pub fn with_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>) -> Devices {
-        Devices { fast: None, ssd, kv: Some(dir.into()), kv_syncs: None }
+        Devices { fast: None, ssd, kv: Some(dir.into()), kv_syncs: None, byte: None }
     }
 
     /// [`Devices::with_kv`], recording each sync of the KV directory in `log`.
@@ -67,7 +76,7 @@ struct KvLocation {
 }
 
 /// The superblock sector of SSD `member` of `ssd` (a device set has one per member).
-fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
+pub(super) fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
     if ssd.len_bytes() < SUPERBLOCK_BYTES {
         return Ok(Vec::new());
     }
@@ -88,6 +97,12 @@ enum MetaDevice<'a> {
     Fast(&'a Arc<dyn ByteTier>),
     /// The metadata area at the start of the SSD, for profiles without a fast tier.
     Ssd(&'a Arc<dyn BlockDevice>),
+    /// The metadata area at the start of a memory-semantic SSD (`ssd`, its block
+    /// interface), small writes through `byte` when the byte interface is in use.
+    MemorySemantic {
+        ssd: &'a Arc<dyn BlockDevice>,
+        byte: Option<&'a Arc<MemorySemanticSsd>>,
+    },
 }
 
 /// The journal and checkpoint slots on their device.
@@ -96,6 +111,9 @@ fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(B
         Ok(match device {
             MetaDevice::Fast(fast) => Box::new(PmemWindow::new(Arc::clone(fast), offset, len)),
             MetaDevice::Ssd(ssd) => Box::new(SsdWindow::open(Arc::clone(ssd), offset, len)?),
+            MetaDevice::MemorySemantic { ssd, byte } => {
+                Box::new(SsdWindow::on_memory_semantic(Arc::clone(ssd), byte.cloned(), offset, len)?)
+            }
         })
     };
     let journal = window(layout.journal_offset, layout.journal_bytes)?;
@@ -177,12 +195,20 @@ impl Volume {
         if devices.kv.is_some() && !needs.kv_store {
             return Err(Error::WrongDevices(format!("profile {} keeps no KV store; drop the KV directory", profile.name())));
         }
+        match (&devices.byte, needs.memory_semantic) {
+            (Some(byte), true) if devices.fast.is_none() => {
+                return format_on_ssd(&devices.ssd, MetaDevice::MemorySemantic { ssd: &devices.ssd, byte: Some(byte) }, options)
+            }
+            (_, true) => return Err(Error::WrongDevices(format!("profile {} needs a memory-semantic SSD alone", profile.name()))),
+            (Some(_), false) => return Err(Error::WrongDevices(format!("profile {} does not use a memory-semantic SSD", profile.name()))),
+            (None, false) => {}
+        }
         match (&devices.fast, needs.fast_tier) {
             (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
             (None, false) if needs.kv_store => {
                 format_with_kv(devices.ssd.as_ref(), devices.kv.as_deref(), devices.kv_syncs.as_ref(), options)
             }
-            (None, false) => format_on_ssd(&devices.ssd, options),
+            (None, false) => format_on_ssd(&devices.ssd, MetaDevice::Ssd(&devices.ssd), options),
             (None, true) => Err(Error::WrongDevices(format!("profile {} needs a fast tier", profile.name()))),
             (Some(_), false) => {
                 Err(Error::WrongDevices(format!("profile {} keeps no data in a fast tier; name only the SSDs", profile.name())))
@@ -195,7 +221,7 @@ impl Volume {
     /// written before every check passed.
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
-        let Devices { fast, ssd, kv, kv_syncs } = devices;
+        let Devices { fast, ssd, kv, kv_syncs, byte } = devices;
         let (superblock, meta_name) = match &fast {
             Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
             None => check_on_ssd(ssd.as_ref())?,
@@ -203,13 +229,23 @@ impl Volume {
         if kv.is_some() && !superblock.profile.devices().kv_store {
             return Err(Error::WrongDevices(format!("an {} volume keeps no KV store; drop the KV directory", superblock.profile.name())));
         }
+        if byte.is_some() != superblock.profile.devices().memory_semantic {
+            let profile = superblock.profile.name();
+            return Err(Error::WrongDevices(if byte.is_some() {
+                format!("an {profile} volume is not on a memory-semantic SSD")
+            } else {
+                format!("a {profile} volume needs its memory-semantic SSD")
+            }));
+        }
         let kv = kv.map(|dir| KvLocation { dir, syncs: kv_syncs });
-        Self::assemble(fast, ssd, kv.as_ref(), superblock, meta_name, options, started)
+        Self::assemble(fast, ssd, byte, kv.as_ref(), superblock, meta_name, options, started)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         fast: Option<Arc<dyn ByteTier>>,
         ssd: Arc<dyn BlockDevice>,
+        byte: Option<Arc<MemorySemanticSsd>>,
         kv: Option<&KvLocation>,
         superblock: Superblock,
         meta_name: String,
@@ -229,9 +265,10 @@ impl Volume {
         let recovered = if superblock.profile.devices().kv_store {
             recover_kv(kv, &superblock, &options, started)?
         } else {
-            let meta_device = match &fast {
-                Some(fast) => MetaDevice::Fast(fast),
-                None => MetaDevice::Ssd(&ssd),
+            let meta_device = match (&fast, &byte) {
+                (Some(fast), _) => MetaDevice::Fast(fast),
+                (None, Some(byte)) => MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(byte) },
+                (None, None) => MetaDevice::Ssd(&ssd),
             };
             recover_journal(meta_device, &superblock, &meta_name, started)?
         };
@@ -239,6 +276,7 @@ impl Volume {
         let spec = superblock.profile.spec();
         let residue = spec.residue_store(&ResidueSetup {
             fast: fast.as_ref(),
+            byte: byte.as_ref(),
             layout: &layout,
             geometry: &geometry,
             options: &options,
@@ -258,6 +296,7 @@ impl Volume {
             geometry,
             fast,
             ssd,
+            byte,
             residue,
             policy,
             blocks,
@@ -399,8 +438,8 @@ fn format_with_fast_tier(fast: &Arc<dyn ByteTier>, ssd: &dyn BlockDevice, option
 }
 
 /// SSDs alone: the superblock, checkpoints and journal in a metadata area at the start of
-/// the first, a superblock copy on each.
-fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<Superblock> {
+/// the first (written through `meta`), a superblock copy on each.
+fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, meta: MetaDevice<'_>, options: &FormatOptions) -> Result<Superblock> {
     let geometry = options.geometry;
     let members = ssd.member_count() as u64;
     if !options.force {
@@ -408,13 +447,13 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, options: &FormatOptions) -> Result<
             (0..members).map(|m| Ok((read_ssd_superblock(ssd.as_ref(), m)?, ssd.describe()))).collect::<Result<_>>()?;
         refuse_existing(&existing)?;
     }
-    let layout = MetaLayout::on_ssd(usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
+    let layout = MetaLayout::for_profile(options.profile, 0, usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
     // As with a fast tier: the old superblocks go first, the new ones last.
     for member in 0..members {
         write_ssd_superblock(ssd.as_ref(), member, &[0u8; SUPERBLOCK_BYTES as usize])?;
     }
-    let (journal, mut slots) = windows(MetaDevice::Ssd(ssd), &layout, &ssd.describe())?;
+    let (journal, mut slots) = windows(meta, &layout, &ssd.describe())?;
     journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
     write_fresh_checkpoint(&mut slots)?;
     for member in (0..members).rev() {

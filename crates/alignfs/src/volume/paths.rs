@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Devices, FormatOptions, Volume, VolumeOptions};
+use crate::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions, MssdRecovery};
 use crate::device::{BlockDevice, ByteTier, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
-use crate::geometry::{parse_size, Geometry, SUPERBLOCK_BYTES};
+use crate::geometry::{parse_size, Geometry, MIB, SUPERBLOCK_BYTES};
 use crate::kv::KvMeta;
 use crate::layout::Superblock;
 use crate::personality::{BlockLayout, BlockVolume, ObjectStore};
@@ -111,7 +112,9 @@ fn create_devices(
     match (fast, needs.fast_tier, ssds.len()) {
         (_, _, 0) => return Err(Error::WrongDevices("no SSD named".into())),
         (None, true, _) => return Err(Error::WrongDevices(format!("profile {profile} needs a fast tier"))),
-        (Some(_), false, _) => return Err(Error::WrongDevices(format!("profile {profile} has no fast tier; name only the SSDs"))),
+        (Some(_), false, _) if !needs.memory_semantic => {
+            return Err(Error::WrongDevices(format!("profile {profile} has no fast tier; name only the SSDs")))
+        }
         _ if kv.is_some() && !needs.kv_store => {
             return Err(Error::WrongDevices(format!("profile {profile} keeps no KV store; drop the KV directory")))
         }
@@ -120,6 +123,10 @@ fn create_devices(
             return Err(Error::WrongDevices(format!("profile {profile} takes {most}, not {n}")));
         }
         _ => {}
+    }
+    if needs.memory_semantic {
+        let dram = fast.ok_or_else(|| Error::WrongDevices(format!("profile {profile} needs the device's DRAM file (--fast)")))?;
+        return create_memory_semantic(dram, &ssds[0], options, backend);
     }
     let kv = needs.kv_store.then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
     if let Some(dir) = &kv {
@@ -141,7 +148,64 @@ fn create_devices(
         }
         None => None,
     };
-    Ok(Devices { fast, ssd, kv, kv_syncs: None })
+    Ok(Devices { fast, ssd, kv, kv_syncs: None, byte: None })
+}
+
+/// The write log of a memory-semantic SSD of `logical_bytes`: the paper's 256 MiB for an
+/// SSD of 8 GiB or more, 1/32 of a smaller one (at least 1 MiB).
+fn device_log_bytes(logical_bytes: u64) -> u64 {
+    (logical_bytes / 32).clamp(MIB, 256 * MIB) / MIB * MIB
+}
+
+/// A new memory-semantic SSD: its flash image (`ssd`; the size names the capacity the
+/// block interface offers, the image is created larger by the over-provisioning) and its
+/// DRAM file (`dram`). Refuses a device that holds a volume unless `options.force`.
+fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatOptions, backend: Option<IoBackend>) -> Result<Devices> {
+    let config = match ssd.size {
+        Some(bytes) => MssdConfig { log_bytes: device_log_bytes(bytes), ..MssdConfig::new(bytes / MIB * MIB) },
+        None => {
+            let len = std::fs::metadata(&ssd.path).map_err(|e| Error::io(format!("stat {}", ssd.path.display()), e))?.len();
+            MssdConfig::fitting(len, device_log_bytes(len))?
+        }
+    };
+    let (dram_bytes, flash_bytes) = MemorySemanticSsd::sizes(&config)?;
+    if !options.force && dram.path.exists() {
+        let existing = Arc::new(PmemRegion::open(&dram.path, None)?);
+        if MemorySemanticSsd::is_formatted(existing.as_ref()) && ssd.path.exists() {
+            if let Ok(devices) = open_memory_semantic(existing, &ssd.path, &options.geometry, backend, true) {
+                let volume = super::open::read_ssd_superblock(devices.ssd.as_ref(), 0)?;
+                if Superblock::has_magic(&volume) {
+                    let uuid = Superblock::decode(&volume, "").map_or("unreadable".into(), |sb| sb.uuid_string());
+                    return Err(Error::AlreadyFormatted { device: dram.path.display().to_string(), uuid });
+                }
+            }
+        }
+    }
+    let flash_len = ssd.size.map(|_| flash_bytes);
+    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, flash_len, backend, false))?);
+    if let Some(parent) = dram.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+    }
+    let region = Arc::new(PmemRegion::open(&dram.path, Some(dram.size.unwrap_or(dram_bytes).max(dram_bytes)))?);
+    let device = MemorySemanticSsd::format(flash, region, &config, MssdOptions::default())?;
+    Ok(Devices::memory_semantic(Arc::new(device)))
+}
+
+/// A formatted memory-semantic SSD: its DRAM (`dram`) and flash image (`flash`), after the
+/// device's own recovery.
+fn open_memory_semantic(
+    dram: Arc<PmemRegion>,
+    flash: &Path,
+    geometry: &Geometry,
+    backend: Option<IoBackend>,
+    read_only: bool,
+) -> Result<Devices> {
+    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(flash, &ssd_options(geometry, None, backend, read_only))?);
+    let (device, recovery) = MemorySemanticSsd::open(flash, dram, MssdOptions::default())?;
+    if recovery != MssdRecovery::default() {
+        tracing::info!("memory-semantic SSD recovered: {recovery:?}");
+    }
+    Ok(Devices::memory_semantic(Arc::new(device)))
 }
 
 /// One SSD as it is, or several as a [`DeviceSet`] of `member_bytes(members)` each.
@@ -224,7 +288,22 @@ fn open_devices(
             None => device,
         }
     };
-    if let Some(superblock) = ssd_superblock(first)?.filter(|sb| !sb.profile.devices().fast_tier) {
+    let raw = ssd_superblock(first)?;
+    // A memory-semantic SSD's flash image holds pages where its FTL put them; its DRAM
+    // (named as the fast tier) says what it is.
+    if raw.as_ref().is_none_or(|sb| sb.profile.devices().memory_semantic) && fast.exists() && ssds.len() == 1 {
+        let region = Arc::new(PmemRegion::open(fast, None)?);
+        if MemorySemanticSsd::is_formatted(region.as_ref()) {
+            if faults.is_some() {
+                return Err(Error::InvalidArgument("fault injection does not cover a memory-semantic SSD".into()));
+            }
+            // The IO shape of the flash image: the profile's default (its superblock is
+            // behind the FTL).
+            let geometry = crate::Profile::BYTE.default_geometry();
+            return open_memory_semantic(region, first, &geometry, backend, read_only);
+        }
+    }
+    if let Some(superblock) = raw.filter(|sb| !sb.profile.devices().fast_tier) {
         let ordered = order_members(ssds, &superblock)?;
         let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ordered.len());
         for path in &ordered {
@@ -339,6 +418,39 @@ mod tests {
         assert_eq!(volume.read(f, 777, &mut out).unwrap(), data.len());
         assert!(out == data);
         assert!(volume.recovery().clean);
+    }
+
+    #[test]
+    fn byte_volume_on_a_memory_semantic_ssd() {
+        let (dir, shm, _, _) = scratch_devices();
+        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
+        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
+        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        assert!(matches!(format_paths(None, std::slice::from_ref(&ssd), None, &options, None), Err(Error::WrongDevices(_))));
+        let (superblock, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 249) as u8).collect();
+        volume.write(f, 100, &data).unwrap();
+        volume.write(f, 5, b"small").unwrap();
+        let counters = volume.device_counters();
+        let byte_stores = counters.iter().find(|c| c.name == "byte_store_payload").unwrap().value;
+        assert!(byte_stores >= 5 + 100, "residue and the small write went through the byte interface ({byte_stores})");
+        volume.close().unwrap();
+        let mut expected = vec![0u8; 100 + data.len()];
+        expected[100..].copy_from_slice(&data);
+        expected[5..10].copy_from_slice(b"small");
+        for byte_interface in [false, true] {
+            let options = VolumeOptions { byte_interface, ..VolumeOptions::default() };
+            let volume = open_paths(&dram.path, &ssd.path, options, None).unwrap();
+            assert_eq!(volume.superblock().uuid, superblock.uuid);
+            let mut out = vec![0u8; expected.len()];
+            assert_eq!(volume.read(f, 0, &mut out).unwrap(), expected.len());
+            assert!(out == expected);
+            volume.write(f, 3, b"xy").unwrap();
+            expected[3..5].copy_from_slice(b"xy");
+            volume.close().unwrap();
+        }
+        assert!(matches!(format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None), Err(Error::AlreadyFormatted { .. })));
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl Inner {
             if let Some(copy) = self.clean.as_ref().and_then(|clean| clean.get(block)) {
                 image.copy_from_slice(&copy);
                 self.stats.add(Counter::clean_page_hits, 1);
-                self.lay_residue(entry, image);
+                self.lay_residue(entry, image)?;
                 return Ok(0);
             }
             let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
@@ -189,7 +189,7 @@ impl Inner {
             self.buffers.give([buf]);
             self.stats.add(Counter::ssd_read_bytes, read);
         }
-        self.lay_residue(entry, image);
+        self.lay_residue(entry, image)?;
         Ok(read)
     }
 
@@ -205,8 +205,14 @@ impl Inner {
     }
 
     /// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
-    pub(super) fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) {
-        self.residue_pieces(entry, |range, unit, offset| self.residue.read(unit, offset, &mut image[range]));
+    pub(super) fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) -> Result<()> {
+        let mut result = Ok(());
+        self.residue_pieces(entry, |range, unit, offset| {
+            if result.is_ok() {
+                result = self.residue.read(unit, offset, &mut image[range]);
+            }
+        });
+        result
     }
 
     /// Each piece of a block's residue: the bytes of the block it covers, and the unit and
@@ -343,7 +349,7 @@ impl Inner {
             }
         }
         for (unit, in_page, dest, len) in copies {
-            self.residue.read(unit, in_page, &mut out[dest..dest + len]);
+            self.residue.read(unit, in_page, &mut out[dest..dest + len])?;
         }
         Ok(n)
     }

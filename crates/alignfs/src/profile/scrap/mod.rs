@@ -45,7 +45,7 @@ impl ProfileSpec for Scrap {
         "WSBuffer: residue in DRAM scrap pages (--scrap-mem), SSDs only, durable on fsync"
     }
     fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: MAX_SSDS, kv_store: false }
+        DeviceNeeds { fast_tier: false, max_ssds: MAX_SSDS, kv_store: false, memory_semantic: false }
     }
     fn promise(&self) -> Promise {
         Promise::OnSync
