@@ -19,8 +19,8 @@ impl Profile {
     pub const BYTE: Profile = Profile(5);
 }
 
-/// Direct writes of at most this many bytes go through the byte interface whole (ByteFS
-/// §4.3: its measured crossover on the paper's device).
+/// Direct writes of at most this many bytes go through the byte interface whole (ByteFS's
+/// direct-access rule: below it, cache-line stores beat persisting a whole 4 KiB page).
 pub const BYTE_WRITE_MAX: u64 = 512;
 
 pub(super) struct Byte;
