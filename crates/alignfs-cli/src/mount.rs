@@ -332,11 +332,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
         match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options.clone(), devices.backend(), faults.clone()) {
             Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
-            Ok(volume)
-                if devices.fast.is_some()
-                    && !volume.superblock().profile.devices().fast_tier
-                    && !volume.superblock().profile.devices().memory_semantic =>
-            {
+            Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.devices().names_fast() => {
                 bail!("{} holds a {} volume, which has no fast tier; drop --fast", ssd.path.display(), volume.superblock().profile.name())
             }
             result => return Ok(result?),

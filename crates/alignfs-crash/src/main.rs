@@ -135,7 +135,7 @@ fn main() -> Result<()> {
     let harness = Harness {
         alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
         // A memory-semantic SSD's DRAM is named as the fast tier, and sized by mkfs.
-        fast: (profile.devices().fast_tier || profile.devices().memory_semantic).then(|| shm.join("fast")),
+        fast: profile.devices().names_fast().then(|| shm.join("fast")),
         scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
         ssd: work.join("ssd.img"),
         mnt: work.join("mnt"),

@@ -141,6 +141,14 @@ pub struct DeviceNeeds {
     pub memory_semantic: bool,
 }
 
+impl DeviceNeeds {
+    /// Whether the volume takes a `--fast` path: its fast tier, or its memory-semantic
+    /// SSD's DRAM.
+    pub fn names_fast(&self) -> bool {
+        self.fast_tier || self.memory_semantic
+    }
+}
+
 /// What a crash (of the process, or power) keeps of acknowledged work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Promise {

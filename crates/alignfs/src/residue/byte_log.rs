@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::{ResidueStore, UnitRequest};
 use crate::device::mssd::MemorySemanticSsd;
+use crate::device::BlockDevice;
 use crate::error::Result;
 use crate::layout::BitmapAllocator;
 use crate::map::PageNo;
@@ -23,7 +24,6 @@ pub struct ByteLogPages {
 impl ByteLogPages {
     /// `page_count` units of `page_bytes` at byte `zone_offset` of the device.
     pub fn new(device: Arc<MemorySemanticSsd>, zone_offset: u64, page_count: u64, page_bytes: u32) -> ByteLogPages {
-        use crate::device::BlockDevice;
         assert!(zone_offset + page_count * u64::from(page_bytes) <= device.len_bytes(), "the residue zone fits the device");
         ByteLogPages { device, zone_offset, page_bytes, allocator: BitmapAllocator::new(page_count, &[]) }
     }

@@ -71,6 +71,7 @@ impl Inner {
     fn start_watched_merge(&self, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
         let mut merging = WatchedMerge::default();
         let mut images = Vec::new();
+        let mut failed = None;
         for (inode, lblock) in blocks {
             // A block a writer is in, or another migration has, is left alone.
             let Some(guard) = inode.range.try_write_and_watch(lblock) else {
@@ -91,21 +92,20 @@ impl Inner {
                 Ok(None) => inode.range.unwatch(lblock),
                 Err(e) => {
                     inode.range.unwatch(lblock);
-                    drop(guard);
-                    for staged in &merging.work {
-                        staged.inode.range.unwatch(staged.lblock);
-                    }
-                    self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
-                    self.buffers.give(images);
-                    return Err(e);
+                    failed = Some(e);
+                    break;
                 }
             }
             drop(guard);
         }
-        if merging.work.is_empty() {
-            return Ok(merging);
-        }
-        let written = self.write_staged(&merging.work, images);
+        let written = match failed {
+            Some(e) => {
+                self.buffers.give(images);
+                Err(e)
+            }
+            None if merging.work.is_empty() => return Ok(merging),
+            None => self.write_staged(&merging.work, images),
+        };
         self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
         match written {
             Ok(targets) => merging.targets = targets,

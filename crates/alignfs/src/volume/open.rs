@@ -124,7 +124,7 @@ fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(B
 }
 
 /// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume.
-fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
+pub(super) fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
     for (bytes, device) in existing {
         if Superblock::has_magic(bytes) {
             let uuid = Superblock::decode(bytes, device).map_or("unreadable".into(), |sb| sb.uuid_string());

@@ -174,10 +174,7 @@ fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatO
         if MemorySemanticSsd::is_formatted(existing.as_ref()) && ssd.path.exists() {
             if let Ok(devices) = open_memory_semantic(existing, &ssd.path, &options.geometry, backend, true) {
                 let volume = super::open::read_ssd_superblock(devices.ssd.as_ref(), 0)?;
-                if Superblock::has_magic(&volume) {
-                    let uuid = Superblock::decode(&volume, "").map_or("unreadable".into(), |sb| sb.uuid_string());
-                    return Err(Error::AlreadyFormatted { device: dram.path.display().to_string(), uuid });
-                }
+                super::open::refuse_existing(&[(volume, dram.path.display().to_string())])?;
             }
         }
     }
