@@ -84,6 +84,9 @@ pub enum Error {
     BadAddress(&'static str),
     #[error("path {0} is unusable: {1}")]
     BadPath(PathBuf, String),
+    /// Asked not to wait, and the data is not in memory (see `Volume::read_if_cached`).
+    #[error("the data is not in memory and the caller asked not to wait for the device")]
+    WouldBlock,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -124,6 +127,7 @@ impl Error {
             Error::OutOfRange { .. } => libc::EINVAL,
             Error::BadDescriptor => libc::EBADF,
             Error::BadAddress(_) => libc::EFAULT,
+            Error::WouldBlock => libc::EAGAIN,
         }
     }
 }

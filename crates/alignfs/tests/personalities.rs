@@ -61,16 +61,32 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         let namespace_records = || disk.volume().stats().counters.iter().find(|(c, _)| *c == Counter::namespace_records).map(|(_, v)| *v);
         let before = namespace_records();
         let mut model = vec![0u8; VOLUME_BYTES as usize];
-        let (mut writes, mut written) = (0, 0);
+        let (mut writes, mut written, mut reads, mut read_bytes, mut cached_reads) = (0, 0, 0, 0, 0);
         for _ in 0..300 {
             let len = if rng.random_bool(0.5) { rng.random_range(1..8192) } else { 4096 * rng.random_range(1..64) };
             let offset = rng.random_range(0..VOLUME_BYTES - len);
-            match rng.random_range(0..10) {
+            match rng.random_range(0..11) {
                 0 => {
                     disk.trim(offset, len).unwrap();
                     model[offset as usize..(offset + len) as usize].fill(0);
                 }
                 1 => disk.flush().unwrap(),
+                // A read that must not wait for the device: the model's bytes, or nothing.
+                2 => {
+                    let mut out = vec![0u8; len as usize];
+                    match disk.read_if_cached(offset, &mut out) {
+                        Ok(()) => {
+                            assert!(out == model[offset as usize..(offset + len) as usize], "{}: a cached read differs", profile.name());
+                            cached_reads += 1;
+                        }
+                        Err(Error::WouldBlock) => continue,
+                        Err(e) => panic!("{}: {e}", profile.name()),
+                    }
+                    // The NVM zone's pieces are not the engine's reads.
+                    if !nvm_ranges.iter().any(|r| r.start < offset + len && offset < r.end) {
+                        (reads, read_bytes) = (reads + 1, read_bytes + len);
+                    }
+                }
                 _ => {
                     let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
                     disk.write(offset, &data).unwrap();
@@ -83,7 +99,12 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         disk.read(0, &mut out).unwrap();
         assert!(out == model, "{}: contents differ from the model", profile.name());
         if nvm_ranges.is_empty() {
-            assert_eq!(disk.io(), (writes, written, 1, VOLUME_BYTES), "{}: the object's own counters", profile.name());
+            assert_eq!(disk.io(), (writes, written, reads + 1, read_bytes + VOLUME_BYTES), "{}: the object's own counters", profile.name());
+        }
+        // On a simulated SSD (memory) every read can be served without waiting, except
+        // where blocks carry checksums or come through a memory-semantic SSD's firmware.
+        if profile.devices().fast_tier || profile == Profile::SCRAP {
+            assert!(cached_reads > 0, "{}: no read was served from memory", profile.name());
         }
         // Writes journal data records only (map edits): no namespace record, and the
         // object's size and times stay as formatted.

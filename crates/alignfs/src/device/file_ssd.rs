@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustix::fs::FlockOperation;
+use rustix::io::ReadWriteFlags;
 
 pub use super::io_engine::IoBackend;
 use super::io_engine::IoEngine;
@@ -149,6 +150,18 @@ impl BlockDevice for FileSsd {
             .map_err(|e| Error::io(format!("read {} bytes at {offset_bytes} of {}", buf.len(), self.path.display()), e))
     }
 
+    fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        // RWF_NOWAIT: the kernel copies what its cache holds and stops at the first byte
+        // it would have to fetch. A short read counts as a miss; the caller reads again,
+        // blocking.
+        let len = buf.len();
+        match rustix::io::preadv2(&self.cached, &mut [std::io::IoSliceMut::new(buf)], offset_bytes, ReadWriteFlags::NOWAIT) {
+            Ok(n) => Ok(n == len),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::INTR) => Ok(false),
+            Err(e) => Err(Error::io(format!("read {len} bytes at {offset_bytes} of {}", self.path.display()), e.into())),
+        }
+    }
+
     fn flush(&self) -> Result<()> {
         if !self.needs_flush() {
             return Ok(());
@@ -202,6 +215,19 @@ mod tests {
         let mut cached = [0u8; 10];
         ssd.read_buffered(32 * 1024 + 5, &mut cached).unwrap();
         assert_eq!(cached, [2; 10]);
+        // The page just read is in the kernel's cache; a read without waiting finds it.
+        let mut again = [0u8; 10];
+        assert!(ssd.read_cached(32 * 1024 + 5, &mut again).unwrap());
+        assert_eq!(again, [2; 10]);
+        // A direct write drops the cached page: the next cached read misses or sees the
+        // new bytes, never the old ones.
+        let mut buf = AlignedBuf::zeroed(32 * 1024);
+        buf.fill(9);
+        run_batch(&ssd, vec![IoRequest { op: IoOp::Write, offset_bytes: 32 * 1024, buf }]).unwrap();
+        let mut after = [0u8; 10];
+        if ssd.read_cached(32 * 1024 + 5, &mut after).unwrap() {
+            assert_eq!(after, [9; 10]);
+        }
         // Beyond the end: an error, not a panic or a hang.
         let past = vec![IoRequest { op: IoOp::Read, offset_bytes: 1 << 20, buf: AlignedBuf::zeroed(4096) }];
         assert!(run_batch(&ssd, past).is_err());

@@ -183,6 +183,13 @@ pub trait BlockDevice: Send + Sync {
     /// Read `buf.len()` bytes at any offset through the kernel's cache of the backing
     /// file (the buffered read mode). Devices without such a cache read directly.
     fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()>;
+    /// Read like [`BlockDevice::read_buffered`] only if every byte is already in memory
+    /// (the kernel's cache): `Ok(false)`, with `buf` unspecified, when the read would wait
+    /// for the device. Lets a server answer cached reads without handing them to a thread
+    /// that may block. Devices without a cache always say `false`.
+    fn read_cached(&self, _offset_bytes: u64, _buf: &mut [u8]) -> Result<bool> {
+        Ok(false)
+    }
     /// Make completed writes durable (the device's volatile cache flush).
     fn flush(&self) -> Result<()>;
     /// Whether [`BlockDevice::flush`] does anything (false for write-through caches).

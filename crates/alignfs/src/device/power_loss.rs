@@ -131,6 +131,10 @@ impl BlockDevice for RecordedSsd {
         self.inner.read_buffered(offset_bytes, buf)
     }
 
+    fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        self.inner.read_cached(offset_bytes, buf)
+    }
+
     fn flush(&self) -> Result<()> {
         self.inner.flush()?;
         self.log.record(Event::SsdFlush);

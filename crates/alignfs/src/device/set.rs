@@ -84,6 +84,24 @@ impl BlockDevice for DeviceSet {
         Ok(())
     }
 
+    fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        let mut done = 0;
+        while done < buf.len() {
+            let at = offset_bytes + done as u64;
+            let member = self.member_of(at);
+            let Some(device) = self.members.get(member) else {
+                return Err(Error::io("device set", std::io::Error::from_raw_os_error(libc::EINVAL)));
+            };
+            let within = at - member as u64 * self.member_bytes;
+            let n = ((self.member_bytes - within) as usize).min(buf.len() - done);
+            if !device.read_cached(within, &mut buf[done..done + n])? {
+                return Ok(false);
+            }
+            done += n;
+        }
+        Ok(true)
+    }
+
     fn flush(&self) -> Result<()> {
         let results: Vec<Result<()>> = self.members.iter().map(|m| m.flush()).collect();
         results.into_iter().collect()

@@ -99,6 +99,11 @@ impl BlockDevice for SimSsd {
         Ok(())
     }
 
+    /// The simulation lives in memory: every read is a cached one.
+    fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        self.read_buffered(offset_bytes, buf).map(|()| true)
+    }
+
     fn flush(&self) -> Result<()> {
         if FaultPlan::fires(&self.faults.fail_flush_in) {
             return Err(Error::Injected("SSD flush"));

@@ -145,6 +145,42 @@ impl BlockVolume {
         Ok(())
     }
 
+    /// [`Self::read`] only if no byte has to come from the SSD: [`Error::WouldBlock`]
+    /// when one does (see [`Volume::read_if_cached`]). The NVM zone is memory.
+    pub fn read_if_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        // The engine's pieces first: a miss there leaves nothing half done.
+        let pieces = self.zone.pieces(offset, buf.len() as u64);
+        for &(place, at, len) in &pieces {
+            if place == Place::Engine {
+                let n = self.volume.read_if_cached(self.object.ino, at, &mut buf[(at - offset) as usize..(at - offset + len) as usize])?;
+                debug_assert_eq!(n as u64, len, "the object's size is the volume's");
+            }
+        }
+        for (place, at, len) in pieces {
+            if let Place::Zone(z) = place {
+                self.zone.read(z, &mut buf[(at - offset) as usize..(at - offset + len) as usize]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a write of `len` bytes at `offset` lands in memory-speed storage (the NVM
+    /// zone, or the profile's residue tier for a write this small) without SSD IO. A
+    /// scheduling hint for servers: a full buffer still makes such a write wait.
+    pub fn write_is_quick(&self, offset: u64, len: u64) -> bool {
+        self.zone.pieces(offset, len).into_iter().all(|(place, _, len)| match place {
+            Place::Engine => self.volume.inner().write_goes_to_residue(len),
+            Place::Zone(_) => true,
+        })
+    }
+
+    /// Whether [`Self::flush`] returns without touching the SSD (a profile durable on
+    /// every write).
+    pub fn flush_is_quick(&self) -> bool {
+        self.volume.inner().fsync_is_free()
+    }
+
     /// Write `data` at `offset`, durable as the profile promises (until [`Self::flush`]
     /// where it promises less); the NVM zone's pieces are durable on return.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {

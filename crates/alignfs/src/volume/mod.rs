@@ -388,6 +388,18 @@ impl Inner {
         Ok(())
     }
 
+    /// Whether the profile sends a write of `len` bytes whole to its residue tier, so
+    /// that it takes no SSD IO unless the tier is full (a scheduling hint).
+    pub(crate) fn write_goes_to_residue(&self, len: u64) -> bool {
+        self.policy.write_rules(len).residue == crate::partition::Residue::All
+    }
+
+    /// Whether an fsync returns without touching the SSD: the profile makes every write
+    /// durable before it returns, and no earlier SSD flush failed (which an fsync retries).
+    pub(crate) fn fsync_is_free(&self) -> bool {
+        self.superblock.profile.promise() == crate::profile::Promise::OnWrite && !self.ssd_flush_failed.load(Ordering::SeqCst)
+    }
+
     /// Make `ops` durable as one unit in the metadata store and apply them. Returns the
     /// units they released, which the caller frees (after waiting out users of removed
     /// inodes). The profile may persist less than `ops`: what a crash would keep of them,

@@ -11,6 +11,14 @@ use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
 use crate::meta::{FileKind, Ino, Inode};
 use crate::stats::Counter;
 
+/// Whether a read may wait for the SSD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    ForDevice,
+    /// Fail with [`Error::WouldBlock`] instead.
+    Never,
+}
+
 /// What `seek` looks for (SEEK_DATA / SEEK_HOLE).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SeekTarget {
@@ -44,16 +52,28 @@ impl Volume {
         }
     }
 
-    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
     /// What has been read from and written to a file (object) since the volume opened:
     /// (writes, bytes written, reads, bytes read).
     pub fn object_io(&self, ino: Ino) -> Result<(u64, u64, u64, u64)> {
         Ok(self.inner.get(ino)?.io.snapshot())
     }
 
+    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
     pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_with(ino, offset, buf, Wait::ForDevice)
+    }
+
+    /// [`Volume::read`] only if no byte has to come from the device: the residue tier,
+    /// clean pages or the kernel's cache of the SSD (buffered read mode) hold them all.
+    /// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read
+    /// again, waiting, on a thread where that is cheap.
+    pub fn read_if_cached(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_with(ino, offset, buf, Wait::Never)
+    }
+
+    fn read_with(&self, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
         let inode = self.inner.file(ino)?;
-        let n = self.inner.read_file(&inode, offset, buf)?;
+        let n = self.inner.read_file(&inode, offset, buf, wait)?;
         inode.io.read(n as u64);
         self.inner.stats.add(Counter::app_reads, 1);
         self.inner.stats.add(Counter::app_read_bytes, n as u64);
@@ -242,10 +262,17 @@ impl Inner {
         }
     }
 
-    pub(crate) fn read_file(&self, inode: &Arc<Inode>, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    pub(crate) fn read_file(&self, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
         let (block, page) = (self.geometry.block(), u64::from(self.geometry.page_bytes));
         if buf.is_empty() || offset >= inode.size() {
             return Ok(0);
+        }
+        // Clean pages count their hits and merge on read: a read that gave up halfway
+        // would count twice when repeated, so it does not start.
+        // Checksummed blocks are read whole into buffers, direct reads bypass the kernel's
+        // cache: neither has a cached path.
+        if wait == Wait::Never && (self.clean.is_some() || self.checksums.is_some() || self.options.read_mode == ReadMode::Direct) {
+            return Err(Error::WouldBlock);
         }
         let last = (offset + buf.len() as u64 - 1) / block;
         let _guard = inode.range.read(offset / block, last);
@@ -293,15 +320,20 @@ impl Inner {
                                 self.keep_merged(inode, *lb, whole, &copy);
                             }
                         } else {
-                            self.stats.add(Counter::ssd_read_bytes, re - rs);
+                            let piece = &mut out[dest..dest + (re - rs) as usize];
                             match self.options.read_mode {
+                                _ if wait == Wait::Never => {
+                                    if !self.ssd.read_cached(device_at, piece)? {
+                                        return Err(Error::WouldBlock);
+                                    }
+                                }
                                 _ if verified => {
                                     let at = ssd_block.0 * block;
                                     let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: self.buffers.take(block as usize) };
                                     let verify = Some((*lb, *ssd_block));
                                     direct.push((request, DirectPiece { skip: rs as usize, dest, len: (re - rs) as usize, verify }));
                                 }
-                                ReadMode::Buffered => self.ssd.read_buffered(device_at, &mut out[dest..dest + (re - rs) as usize])?,
+                                ReadMode::Buffered => self.ssd.read_buffered(device_at, piece)?,
                                 ReadMode::Direct => {
                                     let align = IO_ALIGN as u64;
                                     let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
@@ -311,6 +343,7 @@ impl Inner {
                                     direct.push((request, DirectPiece { skip, dest, len, verify: None }));
                                 }
                             }
+                            self.stats.add(Counter::ssd_read_bytes, re - rs);
                         }
                     }
                     for (i, o) in overlays {
