@@ -48,6 +48,20 @@ pub trait Export: Send + Sync {
     /// The unit requests should preferably come in (no read-modify-write below it).
     fn preferred_block_size(&self) -> u32;
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError>;
+    /// Serve a read now if its bytes are all in memory; `None` when it would wait for the
+    /// device (the server then hands it to a worker thread that may block).
+    fn read_if_cached(&self, _offset: u64, _buf: &mut [u8]) -> Option<Result<(), ExportError>> {
+        None
+    }
+    /// Whether a write of this range (without FUA) lands in memory-speed storage, so a
+    /// server may serve it on the thread that reads requests. Only a hint.
+    fn write_is_quick(&self, _offset: u64, _len: u64) -> bool {
+        false
+    }
+    /// Whether [`Export::flush`] returns without waiting for a device. Only a hint.
+    fn flush_is_quick(&self) -> bool {
+        false
+    }
     /// `fua`: durable when this returns.
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError>;
     fn flush(&self) -> Result<(), ExportError>;
@@ -68,6 +82,18 @@ impl Export for BlockVolume {
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ExportError> {
         Ok(BlockVolume::read(self, offset, buf)?)
+    }
+    fn read_if_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<(), ExportError>> {
+        match BlockVolume::read_if_cached(self, offset, buf) {
+            Err(Error::WouldBlock) => None,
+            done => Some(done.map_err(ExportError::from)),
+        }
+    }
+    fn write_is_quick(&self, offset: u64, len: u64) -> bool {
+        BlockVolume::write_is_quick(self, offset, len)
+    }
+    fn flush_is_quick(&self) -> bool {
+        BlockVolume::flush_is_quick(self)
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), ExportError> {
         BlockVolume::write(self, offset, data)?;

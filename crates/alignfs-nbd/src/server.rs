@@ -98,6 +98,8 @@ pub struct ServerStats {
     pub connections: AtomicU64,
     pub refused_handshakes: AtomicU64,
     pub requests: AtomicU64,
+    /// Requests the connection's reading thread served itself, without a worker.
+    pub served_by_reader: AtomicU64,
     pub errors_returned: AtomicU64,
 }
 
@@ -374,11 +376,14 @@ struct Queue {
 }
 
 impl Queue {
+    /// Whether a job with footprint `f` behind the first `ahead` waiting jobs may run:
+    /// nothing it overlaps is running or waiting ahead of it.
+    fn clear_for(&self, f: Footprint, ahead: usize) -> bool {
+        !self.running.iter().any(|(_, r)| conflicts(*r, f)) && !self.waiting.iter().take(ahead).any(|e| conflicts(e.footprint(), f))
+    }
+
     fn take_runnable(&mut self) -> Option<Job> {
-        let index = (0..self.waiting.len()).find(|&i| {
-            let f = self.waiting[i].footprint();
-            !self.running.iter().any(|(_, r)| conflicts(*r, f)) && !self.waiting.iter().take(i).any(|e| conflicts(e.footprint(), f))
-        })?;
+        let index = (0..self.waiting.len()).find(|&i| self.clear_for(self.waiting[i].footprint(), i))?;
         let job = self.waiting.remove(index)?;
         self.running.push((job.seq, job.footprint()));
         Some(job)
@@ -394,6 +399,14 @@ struct Connection<'e, S: Stream> {
     room: Condvar,
     writer: Mutex<BufWriter<S>>,
     stats: &'e ServerStats,
+}
+
+/// When a reply goes out: at once (a worker's), or with the next send of the thread that
+/// reads requests (its own, while more requests wait in its buffer).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Now,
+    Held,
 }
 
 /// Most payload bytes a connection holds before the reader waits for workers.
@@ -419,6 +432,7 @@ fn transmit<S: Stream>(
             scope.spawn(|| connection.work());
         }
         let result = connection.read_requests(&mut reader, config);
+        connection.send_held_replies();
         let mut queue = connection.queue.lock();
         queue.closed = true;
         connection.work.notify_all();
@@ -432,6 +446,12 @@ impl<S: Stream> Connection<'_, S> {
         let block = u64::from(self.entry.export.block_size());
         let size = self.entry.export.size();
         for seq in 0.. {
+            // Replies of requests served here wait in the writer while more requests are
+            // already buffered: one send then carries several. Before this thread can
+            // block on the socket, they go out.
+            if r.buffer().len() < Request::BYTES {
+                self.send_held_replies();
+            }
             let request = match Request::read(r) {
                 Ok(request) => request,
                 // A client that closes instead of sending DISC has still left.
@@ -470,8 +490,21 @@ impl<S: Stream> Connection<'_, S> {
             // would cost two wake-ups. Nothing else runs, so no order can be broken.
             if queue.waiting.is_empty() && queue.running.is_empty() && r.buffer().is_empty() {
                 drop(queue);
-                self.execute(&job);
+                self.stats.served_by_reader.fetch_add(1, Ordering::Relaxed);
+                self.execute(&job, Delivery::Held);
                 continue;
+            }
+            // So does a request that needs no device IO (a cached read, a write into NVM)
+            // and overlaps nothing waiting or running: on a busy connection the hand-offs
+            // cost more than the request. Only this thread adds jobs, so the check holds
+            // while it serves.
+            if self.may_be_quick(&job) && queue.clear_for(job.footprint(), queue.waiting.len()) {
+                drop(queue);
+                if self.execute_if_quick(&job) {
+                    self.stats.served_by_reader.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                queue = self.queue.lock();
             }
             while queue.held_bytes > MAX_HELD_BYTES {
                 self.room.wait(&mut queue);
@@ -484,7 +517,7 @@ impl<S: Stream> Connection<'_, S> {
     }
 
     /// Serve a job (or answer its refusal) and send the reply.
-    fn execute(&self, job: &Job) {
+    fn execute(&self, job: &Job, send: Delivery) {
         let (error, data) = match job.refused {
             Some(e) => (e, Vec::new()),
             None => match self.serve(job) {
@@ -495,7 +528,42 @@ impl<S: Stream> Connection<'_, S> {
         if error != 0 {
             self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
         }
-        self.reply(job.request.cookie, error, &data);
+        self.reply(job.request.cookie, error, &data, send);
+    }
+
+    /// Whether `job` might be served without waiting for a device: refusals, writes and
+    /// flushes the export calls quick, and reads (which find out by trying).
+    fn may_be_quick(&self, job: &Job) -> bool {
+        let (export, r) = (&self.entry.export, &job.request);
+        job.refused.is_some()
+            || match r.command {
+                CMD_READ => true,
+                CMD_WRITE => {
+                    export.write_is_quick(r.offset, u64::from(r.length)) && (r.flags & CMD_FLAG_FUA == 0 || export.flush_is_quick())
+                }
+                CMD_FLUSH => export.flush_is_quick(),
+                _ => false,
+            }
+    }
+
+    /// Serve a job [`Self::may_be_quick`] allowed, unless it is a read whose bytes are not
+    /// in memory: `false` then, and nothing was sent.
+    fn execute_if_quick(&self, job: &Job) -> bool {
+        let r = &job.request;
+        if job.refused.is_none() && r.command == CMD_READ {
+            let mut data = vec![0u8; r.length as usize];
+            let Some(result) = self.entry.export.read_if_cached(r.offset, &mut data) else { return false };
+            match result {
+                Ok(()) => self.reply(r.cookie, 0, &data, Delivery::Held),
+                Err(e) => {
+                    self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
+                    self.reply(r.cookie, e.nbd_errno(), &[], Delivery::Held);
+                }
+            }
+            return true;
+        }
+        self.execute(job, Delivery::Held);
+        true
     }
 
     fn work(&self) {
@@ -516,7 +584,7 @@ impl<S: Stream> Connection<'_, S> {
                     self.work.wait(&mut queue);
                 }
             };
-            self.execute(&job);
+            self.execute(&job, Delivery::Now);
             let mut queue = self.queue.lock();
             queue.running.retain(|(seq, _)| *seq != job.seq);
             queue.held_bytes -= job.payload.len() as u64;
@@ -550,12 +618,18 @@ impl<S: Stream> Connection<'_, S> {
 
     /// Send a reply; a client that went away no longer needs it (its acknowledged writes
     /// are already stored), so a failed send is only logged.
-    fn reply(&self, cookie: u64, error: u32, data: &[u8]) {
+    fn reply(&self, cookie: u64, error: u32, data: &[u8], send: Delivery) {
         let mut w = self.writer.lock();
         let sent = w.write_all(&simple_reply(error, cookie)).and_then(|()| if error == 0 { w.write_all(data) } else { Ok(()) });
-        let sent = sent.and_then(|()| w.flush());
+        let sent = sent.and_then(|()| if send == Delivery::Now { w.flush() } else { Ok(()) });
         if let Err(e) = sent {
             tracing::debug!("reply to request {cookie:#x} not delivered: {e}");
+        }
+    }
+
+    fn send_held_replies(&self) {
+        if let Err(e) = self.writer.lock().flush() {
+            tracing::debug!("replies not delivered: {e}");
         }
     }
 }

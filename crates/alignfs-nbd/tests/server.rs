@@ -15,15 +15,22 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// An export in memory that counts flushes.
+/// An export in memory that counts flushes. A `quick` one calls writes of up to 4 KiB
+/// quick and says that reads of even sectors are cached, as `alignfs nbd`'s volumes do for
+/// NVM-buffered writes and pages in the kernel's cache.
 struct Memory {
     bytes: Mutex<Vec<u8>>,
     flushes: Mutex<u64>,
+    quick: bool,
 }
 
 impl Memory {
     fn new(size: usize) -> Arc<Memory> {
-        Arc::new(Memory { bytes: Mutex::new(vec![0; size]), flushes: Mutex::new(0) })
+        Arc::new(Memory { bytes: Mutex::new(vec![0; size]), flushes: Mutex::new(0), quick: false })
+    }
+
+    fn quick(size: usize) -> Arc<Memory> {
+        Arc::new(Memory { bytes: Mutex::new(vec![0; size]), flushes: Mutex::new(0), quick: true })
     }
 }
 
@@ -41,9 +48,20 @@ impl Export for Memory {
         buf.copy_from_slice(&self.bytes.lock()[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
+    fn read_if_cached(&self, offset: u64, buf: &mut [u8]) -> Option<Result<(), ExportError>> {
+        (self.quick && (offset / 512) % 2 == 0).then(|| self.read(offset, buf))
+    }
+    fn write_is_quick(&self, _offset: u64, len: u64) -> bool {
+        self.quick && len <= 4096
+    }
+    fn flush_is_quick(&self) -> bool {
+        self.quick
+    }
     fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), ExportError> {
         // Slow enough that workers overlap.
-        std::thread::sleep(std::time::Duration::from_micros(200));
+        if !self.write_is_quick(offset, data.len() as u64) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
         self.bytes.lock()[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         Ok(())
     }
@@ -64,13 +82,21 @@ const SIZE: usize = 1 << 20;
 
 /// A server thread on one end of a socket pair; the other end for the test.
 fn connect(memory: &Arc<Memory>, read_only: bool) -> (UnixStream, JoinHandle<()>) {
+    let (client, handle, _) = connect_counted(memory, read_only);
+    (client, handle)
+}
+
+/// [`connect`], with the server's counters.
+fn connect_counted(memory: &Arc<Memory>, read_only: bool) -> (UnixStream, JoinHandle<()>, Arc<ServerStats>) {
     let (client, server) = UnixStream::pair().unwrap();
     let export = Arc::clone(memory) as Arc<dyn Export>;
     let mut config = ServerConfig::new(vec![ExportEntry { name: "disk".into(), description: "test".into(), export, read_only }]);
     // Four, whatever this machine's CPU count: the ordering test needs workers to overlap.
     config.workers_per_connection = 4;
-    let handle = std::thread::spawn(move || serve_connection(server, &config, &ServerStats::default()));
-    (client, handle)
+    let stats = Arc::new(ServerStats::default());
+    let counted = Arc::clone(&stats);
+    let handle = std::thread::spawn(move || serve_connection(server, &config, &counted));
+    (client, handle, stats)
 }
 
 fn read_exact(s: &mut UnixStream, n: usize) -> Vec<u8> {
@@ -243,8 +269,55 @@ fn negotiation_options() {
 /// back as if served one at a time, although four workers serve them.
 #[test]
 fn overlapping_requests_keep_their_order() {
-    let memory = Memory::new(SIZE);
-    let (mut s, server) = connect(&memory, false);
+    pipelined_overlaps_keep_their_order(Memory::new(SIZE));
+}
+
+/// The same when the reading thread serves quick writes and cached reads itself, between
+/// the workers' slow ones.
+#[test]
+fn requests_served_without_a_worker_keep_their_order() {
+    let served_by_reader = pipelined_overlaps_keep_their_order(Memory::quick(SIZE));
+    assert!(served_by_reader > 0, "no request took the quick path");
+}
+
+/// Behind a slow write, quick requests that do not overlap it are answered by the reading
+/// thread, before the slow one; an overlapping read waits for it.
+#[test]
+fn quick_requests_pass_a_slow_one() {
+    let memory = Memory::quick(SIZE);
+    let (mut s, server, stats) = connect_counted(&memory, false);
+    go(&mut s);
+    // One send, so the server finds them all buffered behind the first.
+    let mut burst = Vec::new();
+    let mut add = |command: u16, cookie: u64, offset: u64, payload: &[u8], length: u32| {
+        burst.extend_from_slice(&Request { flags: 0, command, cookie, offset, length }.encode());
+        burst.extend_from_slice(payload);
+    };
+    add(CMD_WRITE, 1, 0, &[7; 8192], 8192);
+    for cookie in 2..22u64 {
+        add(CMD_WRITE, cookie, 8192 * cookie, &[cookie as u8; 1024], 1024);
+    }
+    add(CMD_READ, 100, 0, &[], 512);
+    s.write_all(&burst).unwrap();
+    let mut order = Vec::new();
+    for _ in 0..22 {
+        let (error, cookie) = reply(&mut s);
+        assert_eq!(error, 0);
+        if cookie == 100 {
+            assert_eq!(read_exact(&mut s, 512), vec![7; 512], "the read overtook the write it overlaps");
+        }
+        order.push(cookie);
+    }
+    let slow = order.iter().position(|&c| c == 1).unwrap();
+    assert!(slow > 0, "no quick request was answered before the slow write: {order:?}");
+    assert!(order.iter().position(|&c| c == 100).unwrap() > slow);
+    assert!(stats.served_by_reader.load(std::sync::atomic::Ordering::Relaxed) >= 20);
+    disconnect(s, server);
+}
+
+/// Returns how many requests the reading thread served.
+fn pipelined_overlaps_keep_their_order(memory: Arc<Memory>) -> u64 {
+    let (mut s, server, stats) = connect_counted(&memory, false);
     go(&mut s);
     let mut rng = StdRng::seed_from_u64(7);
     let mut model = vec![0u8; 64 * 1024];
@@ -280,6 +353,7 @@ fn overlapping_requests_keep_their_order() {
     assert!(reads.values().all(|&ok| ok), "{} of {} reads saw another order", reads.values().filter(|&&ok| !ok).count(), reads.len());
     assert_eq!(memory.bytes.lock()[..model.len()], model[..]);
     disconnect(s, server);
+    stats.served_by_reader.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Malformed handshakes and requests: each closes its connection (the server thread
