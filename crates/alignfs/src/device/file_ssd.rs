@@ -162,6 +162,13 @@ impl BlockDevice for FileSsd {
         }
     }
 
+    fn prefetch(&self, offset_bytes: u64, len: u64) {
+        // WILLNEED queues the reads and returns; a failure only loses the head start.
+        if let Err(e) = rustix::fs::fadvise(&self.cached, offset_bytes, std::num::NonZeroU64::new(len), rustix::fs::Advice::WillNeed) {
+            tracing::debug!("prefetch {len} bytes at {offset_bytes} of {}: {e}", self.path.display());
+        }
+    }
+
     fn flush(&self) -> Result<()> {
         if !self.needs_flush() {
             return Ok(());

@@ -190,6 +190,10 @@ pub trait BlockDevice: Send + Sync {
     fn read_cached(&self, _offset_bytes: u64, _buf: &mut [u8]) -> Result<bool> {
         Ok(false)
     }
+    /// Start reading a range into the kernel's cache without waiting for it, so that the
+    /// buffered reads that follow find their ranges in flight together instead of one
+    /// after another. Only a hint: devices without such a cache ignore it.
+    fn prefetch(&self, _offset_bytes: u64, _len: u64) {}
     /// Make completed writes durable (the device's volatile cache flush).
     fn flush(&self) -> Result<()>;
     /// Whether [`BlockDevice::flush`] does anything (false for write-through caches).

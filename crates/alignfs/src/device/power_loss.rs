@@ -135,6 +135,10 @@ impl BlockDevice for RecordedSsd {
         self.inner.read_cached(offset_bytes, buf)
     }
 
+    fn prefetch(&self, offset_bytes: u64, len: u64) {
+        self.inner.prefetch(offset_bytes, len);
+    }
+
     fn flush(&self) -> Result<()> {
         self.inner.flush()?;
         self.log.record(Event::SsdFlush);

@@ -102,6 +102,18 @@ impl BlockDevice for DeviceSet {
         Ok(true)
     }
 
+    fn prefetch(&self, offset_bytes: u64, len: u64) {
+        let mut at = offset_bytes;
+        while at < offset_bytes + len {
+            let member = self.member_of(at);
+            let Some(device) = self.members.get(member) else { return };
+            let within = at - member as u64 * self.member_bytes;
+            let n = (self.member_bytes - within).min(offset_bytes + len - at);
+            device.prefetch(within, n);
+            at += n;
+        }
+    }
+
     fn flush(&self) -> Result<()> {
         let results: Vec<Result<()>> = self.members.iter().map(|m| m.flush()).collect();
         results.into_iter().collect()
