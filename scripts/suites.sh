@@ -115,6 +115,22 @@ check "fio verify (crc32c buffered + direct, 1 B pattern)" run_fio "$mnt/fio" 25
 check "fio verify on the 2 MiB fast tier" run_fio "$tiny/fio" 8m
 rm -rf "$mnt/fio" "$tiny/fio"
 
+# --- large requests ----------------------------------------------------------------------
+# The mount, run as root, raised fs.fuse.max_pages_limit before mounting: a 4 MiB direct
+# write reaches the engine as one write call, not four.
+app_writes() { "$bin" stat "$mnt" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["counters"]["app_writes"])'; }
+one_request() {
+    local limit before after
+    limit=$(cat /proc/sys/fs/fuse/max_pages_limit)
+    ((limit >= 2048)) || { echo "fs.fuse.max_pages_limit is $limit"; return 1; }
+    before=$(app_writes) || return 1
+    dd if=/dev/urandom of="$mnt/one-request" bs=4M count=1 oflag=direct status=none || return 1
+    after=$(app_writes) || return 1
+    rm -f "$mnt/one-request"
+    ((after - before == 1)) || { echo "a 4 MiB write arrived as $((after - before)) write calls"; return 1; }
+}
+check "a 4 MiB direct write arrives whole (max_pages_limit raised by the mount)" one_request
+
 # --- stress-ng ---------------------------------------------------------------------------
 # Excluded, because they test something FUSE file systems cannot offer: binderfs (a kernel
 # file system of its own), fiemap (no FIEMAP ioctl over FUSE), verity (fs-verity is

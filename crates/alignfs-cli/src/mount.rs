@@ -55,6 +55,10 @@ pub struct MountArgs {
     /// (FOPEN_DIRECT_IO): the engine already caches, and it measured faster (docs/FUSE.md).
     #[arg(long)]
     page_cache: bool,
+    /// Leave `fs.fuse.max_pages_limit` as it is. By default a mount run as root raises it
+    /// to 8 MiB worth of pages, so that writes of up to 8 MiB reach the engine whole.
+    #[arg(long)]
+    keep_fuse_limit: bool,
     /// Put the SSD behind a fault injector armed through the root's `user.alignfs.inject`
     /// attribute (e.g. `setfattr -n user.alignfs.inject -v write=1 MOUNTPOINT` fails the
     /// next SSD write). For testing error paths; docs/CRASH-CONSISTENCY.md.
@@ -207,6 +211,37 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
     bail!("the daemon exited ({status}) before the mount was ready; see {}", log_path.display())
 }
 
+/// The kernel's cap on one FUSE request, in pages, system-wide.
+const MAX_PAGES_LIMIT: &str = "/proc/sys/fs/fuse/max_pages_limit";
+
+/// Raise `fs.fuse.max_pages_limit` so that a request can carry [`alignfs_fuse::MAX_WRITE`]
+/// bytes. `Ok(Some(what changed))`; `Ok(None)` when nothing needed changing; `Err(why
+/// not)` when the limit stays too low (not root, `--keep-fuse-limit`, an older kernel).
+fn raise_fuse_request_limit(keep: bool) -> std::result::Result<Option<String>, String> {
+    let Some(pages) = std::fs::read_to_string(MAX_PAGES_LIMIT).ok().and_then(|t| t.trim().parse::<u64>().ok()) else {
+        return Ok(None);
+    };
+    // In 4 KiB pages: on a kernel with larger pages this asks for more than needed, which
+    // only allows larger requests.
+    let page = 4096;
+    let wanted = u64::from(alignfs_fuse::MAX_WRITE) / page;
+    if pages >= wanted {
+        return Ok(None);
+    }
+    let low = format!("the kernel cuts writes into pieces of {} KiB (fs.fuse.max_pages_limit = {pages})", pages * page / 1024);
+    if keep {
+        return Err(format!("{low}; left so by --keep-fuse-limit"));
+    }
+    match std::fs::write(MAX_PAGES_LIMIT, format!("{wanted}\n")) {
+        Ok(()) => Ok(Some(format!(
+            "raised fs.fuse.max_pages_limit from {pages} to {wanted} pages (system-wide), so writes of up to {} MiB reach the volume whole; \
+             --keep-fuse-limit leaves it",
+            alignfs_fuse::MAX_WRITE >> 20
+        ))),
+        Err(e) => Err(format!("{low}; raising it failed ({e}): `sysctl fs.fuse.max_pages_limit={wanted}` as root lets writes of up to {} MiB arrive whole", alignfs_fuse::MAX_WRITE >> 20)),
+    }
+}
+
 /// Open (formatting the default devices on first use), mount, and serve until unmounted.
 fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let mountpoint = &args.mountpoint;
@@ -270,6 +305,15 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     config.acl = parsed.acl;
     config.n_threads = Some(args.threads);
     config.clone_fd = true;
+    // The kernel fixes a mount's request size when it mounts: raise the limit first.
+    match raise_fuse_request_limit(args.keep_fuse_limit) {
+        Ok(Some(note)) => {
+            tracing::info!("{note}");
+            println!("{note}");
+        }
+        Ok(None) => {}
+        Err(note) => tracing::info!("{note}"),
+    }
     let mut session = fuser::Session::new(AlignFs::new(volume, options), mountpoint, &config)
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
     let mut unmounter = session.unmount_callable();
@@ -286,15 +330,6 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         }
     })?;
     tracing::info!("mounted at {}", mountpoint.display());
-    if let Some(pages) = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit").ok().and_then(|t| t.trim().parse::<u64>().ok()) {
-        if pages * 4096 < u64::from(alignfs_fuse::MAX_WRITE) {
-            tracing::info!(
-                "the kernel cuts writes into pieces of {} KiB (fs.fuse.max_pages_limit = {pages}); \
-                 `sysctl fs.fuse.max_pages_limit=2048` before mounting lets writes of up to 8 MiB arrive whole",
-                pages * 4
-            );
-        }
-    }
     if daemon {
         println!("{READY}");
         std::io::stdout().flush()?;
