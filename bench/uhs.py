@@ -57,7 +57,7 @@ QUICK = [
     cell("4k randwrite", W4K),
     cell("4k randwrite", W4K, depth=8),
     cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH),
-    cell("4k randread", READ4K, depth=8),
+    cell("4k randread, warm cache", READ4K, depth=8),
 ]
 FULL = [
     cell("4k randwrite, flush each", W4K + FLUSH),
@@ -72,9 +72,11 @@ FULL = [
     cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH, jobs=4),
     cell("4k+64k randwrite 1:1, flush each", MIXED_64K + FLUSH, depth=8),
     cell("4k+1m randwrite 1:1, flush each", MIXED_1M + FLUSH),
-    cell("4k randread", READ4K),
-    cell("4k randread", READ4K, jobs=4),
-    cell("4k randread", READ4K, depth=8),
+    cell("4k randread, cold cache", READ4K),
+    cell("4k randread, cold cache", READ4K, depth=8),
+    cell("4k randread, warm cache", READ4K),
+    cell("4k randread, warm cache", READ4K, jobs=4),
+    cell("4k randread, warm cache", READ4K, depth=8),
 ]
 THRESHOLD_CELLS = [
     cell("4k randwrite, flush each", W4K + FLUSH),
@@ -205,6 +207,7 @@ class Bench:
                         proc = self.restart(system)
                     for name, options in cells:
                         opts = options + ([f"--size={self.size // 4}"] if "--rw=randread" in options else [])
+                        self.prepare_cache(name, uri)
                         r = run_fio(uri, opts, self.args.seconds, self.size)
                         results.setdefault(name, {}).setdefault(system.name, []).append(r)
                         log(f"round {round_ + 1}/{rounds} {system.name:24} {name:46} {r['mib_s']:8.1f} MiB/s"
@@ -215,6 +218,19 @@ class Bench:
                     after = self.counters(system)
                     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
                     counters.setdefault(system.name, []).append(delta)
+
+    def prepare_cache(self, cell_name, uri):
+        """Read cells state what every system's caches hold: nothing (the kernel's caches
+        dropped), or the whole range read (one sequential pass). Otherwise a system whose
+        writes went through the page cache would read warm data while one that wrote with
+        O_DIRECT reads cold."""
+        if "cold cache" in cell_name:
+            subprocess.run(["sync"], check=True)
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+        elif "warm cache" in cell_name:
+            run(["fio", "--name=warm", "--ioengine=nbd", f"--uri={uri}", "--rw=read", "--bs=1m",
+                 f"--size={self.size // 4}", "--iodepth=4"])
 
     def ext4(self, systems, results):
         """ext4 on each block system through nbdfuse and a loop device."""
@@ -398,6 +414,16 @@ def plot(out, cells, systems, results, ext4):
         plt.close(fig)
 
 
+def need_matplotlib():
+    """The plots need matplotlib: install Debian's package before the run, not after it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log("installing python3-matplotlib")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], env=env)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round of 2 s cells on a small volume, fio matrix only")
@@ -407,6 +433,7 @@ def main():
     ap.add_argument("--no-ext4", action="store_true")
     ap.add_argument("--no-thresholds", action="store_true")
     ap.add_argument("--no-migration", action="store_true")
+    ap.add_argument("--cells", default=None, help="only fio cells whose name contains one of these comma-separated words (e.g. randread)")
     ap.add_argument("--out", default=None, help="report directory (default: bench/results/DATE-uhs; none with --quick)")
     args = ap.parse_args()
     if args.quick:
@@ -415,7 +442,11 @@ def main():
     args.size = (256 if args.quick else 1024) << 20
     if args.out is None and not args.quick:
         args.out = os.path.join(REPO, "bench", "results", time.strftime("%Y-%m-%d-%H%M") + "-uhs")
+    if args.out:
+        need_matplotlib()
     cells = QUICK if args.quick else FULL
+    if args.cells:
+        cells = [c for c in cells if any(word in c[0] for word in args.cells.split(","))]
     bench = Bench(args)
     results, counters, ext4, thresholds = {}, {}, {}, {}
     systems = [bench.uhs("uhs", []), bench.uhs("UHS-NB", ["--no-nvm-buffer"])] + bench.peers()
