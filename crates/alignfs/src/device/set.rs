@@ -37,7 +37,28 @@ impl DeviceSet {
     fn member_of(&self, offset: u64) -> usize {
         (offset / self.member_bytes) as usize
     }
+
+    /// A byte range of the set cut at member boundaries.
+    fn pieces(&self, offset: u64, len: u64) -> Result<Vec<Piece<'_>>> {
+        let mut pieces = Vec::with_capacity(1);
+        let mut done = 0;
+        while done < len {
+            let at = offset + done;
+            let member = self.member_of(at);
+            let Some(device) = self.members.get(member) else {
+                return Err(Error::io("device set", std::io::Error::from_raw_os_error(libc::EINVAL)));
+            };
+            let within = at - member as u64 * self.member_bytes;
+            let n = (self.member_bytes - within).min(len - done);
+            pieces.push((device, within, done as usize..(done + n) as usize));
+            done += n;
+        }
+        Ok(pieces)
+    }
 }
+
+/// One piece of a range: its member, its offset there, and its place in the range.
+type Piece<'a> = (&'a Arc<dyn BlockDevice>, u64, std::ops::Range<usize>);
 
 impl BlockDevice for DeviceSet {
     fn len_bytes(&self) -> u64 {
@@ -69,48 +90,24 @@ impl BlockDevice for DeviceSet {
     }
 
     fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
-        let mut done = 0;
-        while done < buf.len() {
-            let at = offset_bytes + done as u64;
-            let member = self.member_of(at);
-            let Some(device) = self.members.get(member) else {
-                return Err(Error::io("device set", std::io::Error::from_raw_os_error(libc::EINVAL)));
-            };
-            let within = at - member as u64 * self.member_bytes;
-            let n = ((self.member_bytes - within) as usize).min(buf.len() - done);
-            device.read_buffered(within, &mut buf[done..done + n])?;
-            done += n;
+        for (device, within, range) in self.pieces(offset_bytes, buf.len() as u64)? {
+            device.read_buffered(within, &mut buf[range])?;
         }
         Ok(())
     }
 
     fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
-        let mut done = 0;
-        while done < buf.len() {
-            let at = offset_bytes + done as u64;
-            let member = self.member_of(at);
-            let Some(device) = self.members.get(member) else {
-                return Err(Error::io("device set", std::io::Error::from_raw_os_error(libc::EINVAL)));
-            };
-            let within = at - member as u64 * self.member_bytes;
-            let n = ((self.member_bytes - within) as usize).min(buf.len() - done);
-            if !device.read_cached(within, &mut buf[done..done + n])? {
+        for (device, within, range) in self.pieces(offset_bytes, buf.len() as u64)? {
+            if !device.read_cached(within, &mut buf[range])? {
                 return Ok(false);
             }
-            done += n;
         }
         Ok(true)
     }
 
     fn prefetch(&self, offset_bytes: u64, len: u64) {
-        let mut at = offset_bytes;
-        while at < offset_bytes + len {
-            let member = self.member_of(at);
-            let Some(device) = self.members.get(member) else { return };
-            let within = at - member as u64 * self.member_bytes;
-            let n = (self.member_bytes - within).min(offset_bytes + len - at);
-            device.prefetch(within, n);
-            at += n;
+        for (device, within, range) in self.pieces(offset_bytes, len).unwrap_or_default() {
+            device.prefetch(within, range.len() as u64);
         }
     }
 
