@@ -120,6 +120,16 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     }
     println!("stopping: finishing requests in progress, then closing the volume");
     server.shutdown();
+    let stats = &server.stats;
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    println!(
+        "served {} requests on {} connections: {} by a connection's reader without a hand-off, {} answered with an error; {} handshakes refused",
+        count(&stats.requests),
+        count(&stats.connections),
+        count(&stats.served_by_reader),
+        count(&stats.errors_returned),
+        count(&stats.refused_handshakes)
+    );
     drop(server);
     if let Some(path) = &args.socket {
         let _ = std::fs::remove_file(path);
