@@ -232,13 +232,13 @@ fn raise_fuse_request_limit(keep: bool) -> std::result::Result<Option<String>, S
     if keep {
         return Err(format!("{low}; left so by --keep-fuse-limit"));
     }
+    let mib = alignfs_fuse::MAX_WRITE >> 20;
     match std::fs::write(MAX_PAGES_LIMIT, format!("{wanted}\n")) {
         Ok(()) => Ok(Some(format!(
-            "raised fs.fuse.max_pages_limit from {pages} to {wanted} pages (system-wide), so writes of up to {} MiB reach the volume whole; \
-             --keep-fuse-limit leaves it",
-            alignfs_fuse::MAX_WRITE >> 20
+            "raised fs.fuse.max_pages_limit from {pages} to {wanted} pages (system-wide), so writes of up to {mib} MiB reach the volume whole; \
+             --keep-fuse-limit leaves it"
         ))),
-        Err(e) => Err(format!("{low}; raising it failed ({e}): `sysctl fs.fuse.max_pages_limit={wanted}` as root lets writes of up to {} MiB arrive whole", alignfs_fuse::MAX_WRITE >> 20)),
+        Err(e) => Err(format!("{low}; raising it failed ({e}): `sysctl fs.fuse.max_pages_limit={wanted}` as root lets writes of up to {mib} MiB arrive whole")),
     }
 }
 

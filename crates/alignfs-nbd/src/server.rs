@@ -518,17 +518,22 @@ impl<S: Stream> Connection<'_, S> {
 
     /// Serve a job (or answer its refusal) and send the reply.
     fn execute(&self, job: &Job, send: Delivery) {
-        let (error, data) = match job.refused {
-            Some(e) => (e, Vec::new()),
-            None => match self.serve(job) {
-                Ok(data) => (0, data),
-                Err(e) => (e.nbd_errno(), Vec::new()),
-            },
+        let result = match job.refused {
+            Some(errno) => Err(ExportError(errno)),
+            None => self.serve(job),
         };
-        if error != 0 {
-            self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
+        self.answer(job.request.cookie, result, send);
+    }
+
+    /// Reply with a request's data, or its error (counted).
+    fn answer(&self, cookie: u64, result: Result<Vec<u8>, ExportError>, send: Delivery) {
+        match result {
+            Ok(data) => self.reply(cookie, 0, &data, send),
+            Err(e) => {
+                self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
+                self.reply(cookie, e.nbd_errno(), &[], send);
+            }
         }
-        self.reply(job.request.cookie, error, &data, send);
     }
 
     /// Whether `job` might be served without waiting for a device: refusals, writes and
@@ -553,13 +558,7 @@ impl<S: Stream> Connection<'_, S> {
         if job.refused.is_none() && r.command == CMD_READ {
             let mut data = vec![0u8; r.length as usize];
             let Some(result) = self.entry.export.read_if_cached(r.offset, &mut data) else { return false };
-            match result {
-                Ok(()) => self.reply(r.cookie, 0, &data, Delivery::Held),
-                Err(e) => {
-                    self.stats.errors_returned.fetch_add(1, Ordering::Relaxed);
-                    self.reply(r.cookie, e.nbd_errno(), &[], Delivery::Held);
-                }
-            }
+            self.answer(r.cookie, result.map(|()| data), Delivery::Held);
             return true;
         }
         self.execute(job, Delivery::Held);

@@ -131,35 +131,27 @@ impl BlockVolume {
 
     /// Read `buf.len()` bytes at `offset`; never-written ranges read as zeros.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_pieces(offset, buf, Volume::read)
+    }
+
+    /// [`Self::read`] only if no byte has to come from the SSD: [`Error::WouldBlock`]
+    /// when one does (see [`Volume::read_if_cached`]), and `buf` is unspecified. The NVM
+    /// zone is memory.
+    pub fn read_if_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_pieces(offset, buf, Volume::read_if_cached)
+    }
+
+    /// Each piece of a read from the NVM zone or, through `engine_read`, the engine.
+    fn read_pieces(&self, offset: u64, buf: &mut [u8], engine_read: impl Fn(&Volume, Ino, u64, &mut [u8]) -> Result<usize>) -> Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         for (place, at, len) in self.zone.pieces(offset, buf.len() as u64) {
             let out = &mut buf[(at - offset) as usize..(at - offset + len) as usize];
             match place {
                 Place::Engine => {
-                    let n = self.volume.read(self.object.ino, at, out)?;
+                    let n = engine_read(&self.volume, self.object.ino, at, out)?;
                     debug_assert_eq!(n, out.len(), "the object's size is the volume's");
                 }
                 Place::Zone(z) => self.zone.read(z, out),
-            }
-        }
-        Ok(())
-    }
-
-    /// [`Self::read`] only if no byte has to come from the SSD: [`Error::WouldBlock`]
-    /// when one does (see [`Volume::read_if_cached`]). The NVM zone is memory.
-    pub fn read_if_cached(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
-        // The engine's pieces first: a miss there leaves nothing half done.
-        let pieces = self.zone.pieces(offset, buf.len() as u64);
-        for &(place, at, len) in &pieces {
-            if place == Place::Engine {
-                let n = self.volume.read_if_cached(self.object.ino, at, &mut buf[(at - offset) as usize..(at - offset + len) as usize])?;
-                debug_assert_eq!(n as u64, len, "the object's size is the volume's");
-            }
-        }
-        for (place, at, len) in pieces {
-            if let Place::Zone(z) = place {
-                self.zone.read(z, &mut buf[(at - offset) as usize..(at - offset + len) as usize]);
             }
         }
         Ok(())

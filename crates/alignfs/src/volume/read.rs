@@ -282,10 +282,10 @@ impl Inner {
         if buf.is_empty() || offset >= inode.size() {
             return Ok(0);
         }
-        // Clean pages count their hits and merge on read: a read that gave up halfway
-        // would count twice when repeated, so it does not start.
-        // Checksummed blocks are read whole into buffers, direct reads bypass the kernel's
-        // cache: neither has a cached path.
+        // No read without waiting where none could finish without the device or without
+        // side effects: clean pages count their hits and merge on read (a read that gave
+        // up halfway would count twice when repeated), checksummed blocks are read whole
+        // into buffers, and direct reads bypass the kernel's cache.
         if wait == Wait::Never && (self.clean.is_some() || self.checksums.is_some() || self.options.read_mode == ReadMode::Direct) {
             return Err(Error::WouldBlock);
         }
