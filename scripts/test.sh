@@ -103,7 +103,7 @@ grep -q "object store, not a file system" "$work/err"
 # stat shows the device's own counters, fsck reads it, a second mkfs refuses, a block-only
 # option on another profile is noted as unused.
 "$bin" mkfs --profile byte --ssd "$work/byte.img:64M" --fast "$shm/byte-dram" | grep "write log" >/dev/null
-"$bin" stat --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep -q "^ flash_program_bytes"
+"$bin" stat --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep "^ flash_program_bytes" >/dev/null
 "$bin" fsck --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep ': clean$' >/dev/null
 if "$bin" mkfs --profile byte --ssd "$work/byte.img" --fast "$shm/byte-dram" 2>"$work/err"; then
     echo "smoke: mkfs over an existing byte volume must refuse" >&2; exit 1
