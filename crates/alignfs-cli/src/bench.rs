@@ -1,8 +1,11 @@
 //! `alignfs bench`: the OrchFS paper's single-threaded write workloads (random overwrites
-//! of a prefilled file) on three systems, interleaved in one run with the same offsets and
+//! of a prefilled file) on these systems, interleaved in one run with the same offsets and
 //! sizes from one seed:
-//! - `alignfs`: the engine in-process, on a fresh volume (fast tier on tmpfs, SSD image on
-//!   the disk under test);
+//! - one per profile asked for (`--profiles`, `orch` by default): the engine in-process
+//!   through its file API, on a fresh volume of that profile (fast tier, NVM or device DRAM
+//!   on tmpfs; SSD image on the disk under test; `nvstore`'s KV store beside it). The file
+//!   API is the engine's object operations, so every profile runs the same workload
+//!   without its front end (FUSE, NBD, S3);
 //! - `plain`: a plain file on the same disk, buffered `pwrite` (+ `fdatasync`);
 //! - `limit`: the device limit, O_DIRECT writes rounded out to 4 KiB on a preallocated
 //!   file (+ `fdatasync`).
@@ -17,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use alignfs::device::{AlignedBuf, IoBackend};
 use alignfs::geometry::parse_size;
-use alignfs::stats::{Counter, StatsSnapshot};
+use alignfs::stats::Counter;
 use alignfs::volume::{format_paths, open_paths, DeviceSpec};
-use alignfs::{FormatOptions, Ino, ReadMode, Volume, VolumeOptions};
+use alignfs::{FormatOptions, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::rngs::StdRng;
@@ -53,6 +56,9 @@ pub struct BenchArgs {
     /// Skip the read-mode comparison.
     #[arg(long)]
     no_reads: bool,
+    /// Profiles to run, comma-separated, or `all`: each gets a fresh volume of its own.
+    #[arg(long, default_value = "orch")]
+    profiles: String,
     /// alignfs split size (largest SSD write; larger runs go out in pieces of this size).
     #[arg(long, default_value = "256K")]
     split_size: String,
@@ -86,13 +92,13 @@ const WORKLOADS: [Workload; 5] = [
 ];
 
 trait System {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<()>;
     fn read(&mut self, offset: u64, out: &mut [u8]) -> Result<()>;
     fn sync(&mut self) -> Result<()>;
     /// Drop cached copies of this system's data before a cell.
     fn drop_caches(&mut self) {}
-    /// The engine's tracked counters (alignfs only).
+    /// The engine's tracked counters (alignfs volumes only).
     fn counters(&self) -> Option<Vec<u64>> {
         None
     }
@@ -115,7 +121,20 @@ fn fadvise_dontneed(file: &File) -> std::io::Result<()> {
     }
 }
 
+/// Where and how large the benchmark's volumes are.
+struct Placement {
+    dir: PathBuf,
+    fast_dir: PathBuf,
+    ssd_bytes: u64,
+    fast_bytes: u64,
+    split_bytes: u32,
+    io_workers: u32,
+}
+
+/// A volume of one profile, in-process. Its files: the SSD image in `--dir`, the fast
+/// tier (or NVM, or the device's DRAM) in `--fast-dir`, the KV store beside the image.
 struct AlignfsSystem {
+    profile: Profile,
     volume: Option<Volume>,
     ino: Ino,
     fast: PathBuf,
@@ -123,6 +142,43 @@ struct AlignfsSystem {
 }
 
 impl AlignfsSystem {
+    fn format(profile: Profile, at: &Placement) -> Result<Self> {
+        let name = profile.name();
+        let fast = at.fast_dir.join(format!("{name}-fast"));
+        let ssd = at.dir.join(format!("{name}-ssd.img"));
+        let needs = profile.devices();
+        // The byte profile's device DRAM is sized by the device (its write log); the
+        // others' fast tier by --fast-size.
+        let fast_spec = if needs.memory_semantic {
+            Some(DeviceSpec { path: fast.clone(), size: None })
+        } else {
+            needs.fast_tier.then(|| DeviceSpec { path: fast.clone(), size: Some(at.fast_bytes) })
+        };
+        let ssd_spec = DeviceSpec { path: ssd.clone(), size: Some(at.ssd_bytes) };
+        let geometry = Geometry { split_bytes: at.split_bytes, io_workers: at.io_workers, ..profile.default_geometry() };
+        let options = FormatOptions { geometry, profile, force: true };
+        let (_, volume) = format_paths(fast_spec.as_ref(), std::slice::from_ref(&ssd_spec), None, &options, None::<IoBackend>)
+            .with_context(|| format!("format a {name} volume in {}", at.dir.display()))?;
+        volume.close()?;
+        let mut system = AlignfsSystem { profile, volume: None, ino: Ino::ROOT, fast, ssd };
+        system.reopen(ReadMode::Buffered)?;
+        system.ino = system.volume().create_file(Ino::ROOT, b"bench.dat", 0o644, 0, 0)?.ino;
+        Ok(system)
+    }
+
+    /// Close the volume and remove its files.
+    fn remove(mut self) -> Result<()> {
+        if let Some(volume) = self.volume.take() {
+            volume.close()?;
+        }
+        let _ = std::fs::remove_file(&self.fast);
+        let _ = std::fs::remove_file(&self.ssd);
+        let mut kv = self.ssd.clone().into_os_string();
+        kv.push(".kv");
+        let _ = std::fs::remove_dir_all(kv);
+        Ok(())
+    }
+
     fn volume(&self) -> &Volume {
         self.volume.as_ref().expect("volume is open")
     }
@@ -137,8 +193,8 @@ impl AlignfsSystem {
 }
 
 impl System for AlignfsSystem {
-    fn name(&self) -> &'static str {
-        "alignfs"
+    fn name(&self) -> &str {
+        self.profile.name()
     }
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
         self.volume().write(self.ino, offset, data)?;
@@ -156,20 +212,27 @@ impl System for AlignfsSystem {
         drop_file_cache(&self.ssd);
     }
     fn counters(&self) -> Option<Vec<u64>> {
-        Some(tracked(&self.volume().stats()))
+        Some(tracked(self.volume()))
     }
 }
 
-/// The three systems, alignfs first.
+/// The systems: one volume per profile, then the plain file and the device limit.
 struct Systems {
-    alignfs: AlignfsSystem,
+    volumes: Vec<AlignfsSystem>,
     plain: PlainFile,
     limit: DeviceLimit,
 }
 
 impl Systems {
-    fn all(&mut self) -> [&mut dyn System; 3] {
-        [&mut self.alignfs, &mut self.plain, &mut self.limit]
+    fn all(&mut self) -> Vec<&mut dyn System> {
+        let mut all: Vec<&mut dyn System> = self.volumes.iter_mut().map(|v| v as &mut dyn System).collect();
+        all.push(&mut self.plain);
+        all.push(&mut self.limit);
+        all
+    }
+
+    fn count(&self) -> usize {
+        self.volumes.len() + 2
     }
 }
 
@@ -179,7 +242,7 @@ struct PlainFile {
 }
 
 impl System for PlainFile {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "plain"
     }
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
@@ -211,7 +274,7 @@ impl DeviceLimit {
 }
 
 impl System for DeviceLimit {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "limit"
     }
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
@@ -242,7 +305,7 @@ struct CellResult {
     p99_us: f64,
     ops: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    alignfs_counters: Option<serde_json::Value>,
+    counters: Option<serde_json::Value>,
 }
 
 #[derive(Default)]
@@ -267,12 +330,12 @@ impl Accumulator {
             mean_us: mean / 1000.0,
             p99_us: p99 as f64 / 1000.0,
             ops: sorted.len() as u64,
-            alignfs_counters: counters,
+            counters,
         }
     }
 }
 
-const TRACKED: [Counter; 9] = [
+const TRACKED: [Counter; 12] = [
     Counter::app_write_bytes,
     Counter::ssd_write_bytes,
     Counter::page_write_bytes,
@@ -282,16 +345,36 @@ const TRACKED: [Counter; 9] = [
     Counter::migrations_header_full,
     Counter::migrations_fast_full,
     Counter::migration_write_bytes,
+    Counter::migrations_full,
+    Counter::migrations_sync,
+    Counter::migrations_idle,
 ];
 
-fn tracked(stats: &StatsSnapshot) -> Vec<u64> {
-    TRACKED.iter().map(|&c| stats.get(c)).collect()
+/// Every cause of a block migration, each counted by the profiles that have it.
+const MIGRATIONS: [&str; 6] =
+    ["migrations_watermark", "migrations_header_full", "migrations_fast_full", "migrations_full", "migrations_sync", "migrations_idle"];
+
+/// Write traffic outside the engine's own counters: the KV store's records (`nvstore`)
+/// and the memory-semantic SSD's flash programs and byte-interface stores (`byte`).
+const EXTRA: [&str; 3] = ["kv_write_bytes", "flash_program_bytes", "byte_store_bytes"];
+
+fn tracked(volume: &Volume) -> Vec<u64> {
+    let stats = volume.stats();
+    let mut values: Vec<u64> = TRACKED.iter().map(|&c| stats.get(c)).collect();
+    let kv = [Counter::kv_block_bytes, Counter::kv_fragment_bytes, Counter::kv_onode_bytes, Counter::kv_attr_bytes, Counter::kv_name_bytes];
+    values.push(kv.iter().map(|&c| stats.get(c)).sum());
+    let device = volume.device_counters();
+    for name in &EXTRA[1..] {
+        values.push(device.iter().find(|c| c.name == *name).map_or(0, |c| c.value));
+    }
+    values
 }
 
 fn counters_json(delta: &[u64]) -> serde_json::Value {
     let mut map = serde_json::Map::new();
-    for (c, v) in TRACKED.iter().zip(delta) {
-        map.insert(c.name().into(), (*v).into());
+    let names = TRACKED.iter().map(|c| c.name()).chain(EXTRA);
+    for (name, v) in names.zip(delta) {
+        map.insert(name.into(), (*v).into());
     }
     let to_ssd = delta[1].saturating_sub(delta[8]) as f64;
     let residue = (delta[2] + delta[3]) as f64;
@@ -351,6 +434,24 @@ fn prefill(system: &mut dyn System, file_size: u64, data: &[u8]) -> Result<()> {
     system.sync()
 }
 
+/// The profiles `--profiles` names, in the registry's order.
+fn parse_profiles(list: &str) -> Result<Vec<Profile>> {
+    if list.trim() == "all" {
+        return Ok(Profile::all().collect());
+    }
+    let mut wanted = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let profile = Profile::parse(name)?;
+        if !wanted.contains(&profile) {
+            wanted.push(profile);
+        }
+    }
+    if wanted.is_empty() {
+        bail!("--profiles names no profile");
+    }
+    Ok(Profile::all().filter(|p| wanted.contains(p)).collect())
+}
+
 pub fn run(args: &BenchArgs) -> Result<()> {
     let (file_size, duration, rounds, fast_size) = if args.quick {
         (8 << 20, Duration::from_millis(100), 1, 64 << 20)
@@ -360,6 +461,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if file_size < 4 << 20 {
         bail!("--size must be at least 4M (the largest write is 2 MiB)");
     }
+    let profiles = parse_profiles(&args.profiles)?;
     let workloads: Vec<Workload> = match &args.workloads {
         None => WORKLOADS.to_vec(),
         Some(list) => {
@@ -373,42 +475,37 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let dir = args.dir.clone().unwrap_or_else(|| crate::defaults::data_dir(None).join("bench"));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     std::fs::create_dir_all(&args.fast_dir).with_context(|| format!("create {}", args.fast_dir.display()))?;
-    let fast_path = args.fast_dir.join("fast");
-    let ssd_path = dir.join("alignfs-ssd.img");
     let plain_path = dir.join("plain.dat");
     let limit_path = dir.join("limit.dat");
-    for p in [&fast_path, &ssd_path, &plain_path, &limit_path] {
+    for p in [&plain_path, &limit_path] {
         let _ = std::fs::remove_file(p);
     }
-    let ssd_bytes = file_size * 3 + (256 << 20);
+    let placement = Placement {
+        dir: dir.clone(),
+        fast_dir: args.fast_dir.clone(),
+        ssd_bytes: file_size * 3 + (256 << 20),
+        fast_bytes: fast_size,
+        split_bytes: u32::try_from(parse_size(&args.split_size)?).context("--split-size")?,
+        io_workers: args.io_workers,
+    };
     eprintln!(
-        "alignfs bench: {} file per system in {}, fast tier {} in {}",
+        "alignfs bench: {} file per system in {} ({}), fast tiers {} in {}",
         bytesize::ByteSize(file_size),
         dir.display(),
+        profiles.iter().map(|p| p.name()).collect::<Vec<_>>().join(", "),
         bytesize::ByteSize(fast_size),
         args.fast_dir.display()
     );
 
-    let fast = DeviceSpec { path: fast_path.clone(), size: Some(fast_size) };
-    let ssd = DeviceSpec { path: ssd_path.clone(), size: Some(ssd_bytes) };
-    let split_bytes = u32::try_from(parse_size(&args.split_size)?).context("--split-size")?;
-    let geometry = alignfs::Geometry { split_bytes, io_workers: args.io_workers, ..alignfs::Geometry::default() };
-    let (_, volume) = format_paths(
-        Some(&fast),
-        std::slice::from_ref(&ssd),
-        None,
-        &FormatOptions { geometry, ..FormatOptions::default() },
-        None::<IoBackend>,
-    )?;
-    volume.close()?;
-    let mut alignfs = AlignfsSystem { volume: None, ino: Ino::ROOT, fast: fast_path.clone(), ssd: ssd_path.clone() };
-    alignfs.reopen(ReadMode::Buffered)?;
-    alignfs.ino = alignfs.volume().create_file(Ino::ROOT, b"bench.dat", 0o644, 0, 0)?.ino;
+    let mut volumes = Vec::with_capacity(profiles.len());
+    for &profile in &profiles {
+        volumes.push(AlignfsSystem::format(profile, &placement)?);
+    }
     let plain = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&plain_path)?;
     let limit = OpenOptions::new().read(true).write(true).create(true).truncate(true).custom_flags(libc::O_DIRECT).open(&limit_path)?;
     preallocate(&limit, file_size)?;
     let mut systems = Systems {
-        alignfs,
+        volumes,
         plain: PlainFile { file: plain, path: plain_path.clone() },
         limit: DeviceLimit { file: limit, buf: AlignedBuf::zeroed((4 << 20) + 8192) },
     };
@@ -420,17 +517,21 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         eprintln!("  prefilled {} in {:.1?}", system.name(), started.elapsed());
     }
 
-    let cells = (workloads.len() * 2 * 3) as u64 * u64::from(rounds);
+    let n = systems.count();
+    let cells = (workloads.len() * 2 * n) as u64 * u64::from(rounds);
     let progress = indicatif::ProgressBar::new(cells);
     progress.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} cells  {msg}").expect("valid template"));
-    let mut accs: Vec<Accumulator> = (0..workloads.len() * 2 * 3).map(|_| Accumulator::default()).collect();
+    let mut accs: Vec<Accumulator> = (0..workloads.len() * 2 * n).map(|_| Accumulator::default()).collect();
     for round in 0..rounds {
         for (w, workload) in workloads.iter().enumerate() {
             for (d, durable) in [true, false].into_iter().enumerate() {
                 let seed = args.seed ^ ((w as u64) << 8) ^ ((d as u64) << 4) ^ (u64::from(round) << 20);
-                for (s, system) in systems.all().into_iter().enumerate() {
+                // The systems take turns, and who goes first rotates every round.
+                let mut order: Vec<(usize, &mut dyn System)> = systems.all().into_iter().enumerate().collect();
+                order.rotate_left(round as usize % n);
+                for (s, system) in order {
                     progress.set_message(format!("{} {} {}", workload.name, if durable { "fsync" } else { "no-sync" }, system.name()));
-                    let acc = &mut accs[(w * 2 + d) * 3 + s];
+                    let acc = &mut accs[(w * 2 + d) * n + s];
                     let before = system.counters();
                     let cell = Cell { workload: *workload, durable, reads: false, file_size, duration, seed };
                     run_cell(system, cell, &data, acc)?;
@@ -453,8 +554,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     for (w, workload) in workloads.iter().enumerate() {
         for (d, durable) in [true, false].into_iter().enumerate() {
             for (s, system) in systems.all().into_iter().enumerate() {
-                let acc = &accs[(w * 2 + d) * 3 + s];
-                let counters = (s == 0).then(|| counters_json(&acc.counters));
+                let acc = &accs[(w * 2 + d) * n + s];
+                let counters = system.counters().is_some().then(|| counters_json(&acc.counters));
                 results.push(acc.result(workload.name, durable, system.name(), counters));
             }
         }
@@ -467,11 +568,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&results)?).with_context(|| format!("write {}", path.display()))?;
         eprintln!("results written to {}", path.display());
     }
-    if let Some(volume) = systems.alignfs.volume.take() {
-        volume.close()?;
+    for volume in std::mem::take(&mut systems.volumes) {
+        volume.remove()?;
     }
     drop(systems);
-    for p in [&fast_path, &ssd_path, &plain_path, &limit_path] {
+    for p in [&plain_path, &limit_path] {
         let _ = std::fs::remove_file(p);
     }
     // The directories too, if nothing else is in them (remove_dir leaves a full one alone).
@@ -480,31 +581,38 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// Random reads with cold caches: alignfs with each read mode, and the plain file. The
-/// write phase leaves part of the file in the fast tier; it is merged to the SSD first,
-/// so that the cells measure the SSD read path.
+/// Random reads with cold caches: each volume with each read mode, and the plain file.
+/// The write phase leaves part of the file in the residue store; it is merged to the SSD
+/// first, so that the cells measure the SSD read path.
 fn read_phase(systems: &mut Systems, file_size: u64, duration: Duration, seed: u64, rounds: u32) -> Result<Vec<CellResult>> {
-    systems.alignfs.volume().migrate_all()?;
+    for volume in &systems.volumes {
+        volume.volume().migrate_all()?;
+    }
     let sizes = [
         Workload { name: "read 4KiB", min: 4096, max: 4096 },
         Workload { name: "read 128KiB", min: 128 << 10, max: 128 << 10 },
         Workload { name: "read 1MiB", min: 1 << 20, max: 1 << 20 },
     ];
+    let modes = [(ReadMode::Direct, "direct"), (ReadMode::Buffered, "buffered")];
     let mut results = Vec::new();
     for workload in sizes {
-        let mut direct = Accumulator::default();
-        let mut buffered = Accumulator::default();
+        let mut volume_accs: Vec<[Accumulator; 2]> = systems.volumes.iter().map(|_| Default::default()).collect();
         let mut plain = Accumulator::default();
         for round in 0..rounds {
             let cell = Cell { workload, durable: false, reads: true, file_size, duration, seed: seed ^ 0xfeed ^ u64::from(round) };
-            for (mode, acc) in [(ReadMode::Direct, &mut direct), (ReadMode::Buffered, &mut buffered)] {
-                systems.alignfs.reopen(mode)?;
-                run_cell(&mut systems.alignfs, cell, &[], acc)?;
+            for (volume, accs) in systems.volumes.iter_mut().zip(&mut volume_accs) {
+                for ((mode, _), acc) in modes.iter().zip(accs.iter_mut()) {
+                    volume.reopen(*mode)?;
+                    run_cell(volume, cell, &[], acc)?;
+                }
             }
             run_cell(&mut systems.plain, cell, &[], &mut plain)?;
         }
-        results.push(direct.result(workload.name, false, "alignfs-direct", None));
-        results.push(buffered.result(workload.name, false, "alignfs-buffered", None));
+        for (volume, accs) in systems.volumes.iter().zip(&volume_accs) {
+            for ((_, mode), acc) in modes.iter().zip(accs) {
+                results.push(acc.result(workload.name, false, &format!("{}-{mode}", volume.name()), None));
+            }
+        }
         results.push(plain.result(workload.name, false, "plain", None));
     }
     Ok(results)
@@ -529,17 +637,17 @@ fn print_report(results: &[CellResult]) {
         let ratio = |other: &str| {
             find(&r.workload, r.durable, other).filter(|o| o.mib_s > 0.0).map_or("".into(), |o| format!("{:.2}", r.mib_s / o.mib_s))
         };
-        let counters = r.alignfs_counters.as_ref();
+        let counters = r.counters.as_ref();
         let get = |k: &str| counters.and_then(|c| c.get(k)).and_then(|v| v.as_f64()).unwrap_or(0.0);
         let (share, rmw, migr) = match counters {
             Some(_) => (
                 format!("{:.0}%", 100.0 * get("ssd_share")),
                 format!("{}", get("fg_rmw_reads")),
-                format!("{}", get("migrations_watermark") + get("migrations_header_full") + get("migrations_fast_full")),
+                format!("{}", MIGRATIONS.iter().map(|k| get(k)).sum::<f64>()),
             ),
             None => Default::default(),
         };
-        let is_alignfs = r.system.starts_with("alignfs");
+        let is_alignfs = r.system != "plain" && r.system != "limit";
         table.add_row([
             r.workload.clone(),
             if r.workload.starts_with("read") {
@@ -562,6 +670,20 @@ fn print_report(results: &[CellResult]) {
         ]);
     }
     println!("{table}");
-    println!("÷ plain / ÷ limit: alignfs MiB/s over the plain file's / the device limit's in the same run.");
+    println!("÷ plain / ÷ limit: a volume's MiB/s over the plain file's / the device limit's in the same run.");
     println!("to SSD: share of written bytes that went straight to the SSD; rmw: foreground read-modify-writes; migr.: blocks migrated.");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_parse_in_registry_order_and_refuse_unknown_names() {
+        assert_eq!(parse_profiles("all").unwrap(), Profile::all().collect::<Vec<_>>());
+        assert_eq!(parse_profiles(" scrap, orch,scrap ").unwrap(), vec![Profile::ORCH, Profile::SCRAP]);
+        let unknown = parse_profiles("orch,ext4").unwrap_err().to_string();
+        assert!(unknown.contains("\"ext4\"") && unknown.contains("\"nvstore\""), "{unknown}");
+        assert!(parse_profiles(" , ").is_err());
+    }
 }
