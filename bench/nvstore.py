@@ -197,8 +197,9 @@ def save_report(out, text, records):
 
 
 def report_dir(out, quick, name):
-    """Where a full run keeps its report: `out`, or bench/results/DATE-name; a quick run keeps none."""
-    if quick:
+    """Where a full run keeps its report: `out`, or bench/results/DATE-name; a quick run
+    keeps one only where `out` says."""
+    if quick and not out:
         return None
     return out or os.path.join(REPO, "bench/results", time.strftime("%Y-%m-%d-%H%M") + "-" + name)
 

@@ -434,6 +434,8 @@ def main():
     ap.add_argument("--no-thresholds", action="store_true")
     ap.add_argument("--no-migration", action="store_true")
     ap.add_argument("--cells", default=None, help="only fio cells whose name contains one of these comma-separated words (e.g. randread)")
+    ap.add_argument("--cell", action="append", default=[], help="only this fio cell, by its full name (repeatable; bench/compare.py)")
+    ap.add_argument("--systems", default=None, help="only these systems of the fio matrix, by name, separated by '+' (bench/compare.py)")
     ap.add_argument("--out", default=None, help="report directory (default: bench/results/DATE-uhs; none with --quick)")
     args = ap.parse_args()
     if args.quick:
@@ -447,9 +449,21 @@ def main():
     cells = QUICK if args.quick else FULL
     if args.cells:
         cells = [c for c in cells if any(word in c[0] for word in args.cells.split(","))]
+    if args.cell:
+        known = {c[0]: c for c in QUICK + FULL}
+        unknown = [name for name in args.cell if name not in known]
+        if unknown:
+            sys.exit(f"unknown cell(s) {unknown}; known: {sorted(known)}")
+        cells = [known[name] for name in args.cell]
     bench = Bench(args)
     results, counters, ext4, thresholds = {}, {}, {}, {}
     systems = [bench.uhs("uhs", []), bench.uhs("UHS-NB", ["--no-nvm-buffer"])] + bench.peers()
+    if args.systems:
+        wanted = args.systems.split("+")
+        unknown = [name for name in wanted if name not in {s.name for s in systems}]
+        if unknown:
+            sys.exit(f"unknown system(s) {unknown}; known: {[s.name for s in systems]}")
+        systems = [s for s in systems if s.name in wanted]
     threshold_systems = [bench.uhs(f"uhs threshold {t}", ["--request-threshold", t]) for t in ("4k", "8k", "16k", "64k", "128k")]
     ext4_systems = [bench.uhs("uhs", [], "0-64M"), bench.uhs("UHS-NB", ["--no-nvm-buffer"], "0-64M")] + bench.peers(with_floor=False)
     migration = ""
