@@ -7,7 +7,7 @@
 # (scripts/s3.sh), device faults through a mount, programs
 # under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
 # fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
-# the mount, GlusterFS and scrap benchmarks.
+# the benchmarks (mount, GlusterFS, scrap, uhs, nvstore, S3, and the five-profile comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -166,4 +166,9 @@ bench/uhs.py --quick | sed -n '/^| workload/,/^$/p' || suites=1
 /usr/bin/python3 bench/nvstore.py --quick --patterns append2k,random,fileserver | sed -n '/^| pattern/,/^$/p' || suites=1
 # The S3 benchmark's smoke run: alignfs s3 and s3s-fs (cargo-installed if missing).
 /usr/bin/python3 bench/s3.py --quick --jobs 2 --cells put2k,get,fileserver | sed -n '/^| cell/,/^$/p' || suites=1
+# The five-profile comparison's smoke run: every group, 1 s cells, the report and the
+# decision guide written (docs/COMPARE.md comes from a full run).
+/usr/bin/python3 bench/compare.py --quick --out "$work/bench-compare" --doc "$work/COMPARE.md" \
+    | sed -n '/^## Each paper/,/^$/p' || suites=1
+grep -q "^| orch | files | 4KiB" "$work/COMPARE.md" || suites=1
 exit "$suites"

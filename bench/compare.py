@@ -1,0 +1,714 @@
+#!/usr/bin/env python3
+"""Five designs, one table: every alignfs profile and its peers on the same disk.
+
+Each round runs every group once, and within a group every system takes its turn:
+
+  engine    every profile in-process through the engine's file API (`alignfs bench
+            --profiles all`): OrchFS's random overwrites, next to a buffered file on ext4
+            and the device limit (O_DIRECT, rounded out to 4 KiB)
+  files     the file-system profiles (orch, scrap, byte) through their FUSE mounts, ext4
+            and the device limit: fio random overwrites of a prefilled file, fsync after each
+  memlimit  WSBuffer's partial-page writes under a memory limit: scrap's daemon and ext4's
+            writer in a memory cgroup capped at 70 % and 100 % of the bytes written
+            (--scrap-mem = the cap less the daemon's own), caches dropped first
+  macro     filebench's varmail, fileserver and createfiles (alignfs-macro) on the mounts
+            and ext4
+  block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
+  objects   nvstore against Ceph BlueStore and one file per object on ext4
+            (bench/nvstore.py): NVStore's unaligned appends and overwrites
+
+A profile that cannot run a group's front end shows "—" with the reason. Results go to
+bench/results/DATE-compare/ (report.md, results.json, PNG plots); `--doc` writes the
+decision guide (docs/COMPARE.md) from them, and `--from DIR` rebuilds both from a results
+directory without measuring. Needs root (mounts, cgroups, cache drops, loop devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as mountbench  # noqa: E402  (fio helpers shared with the mount benchmark)
+
+REPO = Path(__file__).resolve().parent.parent
+ALIGNFS = REPO / "target" / "release" / "alignfs"
+MACRO = REPO / "target" / "release" / "alignfs-macro"
+PY = "/usr/bin/python3"  # Debian's: python3-rados (BlueStore) imports only there
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+PROFILES = ["orch", "scrap", "uhs", "nvstore", "byte"]
+FILE_PROFILES = ["orch", "scrap", "byte"]
+GROUPS = ["engine", "files", "memlimit", "macro", "block", "objects"]
+MAX_PAGES = Path("/proc/sys/fs/fuse/max_pages_limit")
+# What a scrap daemon holds besides its scrap memory: code, maps, and a FUSE request buffer
+# of 8 MiB per request thread (max_pages 2048); measured at 45–70 MiB, so 64 MiB with the cap.
+DAEMON_BYTES = 64 * MIB
+
+# Why a profile has no row in a group: its front end cannot run the workload at all.
+NO_FILES = {
+    "uhs": "a block volume: no files (ext4 on uhs is in bench/uhs.py)",
+    "nvstore": "an object store: no files, and S3 has no partial overwrite",
+}
+ABSENT = {
+    "engine": {},
+    "files": NO_FILES,
+    "macro": NO_FILES,
+    "memlimit": dict(NO_FILES, orch="its residue is in persistent memory, not DRAM: nothing to cap",
+                     byte="its residue is in the device's DRAM, not the host's: nothing to cap"),
+    "block": {p: "`alignfs nbd` serves block volumes (uhs); the same IO in-process is in `engine`"
+              for p in ["orch", "scrap", "nvstore", "byte"]},
+    "objects": {p: "`alignfs s3` serves object stores (nvstore); the same IO in-process is in `engine`"
+                for p in ["orch", "scrap", "uhs", "byte"]},
+}
+# The peer each group's ratios divide by, and the device limit where the group has one.
+BEST_PEER = "best disk peer"  # the fastest of a group's peers in each workload
+REFERENCE = {"engine": "ext4", "files": "ext4", "memlimit": "ext4", "macro": "ext4",
+             "block": BEST_PEER, "objects": "ext4-files"}
+LIMIT = {"engine": "limit", "files": "limit"}
+
+# The decision guide's "why" and "costs", per profile.
+MECHANISM = {
+    "orch": "the sub-page residue goes to persistent memory and the aligned middle straight to the SSD, "
+            "so no write reads before it writes (OrchFS)",
+    "scrap": "partial pages wait in DRAM scrap pages and go out as whole pages, full ones first (WSBuffer's two-stage flush)",
+    "uhs": "small writes land in an NVM buffer hashed by block, larger ones go straight to the volume (UHS)",
+    "nvstore": "unaligned fragments become KV records instead of read-modify-written blocks (NVStore)",
+    "byte": "sub-page updates are stores through the SSD's byte interface into its in-device write log (ByteFS)",
+}
+COSTS = {
+    "orch": "persistent memory (here a tmpfs file) for pages and chunks; durable when a write returns",
+    "scrap": "DRAM for the scrap buffer (--scrap-mem); durable at fsync, like ext4",
+    "uhs": "an NVM buffer beside the block volume; durable when a write returns",
+    "nvstore": "a KV store on a file system beside the SSD; durable when a write returns",
+    "byte": "a memory-semantic SSD (byte interface, DRAM write log in the device); durable when a write returns",
+}
+# Each paper's headline workload here: (profile, group, workload, peer, the ratio the
+# profile's own benchmark measured against that peer, and where).
+HEADLINES = [
+    ("orch", "files", "4KiB±10%, fsync each", "ext4", 3.91, "docs/BENCHMARKS.md, bench/run.py"),
+    ("scrap", "memlimit", "64KiB±10% partial, cap 100%", "ext4", 8.85, "docs/SCRAP.md, bench/scrap.py: no cap, 4 GiB file"),
+    ("uhs", "block", "4k randwrite, flush each, 1 job, qd8", BEST_PEER, 4.20, "docs/UHS.md, bench/uhs.py"),
+    ("nvstore", "objects", "append2k, 8 writers", "bluestore", 1.15, "docs/NVSTORE.md, bench/nvstore.py"),
+    ("nvstore", "objects", "append2k, 1 writer", "bluestore", 2.51, "docs/NVSTORE.md, bench/nvstore.py"),
+    ("byte", "macro", "createfiles", "ext4", None,
+     "docs/BYTE.md measures host-to-device traffic instead (bench/byte-metadata.sh): 372x less than ext4 with an fsync per operation"),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd: list, env: dict | None = None, check: bool = True) -> str:
+    p = subprocess.run([str(c) for c in cmd], text=True, capture_output=True, env=dict(os.environ, **(env or {})))
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    return p.stdout
+
+
+# --- memory cgroups ----------------------------------------------------------------------
+
+
+class MemoryCap:
+    """A memory cgroup capped at `limit` bytes: cgroup v2's memory.max where the memory
+    controller is on a v2 hierarchy, else v1's memory.limit_in_bytes. `wrap(cmd)` runs a
+    command inside it (its children too: a mount's daemon stays in)."""
+
+    def __init__(self, name: str, limit: int):
+        v2 = next((root for root in [Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")]
+                   if (root / "cgroup.controllers").exists()
+                   and "memory" in (root / "cgroup.controllers").read_text().split()), None)
+        if v2 is not None:
+            subtree = v2 / "cgroup.subtree_control"
+            if "memory" not in subtree.read_text().split():
+                subtree.write_text("+memory\n")
+            self.dir, limit_file = v2 / name, "memory.max"
+        elif Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+            self.dir, limit_file = Path("/sys/fs/cgroup/memory") / name, "memory.limit_in_bytes"
+        else:
+            raise SystemExit("bench/compare.py: no memory cgroup controller (v2 or v1) to cap memory with")
+        self.dir.mkdir(exist_ok=True)
+        (self.dir / limit_file).write_text(f"{limit}\n")
+
+    def wrap(self, cmd: list) -> list:
+        return ["sh", "-c", f'echo $$ > {self.dir / "cgroup.procs"} && exec "$@"', "sh", *map(str, cmd)]
+
+    def peak(self) -> int:
+        for name in ["memory.peak", "memory.max_usage_in_bytes"]:
+            if (self.dir / name).exists():
+                return int((self.dir / name).read_text())
+        return 0
+
+    def remove(self) -> None:
+        for _ in range(50):
+            try:
+                self.dir.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+# --- the file-system profiles through their mounts ----------------------------------------
+
+
+class Mounts:
+    """orch, scrap and byte volumes, each mounted (or not yet) under `work`."""
+
+    def __init__(self, work: Path, shm: Path, ssd_bytes: int, fast_bytes: int, scrap_mem: int):
+        self.work, self.shm, self.scrap_mem = work, shm, scrap_mem
+        self.devices = {
+            "orch": ["--fast", shm / "orch-fast", "--ssd", work / "orch.img"],
+            "scrap": ["--ssd", work / "scrap.img"],
+            "byte": ["--fast", shm / "byte-dram", "--ssd", work / "byte.img"],
+        }
+        self.mkfs = {
+            "orch": ["--fast", f"{shm / 'orch-fast'}:{fast_bytes}", "--ssd", f"{work / 'orch.img'}:{ssd_bytes}"],
+            "scrap": ["--profile", "scrap", "--ssd", f"{work / 'scrap.img'}:{ssd_bytes}"],
+            "byte": ["--profile", "byte", "--fast", shm / "byte-dram", "--ssd", f"{work / 'byte.img'}:{ssd_bytes}"],
+        }
+
+    def mnt(self, profile: str) -> Path:
+        return self.work / "mnt" / profile
+
+    def format(self, profile: str) -> None:
+        run([ALIGNFS, "mkfs", "--force", *self.mkfs[profile]])
+
+    def mount(self, profile: str, scrap_mem: int | None = None, cap: MemoryCap | None = None) -> Path:
+        mnt = self.mnt(profile)
+        mnt.mkdir(parents=True, exist_ok=True)
+        extra = ["--scrap-mem", str(scrap_mem or self.scrap_mem)] if profile == "scrap" else []
+        cmd = [ALIGNFS, "mount", *self.devices[profile], *extra, "--log", self.work / f"{profile}.log", mnt]
+        run(cap.wrap(cmd) if cap else cmd)
+        return mnt
+
+    def umount(self, profile: str) -> None:
+        if os.path.ismount(self.mnt(profile)):
+            run([ALIGNFS, "umount", self.mnt(profile)], check=False)
+
+    def counters(self, profile: str) -> dict:
+        report = json.loads(run([ALIGNFS, "stat", self.mnt(profile), "--json"]))
+        counters = dict(report["counters"])
+        for c in report.get("device_counters") or []:
+            counters[c["name"]] = c["value"]
+        return counters
+
+
+def traffic(before: dict, after: dict) -> dict:
+    """Where the bytes a cell wrote went, per byte the application wrote."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    written = d.get("app_write_bytes", 0) or 1
+    kv = sum(d.get(k, 0) for k in ["kv_block_bytes", "kv_fragment_bytes", "kv_onode_bytes", "kv_attr_bytes", "kv_name_bytes"])
+    migrations = sum(d.get(k, 0) for k in ["migrations_watermark", "migrations_header_full", "migrations_fast_full",
+                                           "migrations_full", "migrations_sync", "migrations_idle"])
+    return {
+        "app_write_bytes": d.get("app_write_bytes", 0),
+        "ssd": d.get("ssd_write_bytes", 0) / written,
+        "residue": (d.get("page_write_bytes", 0) + d.get("upage_write_bytes", 0)) / written,
+        "kv": kv / written,
+        "flash": d.get("flash_program_bytes", 0) / written,
+        "migrations": migrations,
+    }
+
+
+def fio_cell(file: Path, size: int, system: str, lo: int, hi: int, durable: bool, seconds: float, seed: int,
+             cap: MemoryCap | None = None) -> dict:
+    env = {"FILE": file, "SIZE": size, "RUNTIME": seconds, "SEED": seed,
+           **mountbench.size_env(system, lo, hi), **mountbench.sync_env(system, durable)}
+    cmd = ["fio", "--thread", mountbench.FIO_DIR / "overwrite.fio", "--output-format=json"]
+    out = run(cap.wrap(cmd) if cap else cmd, env={k: str(v) for k, v in env.items()})
+    m = mountbench.fio_metrics(json.loads(out[out.index("{"):]), "write")
+    return {"value": m["mib_s"], "unit": "MiB/s", "p99_us": max(m["io_p99_us"], m["fsync_p99_us"])}
+
+
+def prefill(file: Path, size: int) -> None:
+    run(["fio", "--name=prefill", f"--filename={file}", f"--size={size}", "--rw=write", "--bs=1m", "--ioengine=psync",
+         "--end_fsync=1", "--output=/dev/null"])
+
+
+# --- the run ----------------------------------------------------------------------------
+
+
+class Compare:
+    def __init__(self, args):
+        self.args = args
+        self.records: list[dict] = []
+        self.work = Path(tempfile.mkdtemp(prefix="alignfs-compare.", dir=args.work))
+        self.shm = Path(tempfile.mkdtemp(prefix="alignfs-compare.", dir="/dev/shm"))
+        q = args.quick
+        self.seconds = 1.0 if q else args.seconds
+        self.file_bytes = 64 * MIB if q else args.file_size
+        self.cap_written = 128 * MIB if q else 384 * MIB  # bytes one memlimit cell writes
+        ssd_bytes = max(4 * self.file_bytes, self.file_bytes + GIB)
+        self.mounts = Mounts(self.work, self.shm, ssd_bytes, 256 * MIB if q else GIB, 256 * MIB if q else GIB)
+        self.ext4 = self.work / "ext4"
+        self.limit = self.work / "limit"
+
+    def record(self, group, workload, system, round_no, result, traffic_=None):
+        rec = {"group": group, "workload": workload, "system": system, "round": round_no, **result}
+        if traffic_ is not None:
+            rec["traffic"] = traffic_
+        self.records.append(rec)
+        log(f"  round {round_no + 1} {group:8} {workload:38} {system:20} {result['value']:10.1f} {result['unit']}")
+
+    def order(self, names: list, round_no: int) -> list:
+        k = round_no % len(names)
+        return names[k:] + names[:k]
+
+    # engine: every profile in-process
+    def engine(self, round_no: int) -> None:
+        out = self.work / "engine.json"
+        args = ["--quick"] if self.args.quick else ["--size", "256M", "--duration", str(self.seconds / 2)]
+        run([ALIGNFS, "bench", "--profiles", "all", "--rounds", "1", "--no-reads", "--seed", str(42 + round_no),
+             "--workloads", "4KiB±10%,1MiB±10%,1B-2MiB", "--dir", self.work / "engine", "--fast-dir", self.shm / "engine",
+             "--json", out, *args])
+        for r in json.loads(out.read_text()):
+            system = {"plain": "ext4"}.get(r["system"], r["system"])
+            workload = f"{r['workload']}, {'fsync each' if r['durable'] else 'one fsync at the end'}"
+            c = r.get("counters")
+            t = None
+            if c:
+                written = c["app_write_bytes"] or 1
+                t = {"app_write_bytes": c["app_write_bytes"], "ssd": c["ssd_write_bytes"] / written,
+                     "residue": (c["page_write_bytes"] + c["upage_write_bytes"]) / written,
+                     "kv": c["kv_write_bytes"] / written, "flash": c["flash_program_bytes"] / written,
+                     "migrations": sum(c[k] for k in c if k.startswith("migrations_"))}
+            self.record("engine", workload, system, round_no, {"value": r["mib_s"], "unit": "MiB/s", "p99_us": r["p99_us"]}, t)
+
+    FILE_WORKLOADS = [("4KiB±10%", 3687, 4505), ("1MiB±10%", 943719, 1153433), ("1B-2MiB", 1, 2 * MIB)]
+
+    # files: the mounts, ext4 and the limit
+    def files(self, round_no: int) -> None:
+        targets = {p: self.mounts.mnt(p) / "overwrite" for p in FILE_PROFILES}
+        targets.update(ext4=self.ext4 / "overwrite", limit=self.limit / "overwrite")
+        for i, (name, lo, hi) in enumerate(self.FILE_WORKLOADS):
+            for system in self.order(list(targets), round_no):
+                mountbench.drop_caches()
+                before = self.mounts.counters(system) if system in FILE_PROFILES else None
+                result = fio_cell(targets[system], self.file_bytes, system, lo, hi, True, self.seconds, 42 + i + 100 * round_no)
+                t = traffic(before, self.mounts.counters(system)) if before is not None else None
+                self.record("files", f"{name}, fsync each", system, round_no, result, t)
+
+    # memlimit: scrap and ext4 under one memory cap
+    def memlimit(self, round_no: int) -> None:
+        file = "partial"
+        # scrap is mounted again inside each cap, with --scrap-mem to fit it.
+        self.mounts.umount("scrap")
+        for share in (0.7, 1.0):
+            cap_bytes = int(self.cap_written * share)
+            for system in self.order(["scrap", "ext4"], round_no):
+                cap = MemoryCap(f"alignfs-compare-{os.getpid()}-{system}", cap_bytes)
+                try:
+                    if system == "scrap":
+                        # The daemon's own memory (code, maps, FUSE buffers) is charged too.
+                        scrap_mem = max(cap_bytes - DAEMON_BYTES, 8 * MIB)
+                        target = self.mounts.mount("scrap", scrap_mem=scrap_mem, cap=cap) / file
+                    else:
+                        target = self.ext4 / file
+                    for size_name, size in [("64KiB", 64 * KIB), ("1MiB", MIB)]:
+                        lo, hi = int(size * 0.9), int(size * 1.1)
+                        fd = os.open(target, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                        mountbench.drop_caches()
+                        before = self.mounts.counters("scrap") if system == "scrap" else None
+                        cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
+                               "--rw=randwrite", "--invalidate=0", "--randrepeat=1", f"--randseed={7 + round_no}",
+                               f"--size={self.file_bytes}", f"--io_size={self.cap_written}", f"--bsrange={lo}-{hi}",
+                               "--bs_unaligned=1", "--end_fsync=1"]
+                        # The cap holds what keeps the written data in memory: ext4's writer
+                        # (its page cache is charged to it), scrap's daemon (its scrap pages).
+                        job = json.loads(run(cap.wrap(cmd) if system == "ext4" else cmd))["jobs"][0]["write"]
+                        pct = {float(k): v / 1000 for k, v in job.get("clat_ns", {}).get("percentile", {}).items()}
+                        result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
+                                  "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak()}
+                        t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
+                        self.record("memlimit", f"{size_name}±10% partial, cap {share:.0%}", system, round_no, result, t)
+                finally:
+                    if system == "scrap":
+                        self.mounts.umount("scrap")
+                    cap.remove()
+        self.mounts.mount("scrap")
+
+    MACRO_FILES = {"varmail": 1000, "fileserver": 1000, "createfiles": 4000}
+
+    # macro: filebench's personalities on the mounts and ext4
+    def macro(self, round_no: int) -> None:
+        dirs = {p: self.mounts.mnt(p) for p in FILE_PROFILES}
+        dirs["ext4"] = self.ext4
+        scale = 10 if self.args.quick else 1
+        for workload, files in self.MACRO_FILES.items():
+            for system in self.order(list(dirs), round_no):
+                d = dirs[system] / f"macro-{workload}"
+                common = ["--workload", workload, "--dir", d, "--files", str(files // scale), "--seed", str(7 + round_no)]
+                run([MACRO, "prepare", *common])
+                mountbench.drop_caches()
+                before = self.mounts.counters(system) if system in FILE_PROFILES else None
+                r = json.loads(run([MACRO, "run", *common, "--seconds", str(self.seconds * 2)]))
+                t = traffic(before, self.mounts.counters(system)) if before is not None else None
+                if t is not None and r.get("ops"):
+                    # Host-to-device bytes per operation: the byte interface's stores and
+                    # block writes (byte), the SSD's writes (the others).
+                    after = self.mounts.counters(system)
+                    device = (after.get("byte_store_bytes", 0) - before.get("byte_store_bytes", 0)
+                              + after.get("block_write_bytes", 0) - before.get("block_write_bytes", 0))
+                    ssd = after.get("ssd_write_bytes", 0) - before.get("ssd_write_bytes", 0)
+                    t["device_bytes_per_op"] = (device or ssd) / r["ops"]
+                self.record("macro", workload, system, round_no,
+                            {"value": r["ops_per_s"], "unit": "ops/s", "p99_us": r["flow_p99_us"]}, t)
+                shutil.rmtree(d)
+
+    # block: uhs.py's fio matrix, one round
+    def block(self, round_no: int) -> None:
+        out = self.work / f"block-{round_no}"
+        cells = ["4k randwrite, flush each, 1 job, qd8", "4k+64k randwrite 1:1, flush each, 1 job, qd8", "4k randwrite, 1 job, qd8"]
+        args = ["--quick"] if self.args.quick else ["--rounds", "1", "--seconds", str(int(self.seconds))]
+        run([PY, REPO / "bench" / "uhs.py", "--transport", "unix", "--no-ext4", "--no-thresholds", "--no-migration",
+             "--systems", "uhs+qemu-nbd cache=none+qemu-nbd writeback+nbdkit file cache=none", "--out", out, *args,
+             *[x for c in cells for x in ("--cell", c)]])
+        results = json.loads((out / "results.json").read_text())
+        for cell, by_system in results["fio"].items():
+            for system, rs in by_system.items():
+                r = rs[0]
+                self.record("block", cell, system, round_no, {"value": r["mib_s"], "unit": "MiB/s", "p99_us": r["p99"]})
+        # uhs.py reads the counters offline, around its whole matrix: one figure for all cells.
+        counters = results.get("counters", {}).get("uhs") or [{}]
+        if counters[0]:
+            self.records.append({"group": "block", "workload": "all cells above", "system": "uhs", "round": round_no,
+                                 "traffic_only": True, "traffic": traffic({}, dict(counters[0]))})
+        shutil.rmtree(out, ignore_errors=True)
+
+    # objects: nvstore.py, one round
+    def objects(self, round_no: int) -> None:
+        out = self.work / f"objects-{round_no}"
+        args = ["--quick", "--jobs", "1,8"] if self.args.quick else ["--rounds", "1", "--seconds", str(self.seconds), "--jobs", "1,8"]
+        run([PY, REPO / "bench" / "nvstore.py", "--patterns", "append2k,random", "--work", self.work / "nvstore",
+             "--out", out, *args])
+        for rec in json.loads((out / "results.json").read_text()):
+            system = "nvstore" if rec["system"] == "alignfs" else rec["system"]
+            for c in rec["cells"]:
+                bytes_ = max(c["bytes"], 1)
+                t = {"app_write_bytes": c["bytes"], "device": sum(c["traffic"].values()) / bytes_,
+                     "device_metadata": c["traffic"].get("metadata", 0) / bytes_}
+                self.record("objects", f"{rec['pattern']}, {rec['jobs']} writer{'s' if rec['jobs'] > 1 else ''}", system,
+                            round_no, {"value": c["bytes"] / c["seconds"] / MIB, "unit": "MiB/s", "p99_us": 0.0}, t)
+        shutil.rmtree(out, ignore_errors=True)
+
+    def setup(self, groups: list) -> None:
+        for d in [self.ext4, self.limit]:
+            d.mkdir(parents=True, exist_ok=True)
+        if any(g in groups for g in ["files", "memlimit", "macro"]):
+            for profile in FILE_PROFILES:
+                self.mounts.format(profile)
+                self.mounts.mount(profile)
+            log(f"prefilling {self.file_bytes // MIB} MiB files")
+            for target in [self.mounts.mnt(p) for p in FILE_PROFILES] + [self.ext4]:
+                prefill(target / "overwrite", self.file_bytes)
+            prefill(self.mounts.mnt("scrap") / "partial", self.file_bytes)
+            prefill(self.ext4 / "partial", self.file_bytes)
+            # The limit writes with O_DIRECT into a preallocated file.
+            run(["fallocate", "-l", str(self.file_bytes), self.limit / "overwrite"])
+
+    def cleanup(self) -> None:
+        for profile in FILE_PROFILES:
+            self.mounts.umount(profile)
+        shutil.rmtree(self.work, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+def med(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize(records: list) -> dict:
+    """{group: {workload: {system: {median, min, max, p99, traffic}}}} in the order measured."""
+    out: dict = {}
+    for r in records:
+        if r.get("traffic_only"):
+            continue
+        cell = out.setdefault(r["group"], {}).setdefault(r["workload"], {}).setdefault(r["system"], {"runs": []})
+        cell["runs"].append(r)
+    for group in out.values():
+        for systems in group.values():
+            for cell in systems.values():
+                runs = cell.pop("runs")
+                values = [r["value"] for r in runs]
+                cell.update(median=med(values), min=min(values), max=max(values), n=len(values), unit=runs[0]["unit"],
+                            p99_us=med([r.get("p99_us", 0.0) for r in runs]))
+                ts = [r["traffic"] for r in runs if r.get("traffic")]
+                if ts:
+                    cell["traffic"] = median_traffic(ts)
+    return out
+
+
+def median_traffic(ts: list) -> dict:
+    return {k: med([t.get(k, 0) for t in ts]) for k in ts[0]}
+
+
+def matrix_traffic(records: list, group: str) -> list:
+    """Traffic measured around a whole group rather than per cell: [(label, system, traffic)]."""
+    by: dict = {}
+    for r in records:
+        if r.get("traffic_only") and r["group"] == group:
+            by.setdefault((r["workload"], r["system"]), []).append(r["traffic"])
+    return [(w, s, median_traffic(ts)) for (w, s), ts in by.items()]
+
+
+def systems_of(group: str, table: dict) -> list:
+    """The group's columns: the five profiles (measured or absent) first, then its peers."""
+    seen = []
+    for systems in table.values():
+        for s in systems:
+            if s not in seen:
+                seen.append(s)
+    peers = [s for s in seen if s not in PROFILES]
+    return [p for p in PROFILES if p in seen or p in ABSENT[group]] + peers
+
+
+def fmt(v: float) -> str:
+    if v != v:
+        return "—"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def ratio(group: str, cells: dict, system: str, peer: str) -> float:
+    a = cells.get(system)
+    if peer == BEST_PEER:
+        peers = [c["median"] for s, c in cells.items() if s not in PROFILES and s != "limit"]
+        b = {"median": max(peers)} if peers else None
+    else:
+        b = cells.get(peer)
+    return a["median"] / b["median"] if a and b and b["median"] else float("nan")
+
+
+def report(summary: dict, meta: dict, records: list) -> str:
+    lines = ["# Five designs, one table", "",
+             f"{meta['rounds']} round(s); {meta['seconds']} s cells; {meta['file_bytes'] // MIB} MiB files; "
+             f"seed 42 (+ round); {meta['date']}; `{meta['command']}`.",
+             "Each cell: median over rounds [min–max]. Ratios divide medians from this run. "
+             "\"—\": the profile's front end cannot run the workload (the reason is under the table).", ""]
+    for group in GROUPS:
+        table = summary.get(group)
+        if not table:
+            continue
+        systems = systems_of(group, table)
+        unit = next(iter(next(iter(table.values())).values()))["unit"]
+        ref, lim = REFERENCE[group], LIMIT.get(group)
+        lines += [f"## {group} ({unit})", "", "| workload | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
+        for workload, cells in table.items():
+            row = []
+            for s in systems:
+                c = cells.get(s)
+                row.append(f"{fmt(c['median'])} [{fmt(c['min'])}–{fmt(c['max'])}]" if c else "—")
+            lines.append(f"| {workload} | " + " | ".join(row) + " |")
+        measured = [s for s in systems if s in PROFILES and s not in ABSENT[group]]
+        for peer in [p for p in [ref, lim] if p]:
+            lines += ["", f"Ratio to {peer}:", "", "| workload | " + " | ".join(measured) + " |", "|---" * (len(measured) + 1) + "|"]
+            for workload, cells in table.items():
+                lines.append(f"| {workload} | " + " | ".join(fmt(ratio(group, cells, s, peer)) + "×" for s in measured) + " |")
+        lines += ["", "p99 latency, µs (per operation: the write and its fsync, or one macro flow):", "",
+                  "| workload | " + " | ".join(s for s in systems if s not in ABSENT[group]) + " |",
+                  "|---" * (len([s for s in systems if s not in ABSENT[group]]) + 1) + "|"]
+        for workload, cells in table.items():
+            lines.append(f"| {workload} | " + " | ".join(fmt(cells[s]["p99_us"]) if s in cells else "—"
+                                                         for s in systems if s not in ABSENT[group]) + " |")
+        with_traffic = [(w, s, c["traffic"]) for w, cells in table.items() for s, c in cells.items() if c.get("traffic")]
+        with_traffic += matrix_traffic(records, group)
+        if with_traffic:
+            keys = [k for k in ["ssd", "residue", "kv", "flash", "device", "device_metadata", "migrations", "device_bytes_per_op"]
+                    if any(k in t for _, _, t in with_traffic)]
+            lines += ["", "Write traffic per byte the application wrote (migrations: blocks merged; device bytes per op: "
+                      "host to device, macro only):", "", "| workload | system | " + " | ".join(keys) + " |",
+                      "|---" * (len(keys) + 2) + "|"]
+            for w, s, t in with_traffic:
+                lines.append(f"| {w} | {s} | " + " | ".join(fmt(t[k]) if k in t else "" for k in keys) + " |")
+        absent = [(p, ABSENT[group][p]) for p in systems if p in ABSENT[group]]
+        if absent:
+            lines += [""] + [f"- {p} —: {why}" for p, why in absent]
+        lines.append("")
+    lines += headline_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def headline_lines(summary: dict) -> list:
+    lines = ["## Each paper's headline workload", "",
+             "Target: at least the ratio the profile's own benchmark measured.", "",
+             "| profile | group | workload | ratio to | this run | its own benchmark | reached |", "|---|---|---|---|---|---|---|"]
+    for profile, group, workload, peer, measured, where in HEADLINES:
+        cells = summary.get(group, {}).get(workload, {})
+        r = ratio(group, cells, profile, peer)
+        own = f"{measured:.2f}× ({where})" if measured else where
+        reached = "—" if measured is None or r != r else ("yes" if r >= measured else "**no**")
+        lines.append(f"| {profile} | {group} | {workload} | {peer} | {fmt(r)}× | {own} | {reached} |")
+    return lines + [""]
+
+
+def plot(out: Path, summary: dict, records: list) -> list:
+    import matplotlib
+    import matplotlib.ticker
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"orch": "#d62728", "scrap": "#ff7f0e", "uhs": "#9467bd", "nvstore": "#8c564b", "byte": "#e377c2"}
+    made = []
+    for group, table in summary.items():
+        ref = REFERENCE[group]
+        systems = [s for s in systems_of(group, table) if s not in ABSENT[group]]
+        workloads = list(table)
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(workloads) + 4), 4.5))
+        width = 0.8 / max(len(systems), 1)
+        for i, s in enumerate(systems):
+            xs = [k + i * width for k in range(len(workloads))]
+            ratios = [ratio(group, table[w], s, ref) for w in workloads]
+            ax1.bar(xs, [r if r == r else 0 for r in ratios], width, label=s, color=colors.get(s))
+            p99 = [table[w][s]["p99_us"] if s in table[w] else 0 for w in workloads]
+            ax2.bar(xs, [v if v > 0 else float("nan") for v in p99], width, label=s, color=colors.get(s))
+        for ax, title in [(ax1, f"throughput ÷ {ref} (log)"), (ax2, "p99 latency, µs (log)")]:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+            ax.tick_params(axis="y", which="minor", labelsize=6)
+            ax.set_title(f"{group}: {title}")
+            ax.set_xticks([k + 0.4 - width / 2 for k in range(len(workloads))])
+            ax.set_xticklabels(workloads, rotation=20, ha="right", fontsize=7)
+        ax1.axhline(1.0, color="black", linewidth=0.8)
+        ax1.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"{group}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+    # Write traffic per byte written, every profile's cells together.
+    rows = [(f"{g}: {w}", s, c["traffic"]) for g, table in summary.items() for w, cells in table.items()
+            for s, c in cells.items() if c.get("traffic") and "ssd" in c["traffic"]]
+    rows += [(f"block: {w}", s, t) for w, s, t in matrix_traffic(records, "block")]
+    if rows:
+        fig, ax = plt.subplots(figsize=(10, max(3, 0.28 * len(rows) + 1)))
+        labels = [f"{s} · {w}" for w, s, _ in rows]
+        left = [0.0] * len(rows)
+        for key, color in [("ssd", "#1f77b4"), ("residue", "#ff7f0e"), ("kv", "#2ca02c"), ("flash", "#7f7f7f")]:
+            vals = [t.get(key, 0) for _, _, t in rows]
+            ax.barh(labels, vals, left=left, label=key, color=color)
+            left = [a + b for a, b in zip(left, vals)]
+        ax.set_xlabel("bytes written per application byte (flash: the byte device's programs)")
+        ax.tick_params(axis="y", labelsize=6)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "traffic.png", dpi=110)
+        plt.close(fig)
+        made.append("traffic.png")
+    return made
+
+
+def decision_guide(summary: dict, results_dir: str) -> str:
+    """docs/COMPARE.md: for each workload, which profile won here, by how much and why."""
+    lines = ["# Which design for which workload", "",
+             f"Generated by `bench/compare.py --doc` from [`{results_dir}`](../{results_dir}/report.md); every "
+             "number below is a median from that run on this machine (2 cores, one virtual disk, persistent "
+             "memory emulated on tmpfs). Re-run it on yours: the ranking depends on the disk and the CPU.", "",
+             "| group | workload | best profile | ÷ the best other system | ÷ the next profile | why |", "|---|---|---|---|---|---|"]
+    for group in GROUPS:
+        for workload, cells in summary.get(group, {}).items():
+            ranked = sorted(((c["median"], s) for s, c in cells.items() if s in PROFILES), reverse=True)
+            peers = sorted(((c["median"], s) for s, c in cells.items() if s not in PROFILES and s != "limit"), reverse=True)
+            if not ranked:
+                continue
+            best_v, best = ranked[0]
+            nxt = f"{best_v / ranked[1][0]:.2f}× {ranked[1][1]}" if len(ranked) > 1 and ranked[1][0] else "— (the only one)"
+            vs_peer, why = "—", MECHANISM[best]
+            if peers and peers[0][0]:
+                vs_peer = f"{best_v / peers[0][0]:.2f}× {peers[0][1]}"
+                if best_v < peers[0][0]:
+                    why = f"no profile beats {peers[0][1]} here" + (f"; {best} comes closest" if len(ranked) > 1 else "")
+            lines.append(f"| {group} | {workload} | **{best}** | {vs_peer} | {nxt} | {why} |")
+    lines += ["", "## What each costs", "", "| profile | needs, and when a write is durable |", "|---|---|"]
+    lines += [f"| {p} | {COSTS[p]} |" for p in PROFILES]
+    lines += ["", "## How to read it", "",
+              "- `engine` runs every profile without its front end, so it isolates the design; the other groups add "
+              "the front end a user would run (FUSE, NBD, S3 semantics) and that front end's own cost.",
+              "- A profile absent from a group has no front end for that workload (the report says why).",
+              "- Ratios near 1 are within this machine's noise (single cells vary by ±20 %); the report gives every "
+              "cell's spread over rounds.", ""]
+    lines += headline_lines(summary)
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 s cells, small files (CI runs it)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=4.0, help="seconds per cell")
+    p.add_argument("--file-size", type=mountbench.parse_size, default=GIB, help="the overwritten file (files, memlimit)")
+    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, from {','.join(GROUPS)}")
+    p.add_argument("--work", type=Path, default=Path("/var/tmp"), help="directory on the disk under test")
+    p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/DATE-compare)")
+    p.add_argument("--doc", type=Path, default=None, help="also write the decision guide here (docs/COMPARE.md)")
+    p.add_argument("--from", dest="source", type=Path, default=None, help="rebuild report, plots and --doc from this results directory")
+    args = p.parse_args()
+    groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    if unknown := [g for g in groups if g not in GROUPS]:
+        p.error(f"unknown group(s) {unknown}; known: {GROUPS}")
+
+    if args.source:
+        data = json.loads((args.source / "results.json").read_text())
+        out = args.source
+    else:
+        if os.geteuid() != 0:
+            raise SystemExit("bench/compare.py: run as root (mounts, memory cgroups, cache drops, loop devices)")
+        mountbench.ensure_tools()
+        log("building release binaries")
+        run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench"])
+        rounds = 1 if args.quick else args.rounds
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+        out = args.out or REPO / "bench" / "results" / f"{stamp}-compare"
+        cmp = Compare(args)
+        pages_before = MAX_PAGES.read_text().strip() if MAX_PAGES.exists() else None
+        started = time.monotonic()
+        try:
+            if pages_before is not None:
+                MAX_PAGES.write_text("2048\n")  # writes of up to 8 MiB reach the engine whole (docs/FUSE.md)
+            cmp.setup(groups)
+            for round_no in range(rounds):
+                for group in groups:
+                    log(f"round {round_no + 1}/{rounds}: {group}")
+                    getattr(cmp, group)(round_no)
+        finally:
+            cmp.cleanup()
+            if pages_before is not None:
+                MAX_PAGES.write_text(pages_before + "\n")
+        meta = {"date": stamp, "rounds": rounds, "seconds": cmp.seconds, "file_bytes": cmp.file_bytes,
+                "groups": groups, "minutes": round((time.monotonic() - started) / 60, 1),
+                "command": " ".join(["bench/compare.py", *sys.argv[1:]])}
+        data = {"meta": meta, "records": cmp.records}
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(data, indent=1))
+    summary = summarize(data["records"])
+    text = report(summary, data["meta"], data["records"])
+    try:
+        plots = plot(out, summary, data["records"])
+        text += "\nPlots: " + ", ".join(f"[{n}]({n})" for n in plots) + "\n"
+    except ImportError:
+        log("matplotlib is missing: no plots")
+    (out / "report.md").write_text(text)
+    print(text)
+    if args.doc:
+        rel = os.path.relpath(out, REPO)
+        args.doc.write_text(decision_guide(summary, rel))
+        log(f"decision guide: {args.doc}")
+    log(f"report: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
