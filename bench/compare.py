@@ -389,8 +389,8 @@ class Compare:
     # objects: nvstore.py, one round
     def objects(self, round_no: int) -> None:
         out = self.work / f"objects-{round_no}"
-        args = ["--quick", "--jobs", "1,8"] if self.args.quick else ["--rounds", "1", "--seconds", str(self.seconds), "--jobs", "1,8"]
-        run([PY, REPO / "bench" / "nvstore.py", "--patterns", "append2k,random", "--work", self.work / "nvstore",
+        args = ["--quick"] if self.args.quick else ["--rounds", "1", "--seconds", str(self.seconds), "--device-size", "3G"]
+        run([PY, REPO / "bench" / "nvstore.py", "--patterns", "append2k,random", "--jobs", "1,8", "--work", self.work / "nvstore",
              "--out", out, *args])
         for rec in json.loads((out / "results.json").read_text()):
             system = "nvstore" if rec["system"] == "alignfs" else rec["system"]
@@ -476,6 +476,9 @@ def systems_of(group: str, table: dict) -> list:
     return [p for p in PROFILES if p in seen or p in ABSENT[group]] + peers
 
 
+COUNTS = {"migrations", "device_bytes_per_op"}  # traffic figures that are counts, not ratios
+
+
 def fmt(v: float) -> str:
     if v != v:
         return "—"
@@ -532,7 +535,8 @@ def report(summary: dict, meta: dict, records: list) -> str:
                       "host to device, macro only):", "", "| workload | system | " + " | ".join(keys) + " |",
                       "|---" * (len(keys) + 2) + "|"]
             for w, s, t in with_traffic:
-                lines.append(f"| {w} | {s} | " + " | ".join(fmt(t[k]) if k in t else "" for k in keys) + " |")
+                lines.append(f"| {w} | {s} | " + " | ".join(
+                    "" if k not in t else f"{t[k]:.0f}" if k in COUNTS else fmt(t[k]) for k in keys) + " |")
         absent = [(p, ABSENT[group][p]) for p in systems if p in ABSENT[group]]
         if absent:
             lines += [""] + [f"- {p} —: {why}" for p, why in absent]
