@@ -601,19 +601,28 @@ impl Inner {
     fn read_range(&self, addr: u64, out: &mut [u8], load: bool) -> Result<()> {
         self.check_range(addr, out.len() as u64)?;
         let _media = self.media.read();
+        // Every flash page the range needs in one batch (adjacent pages in one IO), as a
+        // device reads a multi-page command; then each page with its log chunks merged.
+        let pieces = pieces(addr, out.len());
+        let mut needs = Vec::with_capacity(pieces.len());
+        let mut ppas = Vec::with_capacity(pieces.len());
+        for (lpa, offset, range) in &pieces {
+            let chunks = self.index.chunks(*lpa);
+            let from_log_only = load && covers(&chunks, *offset..*offset + range.len());
+            let ppa = if from_log_only { None } else { self.ftl.lookup(*lpa) };
+            ppas.extend(ppa);
+            needs.push((chunks, ppa.is_some()));
+        }
+        let flash = self.ftl.read_pages(&ppas)?;
+        let mut flash = flash.pages();
         let mut page = AlignedBuf::zeroed(PAGE as usize);
-        for (lpa, offset, range) in pieces(addr, out.len()) {
-            let in_page = offset..offset + range.len();
-            page.fill(0);
-            let chunks = self.index.chunks(lpa);
-            let from_log_only = load && covers(&chunks, in_page.clone());
-            if !from_log_only {
-                if let Some(ppa) = self.ftl.lookup(lpa) {
-                    page.copy_from_slice(self.ftl.read_pages(&[ppa])?.pages().next().expect("one page read"));
-                }
+        for ((_, offset, range), (chunks, mapped)) in pieces.into_iter().zip(needs) {
+            match mapped {
+                true => page.copy_from_slice(flash.next().expect("one page per mapped page")),
+                false => page.fill(0),
             }
             merge(&mut page, &chunks, &mut |chunk, bytes| self.read_log(chunk.pos + ENTRY_HEADER, bytes));
-            out[range].copy_from_slice(&page[in_page]);
+            out[range.clone()].copy_from_slice(&page[offset..offset + range.len()]);
         }
         Ok(())
     }
