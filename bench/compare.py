@@ -191,8 +191,13 @@ class Mounts:
         return mnt
 
     def umount(self, profile: str) -> None:
-        if os.path.ismount(self.mnt(profile)):
-            run([ALIGNFS, "umount", self.mnt(profile)], check=False)
+        mnt = self.mnt(profile)
+        if os.path.ismount(mnt):
+            run([ALIGNFS, "umount", mnt], check=False)
+        if os.path.ismount(mnt):
+            # A daemon that died (an OOM kill under a cap) leaves a mount that only a lazy
+            # unmount removes.
+            run(["fusermount3", "-u", "-z", mnt], check=False)
 
     def counters(self, profile: str) -> dict:
         report = json.loads(run([ALIGNFS, "stat", self.mnt(profile), "--json"]))
