@@ -10,8 +10,8 @@ Each round runs every group once, and within a group every system takes its turn
             and the device limit: fio random overwrites of a prefilled file, fsync after each
   memlimit  WSBuffer's partial-page writes under a memory limit: scrap's daemon and ext4's
             writer in a memory cgroup capped at 70 % and 100 % of the bytes written
-            (--scrap-mem = the cap less the daemon's own), and without a cap; caches
-            dropped first
+            (--scrap-mem = the cap less the daemon's own), and without a cap; each cell
+            ends with an fsync, and uncapped once more without; caches dropped first
   macro     filebench's varmail, fileserver and createfiles (alignfs-macro) on the mounts
             and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
@@ -96,7 +96,7 @@ COSTS = {
 # profile's own benchmark measured against that peer, and where).
 HEADLINES = [
     ("orch", "files", "4KiB±10%, fsync each", "ext4", 3.91, "docs/BENCHMARKS.md, bench/run.py"),
-    ("scrap", "memlimit", "64KiB±10% partial, no cap", "ext4", 8.85, "docs/SCRAP.md, bench/scrap.py: 4 GiB file, no fsync at the end"),
+    ("scrap", "memlimit", "64KiB±10% partial, no cap, no fsync", "ext4", 8.85, "docs/SCRAP.md, bench/scrap.py: 4 GiB file"),
     ("uhs", "block", "4k randwrite, flush each, 1 job, qd8", BEST_PEER, 4.20, "docs/UHS.md, bench/uhs.py"),
     ("nvstore", "objects", "append2k, 8 writers", "bluestore", 1.15, "docs/NVSTORE.md, bench/nvstore.py"),
     ("nvstore", "objects", "append2k, 1 writer", "bluestore", 2.51, "docs/NVSTORE.md, bench/nvstore.py"),
@@ -308,11 +308,12 @@ class Compare:
         file = "partial"
         # scrap is mounted again inside each cap, with --scrap-mem to fit it.
         self.mounts.umount("scrap")
-        # The cap as a share of the bytes a cell writes; None: no cap, the scrap buffer
-        # larger than the cell (the setting of the scrap profile's own benchmark).
-        for share in (0.7, 1.0, None):
+        # The cap as a share of the bytes a cell writes (None: no cap, the scrap buffer
+        # larger than the cell), and whether the cell ends with an fsync. Without one,
+        # both systems leave the data in memory: the scrap profile's own benchmark.
+        for share, durable in ((0.7, True), (1.0, True), (None, True), (None, False)):
             cap_bytes = int(self.cap_written * share) if share else None
-            label = f"cap {share:.0%}" if share else "no cap"
+            label = (f"cap {share:.0%}" if share else "no cap") + ("" if durable else ", no fsync")
             for system in self.order(["scrap", "ext4"], round_no):
                 cap = MemoryCap(f"alignfs-compare-{os.getpid()}-{system}", cap_bytes) if cap_bytes else None
                 try:
@@ -332,7 +333,7 @@ class Compare:
                         cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
                                "--rw=randwrite", "--invalidate=0", "--randrepeat=1", f"--randseed={7 + round_no}",
                                f"--size={self.file_bytes}", f"--io_size={self.cap_written}", f"--bsrange={lo}-{hi}",
-                               "--bs_unaligned=1", "--end_fsync=1"]
+                               "--bs_unaligned=1", f"--end_fsync={int(durable)}"]
                         # The cap holds what keeps the written data in memory: ext4's writer
                         # (its page cache is charged to it), scrap's daemon (its scrap pages).
                         job = json.loads(run(cap.wrap(cmd) if cap and system == "ext4" else cmd))["jobs"][0]["write"]
