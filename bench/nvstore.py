@@ -456,8 +456,17 @@ bluestore block db path = {self.db.dev}
             except Exception:
                 pass
         if getattr(self, "conf", None):
-            subprocess.run(["pkill", "-f", f"ceph-(mon|osd) .*-c {self.conf}"])
-            time.sleep(2)
+            # Wait until the daemons are gone: a monitor still on its port when the next
+            # run starts one would serve that run's OSD with the old cluster's fsid.
+            daemons = f"ceph-(mon|osd) .*-c {self.conf}"
+            subprocess.run(["pkill", "-f", daemons])
+            deadline = time.monotonic() + 30
+            while subprocess.run(["pgrep", "-f", daemons], capture_output=True).returncode == 0:
+                if time.monotonic() > deadline:
+                    subprocess.run(["pkill", "-9", "-f", daemons])
+                    time.sleep(1)
+                    break
+                time.sleep(0.2)
         detach(getattr(self, "block", None), getattr(self, "db", None))
 
 
