@@ -690,6 +690,8 @@ def main() -> int:
         p.error(f"unknown group(s) {unknown}; known: {GROUPS}")
 
     if args.source:
+        if not (args.source / "results.json").is_file():
+            p.error(f"{args.source} holds no results.json from bench/compare.py")
         data = json.loads((args.source / "results.json").read_text())
         out = args.source
     else:
