@@ -617,9 +617,10 @@ impl Inner {
         let mut flash = flash.pages();
         let mut page = AlignedBuf::zeroed(PAGE as usize);
         for ((_, offset, range), (chunks, mapped)) in pieces.into_iter().zip(needs) {
-            match mapped {
-                true => page.copy_from_slice(flash.next().expect("one page per mapped page")),
-                false => page.fill(0),
+            if mapped {
+                page.copy_from_slice(flash.next().expect("one page per mapped page"));
+            } else {
+                page.fill(0);
             }
             merge(&mut page, &chunks, &mut |chunk, bytes| self.read_log(chunk.pos + ENTRY_HEADER, bytes));
             out[range.clone()].copy_from_slice(&page[offset..offset + range.len()]);
