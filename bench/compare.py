@@ -32,14 +32,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as mountbench  # noqa: E402  (fio helpers shared with the mount benchmark)
+import run as mountbench  # noqa: E402  (fio, run and log, shared with the mount benchmark)
+import scrap as scrapbench  # noqa: E402  (its prefill)
 
 REPO = Path(__file__).resolve().parent.parent
 ALIGNFS = REPO / "target" / "release" / "alignfs"
@@ -105,15 +105,7 @@ HEADLINES = [
 ]
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def run(cmd: list, env: dict | None = None, check: bool = True) -> str:
-    p = subprocess.run([str(c) for c in cmd], text=True, capture_output=True, env=dict(os.environ, **(env or {})))
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    return p.stdout
+log, run = mountbench.log, mountbench.run
 
 
 # --- memory cgroups ----------------------------------------------------------------------
@@ -225,19 +217,11 @@ def traffic(before: dict, after: dict) -> dict:
     }
 
 
-def fio_cell(file: Path, size: int, system: str, lo: int, hi: int, durable: bool, seconds: float, seed: int,
-             cap: MemoryCap | None = None) -> dict:
+def fio_cell(file: Path, size: int, system: str, lo: int, hi: int, durable: bool, seconds: float, seed: int) -> dict:
     env = {"FILE": file, "SIZE": size, "RUNTIME": seconds, "SEED": seed,
            **mountbench.size_env(system, lo, hi), **mountbench.sync_env(system, durable)}
-    cmd = ["fio", "--thread", mountbench.FIO_DIR / "overwrite.fio", "--output-format=json"]
-    out = run(cap.wrap(cmd) if cap else cmd, env={k: str(v) for k, v in env.items()})
-    m = mountbench.fio_metrics(json.loads(out[out.index("{"):]), "write")
+    m = mountbench.fio_metrics(mountbench.fio("overwrite.fio", env), "write")
     return {"value": m["mib_s"], "unit": "MiB/s", "p99_us": max(m["io_p99_us"], m["fsync_p99_us"])}
-
-
-def prefill(file: Path, size: int) -> None:
-    run(["fio", "--name=prefill", f"--filename={file}", f"--size={size}", "--rw=write", "--bs=1m", "--ioengine=psync",
-         "--end_fsync=1", "--output=/dev/null"])
 
 
 # --- the run ----------------------------------------------------------------------------
@@ -279,14 +263,8 @@ class Compare:
         for r in json.loads(out.read_text()):
             system = {"plain": "ext4"}.get(r["system"], r["system"])
             workload = f"{r['workload']}, {'fsync each' if r['durable'] else 'one fsync at the end'}"
-            c = r.get("counters")
-            t = None
-            if c:
-                written = c["app_write_bytes"] or 1
-                t = {"app_write_bytes": c["app_write_bytes"], "ssd": c["ssd_write_bytes"] / written,
-                     "residue": (c["page_write_bytes"] + c["upage_write_bytes"]) / written,
-                     "kv": c["kv_write_bytes"] / written, "flash": c["flash_program_bytes"] / written,
-                     "migrations": sum(c[k] for k in c if k.startswith("migrations_"))}
+            # The counters are already the cell's deltas.
+            t = traffic({}, r["counters"]) if r.get("counters") else None
             self.record("engine", workload, system, round_no, {"value": r["mib_s"], "unit": "MiB/s", "p99_us": r["p99_us"]}, t)
 
     FILE_WORKLOADS = [("4KiB±10%", 3687, 4505), ("1MiB±10%", 943719, 1153433), ("1B-2MiB", 1, 2 * MIB)]
@@ -422,9 +400,9 @@ class Compare:
                 self.mounts.mount(profile)
             log(f"prefilling {self.file_bytes // MIB} MiB files")
             for target in [self.mounts.mnt(p) for p in FILE_PROFILES] + [self.ext4]:
-                prefill(target / "overwrite", self.file_bytes)
-            prefill(self.mounts.mnt("scrap") / "partial", self.file_bytes)
-            prefill(self.ext4 / "partial", self.file_bytes)
+                scrapbench.prefill(target / "overwrite", self.file_bytes)
+            scrapbench.prefill(self.mounts.mnt("scrap") / "partial", self.file_bytes)
+            scrapbench.prefill(self.ext4 / "partial", self.file_bytes)
             # The limit writes with O_DIRECT into a preallocated file.
             run(["fallocate", "-l", str(self.file_bytes), self.limit / "overwrite"])
 
@@ -496,7 +474,7 @@ def fmt(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
-def ratio(group: str, cells: dict, system: str, peer: str) -> float:
+def ratio(cells: dict, system: str, peer: str) -> float:
     a = cells.get(system)
     if peer == BEST_PEER:
         peers = [c["median"] for s, c in cells.items() if s not in PROFILES and s != "limit"]
@@ -530,7 +508,7 @@ def report(summary: dict, meta: dict, records: list) -> str:
         for peer in [p for p in [ref, lim] if p]:
             lines += ["", f"Ratio to {peer}:", "", "| workload | " + " | ".join(measured) + " |", "|---" * (len(measured) + 1) + "|"]
             for workload, cells in table.items():
-                lines.append(f"| {workload} | " + " | ".join(fmt(ratio(group, cells, s, peer)) + "×" for s in measured) + " |")
+                lines.append(f"| {workload} | " + " | ".join(fmt(ratio(cells, s, peer)) + "×" for s in measured) + " |")
         lines += ["", "p99 latency, µs (per operation: the write and its fsync, or one macro flow):", "",
                   "| workload | " + " | ".join(s for s in systems if s not in ABSENT[group]) + " |",
                   "|---" * (len([s for s in systems if s not in ABSENT[group]]) + 1) + "|"]
@@ -564,7 +542,7 @@ def headline_lines(summary: dict) -> list:
              "| profile | group | workload | ratio to | this run | its own benchmark | reached |", "|---|---|---|---|---|---|---|"]
     for profile, group, workload, peer, measured, where in HEADLINES:
         cells = summary.get(group, {}).get(workload, {})
-        r = ratio(group, cells, profile, peer)
+        r = ratio(cells, profile, peer)
         own = f"{measured:.2f}× ({where})" if measured else where
         reached = "—" if measured is None or r != r else ("yes" if r >= measured else "**no**")
         lines.append(f"| {profile} | {group} | {workload} | {peer} | {fmt(r)}× | {own} | {reached} |")
@@ -587,7 +565,7 @@ def plot(out: Path, summary: dict, records: list) -> list:
         width = 0.8 / max(len(systems), 1)
         for i, s in enumerate(systems):
             xs = [k + i * width for k in range(len(workloads))]
-            ratios = [ratio(group, table[w], s, ref) for w in workloads]
+            ratios = [ratio(table[w], s, ref) for w in workloads]
             ax1.bar(xs, [r if r == r else 0 for r in ratios], width, label=s, color=colors.get(s))
             p99 = [table[w][s]["p99_us"] if s in table[w] else 0 for w in workloads]
             ax2.bar(xs, [v if v > 0 else float("nan") for v in p99], width, label=s, color=colors.get(s))
