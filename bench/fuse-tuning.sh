@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measure the FUSE front end's tuning choices with fio on a scratch volume: request threads
-# (1, 2, 4, 8) and the kernel page cache (default: FOPEN_DIRECT_IO), with ext4 on the same disk
-# as the baseline.
+# (1, 2, 4, 8) and writes through the kernel page cache (`--cache all`) against direct writes
+# (the default), with ext4 on the same disk as the baseline. bench/cache-modes.sh compares
+# the cache modes on reads.
 # Prints one line per (setting, workload) with MiB/s and the ratio to ext4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ for w in "${workloads[@]}"; do base[${w%%:*}]=$(mibs "$work/ext4" "${w#*:}"); rm
 "$bin" mkfs --fast "$shm/fast:1G" --ssd "$work/ssd.img:4G" >/dev/null
 printf '%-24s %-30s %8s %8s\n' setting workload MiB/s "÷ext4"
 for w in "${workloads[@]}"; do printf '%-24s %-30s %8s %8s\n' ext4 "${w%%:*}" "${base[${w%%:*}]}" 1.00; done
-for setting in "--threads 1" "--threads 2" "--threads 4" "--threads 8" "--threads 4 --page-cache"; do
+for setting in "--threads 1" "--threads 2" "--threads 4" "--threads 8" "--threads 4 --cache all"; do
     # shellcheck disable=SC2086
     "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" $setting "$work/mnt" >/dev/null
     for w in "${workloads[@]}"; do

@@ -386,6 +386,9 @@ fn print_report(r: &VolumeReport) {
     println!("volume {} (profile {})", r.uuid, r.profile);
     if let Some(d) = &r.daemon {
         println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
+        if !d.front_end.is_empty() {
+            println!("  front end: {}", d.front_end);
+        }
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };

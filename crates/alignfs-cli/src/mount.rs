@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use alignfs::device::FaultPlan;
 use alignfs::volume::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
-use alignfs_fuse::{AlignFs, FuseOptions, STATS_XATTR};
+use alignfs_fuse::{AlignFs, CacheMode, FuseOptions, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
@@ -51,10 +51,11 @@ pub struct MountArgs {
     /// Seconds the kernel may cache attributes and names.
     #[arg(long, default_value_t = 1.0)]
     attr_ttl: f64,
-    /// Cache file data in the kernel page cache too. By default file IO bypasses it
-    /// (FOPEN_DIRECT_IO): the engine already caches, and it measured faster (docs/FUSE.md).
-    #[arg(long)]
-    page_cache: bool,
+    /// Which opens use the kernel page cache: `reads` (read-only opens read through it;
+    /// opens that can write bypass it, and every write keeps it current), `direct` (no open
+    /// uses it) or `all` (writes too go through it, write-through). docs/FUSE.md.
+    #[arg(long, value_name = "MODE", default_value = "reads", value_parser = parse_cache_mode)]
+    cache: CacheMode,
     /// Leave `fs.fuse.max_pages_limit` as it is. By default a mount run as root raises it
     /// to 8 MiB worth of pages, so that writes of up to 8 MiB reach the engine whole.
     #[arg(long)]
@@ -96,6 +97,10 @@ struct ParsedOptions {
     mount: Vec<MountOption>,
     acl: SessionACL,
     read_only: bool,
+}
+
+fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
+    s.parse()
 }
 
 fn parse_options(options: &[String]) -> Result<ParsedOptions> {
@@ -293,10 +298,10 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     );
     let options = FuseOptions {
         ttl: Duration::from_secs_f64(args.attr_ttl),
-        direct_io: !args.page_cache,
+        cache: args.cache,
+        threads: args.threads,
         mountpoint: std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.clone()),
         faults,
-        ..FuseOptions::default()
     };
     let mut config = Config::default();
     config.mount_options = parsed.mount.clone();
@@ -314,8 +319,10 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         Ok(None) => {}
         Err(note) => tracing::info!("{note}"),
     }
-    let mut session = fuser::Session::new(AlignFs::new(volume, options), mountpoint, &config)
-        .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    let fs = AlignFs::new(volume, options);
+    let coherence = fs.coherence();
+    let mut session = fuser::Session::new(fs, mountpoint, &config).with_context(|| format!("mount at {}", mountpoint.display()))?;
+    coherence.attach(session.notifier());
     let mut unmounter = session.unmount_callable();
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
@@ -329,7 +336,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
             }
         }
     })?;
-    tracing::info!("mounted at {}", mountpoint.display());
+    tracing::info!("mounted at {} (page cache: {}, {} request threads)", mountpoint.display(), args.cache, args.threads);
     if daemon {
         println!("{READY}");
         std::io::stdout().flush()?;

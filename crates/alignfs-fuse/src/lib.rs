@@ -6,6 +6,7 @@
 
 mod attr;
 mod handles;
+mod page_cache;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -26,6 +27,7 @@ use fuser::{
 
 use attr::{file_attr, kind_from_mode, time_ns};
 use handles::Handles;
+pub use page_cache::{CacheMode, Coherence};
 
 /// The read-only extended attribute of the root directory that carries the live report
 /// (JSON) to `alignfs stat MOUNTPOINT`. It is not listed, so copying tools never see it.
@@ -42,33 +44,27 @@ pub const MAX_WRITE: u32 = 8 << 20;
 /// Kernel readahead per request.
 const MAX_READAHEAD: u32 = 4 << 20;
 
-/// How the mount behaves; `Default` is what `alignfs mount` uses.
+/// How the mount behaves (`alignfs mount`'s options set it).
 #[derive(Clone, Debug)]
 pub struct FuseOptions {
     /// How long the kernel may cache attributes and names. Safe to be long: every change
     /// goes through this mount, and the kernel updates its copy on the way.
     pub ttl: Duration,
-    /// Keep the page cache across opens (FOPEN_KEEP_CACHE).
-    pub keep_cache: bool,
-    /// Bypass the kernel page cache for file IO (FOPEN_DIRECT_IO); shared mappings still
-    /// work (FUSE_DIRECT_IO_ALLOW_MMAP).
-    pub direct_io: bool,
+    /// Which opens read through the kernel page cache.
+    pub cache: CacheMode,
+    /// Request threads serving the mount.
+    pub threads: usize,
     /// Where the volume is mounted (reported by the stats attribute).
     pub mountpoint: PathBuf,
     /// The SSD's fault injector, when the mount was started with one.
     pub faults: Option<Arc<FaultPlan>>,
 }
 
-impl Default for FuseOptions {
-    fn default() -> Self {
-        FuseOptions { ttl: Duration::from_secs(1), keep_cache: true, direct_io: true, mountpoint: PathBuf::new(), faults: None }
-    }
-}
-
 pub struct AlignFs {
     volume: Volume,
     options: FuseOptions,
     handles: Handles,
+    coherence: Coherence,
     started: Instant,
 }
 
@@ -98,7 +94,13 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 
 impl AlignFs {
     pub fn new(volume: Volume, options: FuseOptions) -> AlignFs {
-        AlignFs { volume, options, handles: Handles::default(), started: Instant::now() }
+        let coherence = Coherence::new(options.cache, options.threads);
+        AlignFs { volume, options, handles: Handles::default(), coherence, started: Instant::now() }
+    }
+
+    /// What keeps the page cache coherent; attach the session's notifier to it once mounted.
+    pub fn coherence(&self) -> Coherence {
+        self.coherence.clone()
     }
 
     fn ino(ino: INodeNo) -> Ino {
@@ -131,6 +133,7 @@ impl AlignFs {
             pid: std::process::id(),
             mountpoint: self.options.mountpoint.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
+            front_end: format!("page cache: {}, {} request threads", self.options.cache, self.options.threads),
         });
         serde_json::to_vec(&report).unwrap_or_default()
     }
@@ -148,25 +151,6 @@ impl AlignFs {
         let all = [dot(b".", dir), dot(b"..", parent)].into_iter().chain(snapshot.iter().cloned());
         Ok(all.enumerate().skip(offset as usize).map(|(i, e)| (i as u64 + 1, e)).collect())
     }
-
-    fn open_flags(&self) -> FopenFlags {
-        file_open_flags(self.options.direct_io, self.options.keep_cache)
-    }
-}
-
-/// How opened files behave in the kernel; shared with the benchmark's passthrough.
-pub fn file_open_flags(direct_io: bool, keep_cache: bool) -> FopenFlags {
-    let mut flags = FopenFlags::empty();
-    if keep_cache {
-        flags |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
-    if direct_io {
-        // The engine's per-file range lock orders overlapping writes, so the kernel need
-        // not hold the inode lock across a whole direct write: writers of one file run in
-        // parallel (the kernel still serializes writes that extend the file).
-        flags |= FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
-    }
-    flags
 }
 
 fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
@@ -188,7 +172,7 @@ fn set_time(t: Option<TimeOrNow>) -> Option<TimeNs> {
 
 /// The kernel-side settings every alignfs mount asks for. Public so the benchmark's FUSE
 /// passthrough runs with exactly the same front end and measures only the FUSE tax.
-pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
+pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     if let Err(nearest) = config.set_max_write(MAX_WRITE) {
         let _ = config.set_max_write(nearest);
     }
@@ -196,7 +180,7 @@ pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
     if let Err(nearest) = config.set_max_readahead(MAX_READAHEAD) {
         let _ = config.set_max_readahead(nearest);
     }
-    if direct_io {
+    if cache.has_direct_opens() {
         // Shared mappings stay possible with FOPEN_DIRECT_IO (kernel 6.6+).
         let _ = config.add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
     }
@@ -210,7 +194,7 @@ pub fn configure_kernel(config: &mut KernelConfig, direct_io: bool) {
 
 impl Filesystem for AlignFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        configure_kernel(config, self.options.direct_io);
+        configure_kernel(config, self.options.cache);
         Ok(())
     }
 
@@ -335,9 +319,9 @@ impl Filesystem for AlignFs {
         self.reply_entry(reply, &attr);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let attr = try_or_reply!(reply, self.volume.open_handle(Self::ino(ino)));
-        reply.opened(FileHandle(attr.ino.0), self.open_flags());
+        reply.opened(FileHandle(attr.ino.0), self.options.cache.fopen_flags(flags.0));
     }
 
     fn read(
@@ -351,6 +335,7 @@ impl Filesystem for AlignFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.coherence.reading(ino.0, offset, size);
         let mut buf = vec![0u8; size as usize];
         let n = try_or_reply!(reply, self.volume.read(Self::ino(ino), offset, &mut buf));
         reply.data(&buf[..n]);
@@ -363,13 +348,14 @@ impl Filesystem for AlignFs {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let n = try_or_reply!(reply, self.volume.write(Self::ino(ino), offset, data));
-        reply.written(u32::try_from(n).unwrap_or(u32::MAX));
+        let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        self.coherence.written(ino.0, offset, u32::try_from(n).unwrap_or(u32::MAX), from_page_cache, reply);
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
@@ -519,7 +505,7 @@ impl Filesystem for AlignFs {
         }
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, _flags: i32, reply: ReplyCreate) {
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
         let parent = Self::ino(parent);
         let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, false));
         let attr = try_or_reply!(reply, self.volume.create_file(parent, name_bytes(name), perm, uid, gid));
@@ -529,7 +515,7 @@ impl Filesystem for AlignFs {
             &file_attr(&attr, self.volume.geometry().block()),
             Generation(0),
             FileHandle(attr.ino.0),
-            self.open_flags(),
+            self.options.cache.fopen_flags(flags),
         );
     }
 

@@ -205,6 +205,9 @@ pub struct DaemonInfo {
     pub pid: u32,
     pub mountpoint: String,
     pub uptime_s: f64,
+    /// How the front end serves requests, e.g. "page cache: reads, 4 request threads".
+    #[serde(default)]
+    pub front_end: String,
 }
 
 impl VolumeReport {

@@ -1,5 +1,6 @@
 //! A FUSE file system that forwards every request to a directory of the host, with the same
-//! front-end settings as `alignfs mount` (threads, FOPEN_DIRECT_IO, 1 MiB requests, TTL).
+//! front-end settings as `alignfs mount` (threads, page-cache mode and its coherence,
+//! request sizes, TTL).
 //! bench/run.py measures it next to alignfs and the host file system so the cost of FUSE
 //! itself is visible apart from the engine's.
 //!
@@ -19,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use alignfs_fuse::{CacheMode, Coherence};
 use anyhow::Context;
 use clap::Parser;
 use fuser::{
@@ -37,9 +39,9 @@ struct Args {
     /// FUSE request threads (as `alignfs mount --threads`).
     #[arg(long, default_value_t = 4)]
     threads: usize,
-    /// Use the kernel page cache instead of FOPEN_DIRECT_IO (as `alignfs mount --page-cache`).
-    #[arg(long)]
-    page_cache: bool,
+    /// Which opens use the kernel page cache (as `alignfs mount --cache`).
+    #[arg(long, value_name = "MODE", default_value = "reads")]
+    cache: CacheMode,
     mountpoint: PathBuf,
 }
 
@@ -47,7 +49,8 @@ const TTL: Duration = Duration::from_secs(1);
 
 struct Passthrough {
     source: PathBuf,
-    direct_io: bool,
+    cache: CacheMode,
+    coherence: Coherence,
     paths: Mutex<HashMap<u64, PathBuf>>,
     files: Mutex<HashMap<u64, Arc<File>>>,
     next_fh: AtomicU64,
@@ -144,9 +147,9 @@ impl Passthrough {
         self.files.lock().get(&fh.0).cloned().ok_or_else(|| std::io::Error::from_raw_os_error(libc::EBADF))
     }
 
-    fn fopen_flags(&self) -> FopenFlags {
+    fn fopen_flags(&self, open_flags: i32) -> FopenFlags {
         // pwrite on the host file is safe from many threads, so the same flags as alignfs.
-        alignfs_fuse::file_open_flags(self.direct_io, true)
+        self.cache.fopen_flags(open_flags)
     }
 }
 
@@ -171,7 +174,7 @@ fn to_system_time(t: TimeOrNow) -> SystemTime {
 
 impl Filesystem for Passthrough {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        alignfs_fuse::configure_kernel(config, self.direct_io);
+        alignfs_fuse::configure_kernel(config, self.cache);
         Ok(())
     }
 
@@ -286,14 +289,14 @@ impl Filesystem for Passthrough {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let path = try_io!(reply, self.path(ino));
         let file = try_io!(reply, open_options(flags.0).open(&path));
-        let (fh, flags) = self.open_file(file, self.fopen_flags());
+        let (fh, flags) = self.open_file(file, self.fopen_flags(flags.0));
         reply.opened(fh, flags);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -301,6 +304,7 @@ impl Filesystem for Passthrough {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.coherence.reading(ino.0, offset, size);
         let file = try_io!(reply, self.file(fh));
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
@@ -321,18 +325,19 @@ impl Filesystem for Passthrough {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let file = try_io!(reply, self.file(fh));
         try_io!(reply, file.write_all_at(data, offset));
-        reply.written(u32::try_from(data.len()).unwrap_or(u32::MAX));
+        let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        self.coherence.written(ino.0, offset, u32::try_from(data.len()).unwrap_or(u32::MAX), from_page_cache, reply);
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
@@ -425,7 +430,7 @@ impl Filesystem for Passthrough {
         }
         let file = try_io!(reply, options.open(&path));
         let attr = try_io!(reply, self.remember(path));
-        let (fh, open_flags) = self.open_file(file, self.fopen_flags());
+        let (fh, open_flags) = self.open_file(file, self.fopen_flags(flags));
         reply.created(&TTL, &attr, Generation(0), fh, open_flags);
     }
 
@@ -466,7 +471,8 @@ fn main() -> anyhow::Result<()> {
     let fs = Passthrough {
         paths: Mutex::new(HashMap::from([(1, source.clone())])),
         source,
-        direct_io: !args.page_cache,
+        cache: args.cache,
+        coherence: Coherence::new(args.cache, args.threads),
         files: Mutex::new(HashMap::new()),
         next_fh: AtomicU64::new(1),
     };
@@ -474,7 +480,9 @@ fn main() -> anyhow::Result<()> {
     config.mount_options = vec![MountOption::FSName("alignfs-passthrough".into()), MountOption::DefaultPermissions];
     config.n_threads = Some(args.threads);
     config.clone_fd = true;
+    let coherence = fs.coherence.clone();
     let session = fuser::Session::new(fs, &args.mountpoint, &config).with_context(|| format!("mount at {}", args.mountpoint.display()))?;
+    coherence.attach(session.notifier());
     eprintln!("passthrough of {} mounted at {}", args.source.display(), args.mountpoint.display());
     session.run().context("serve FUSE requests")?;
     Ok(())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The mount's page-cache modes (`alignfs mount --cache direct|reads|all`) against ext4 on the
+# same disk, in interleaved rounds: cold and warm random reads by a read-only reader, durable
+# 4 KiB random writes, and RocksDB's readrandom after a synchronous fillrandom.
+# Prints one line per (workload, system): median MiB/s (or ops/s) over the rounds, the spread,
+# and the ratio to ext4. docs/FUSE.md quotes it.
+#
+# Environment: ROUNDS (3), RUNTIME seconds per fio cell (5), SIZE of the file (512m),
+# MODES to compare (default "direct reads"), ALIGNFS (default target/release/alignfs, built).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $(id -u) == 0 ]] || { echo "run as root: it drops the page cache" >&2; exit 1; }
+rounds=${ROUNDS:-3}
+runtime=${RUNTIME:-5}
+size=${SIZE:-512m}
+modes=(${MODES:-direct reads})
+bin=${ALIGNFS:-target/release/alignfs}
+[[ -n ${ALIGNFS:-} ]] || cargo build --release --locked -q -p alignfs-cli
+work=$(mktemp -d /var/tmp/alignfs-cache-modes.XXXXXX)
+shm=$(mktemp -d /dev/shm/alignfs-cache-modes.XXXXXX)
+trap 'mountpoint -q "$work/mnt" && "$bin" umount "$work/mnt" >/dev/null; rm -rf "$work" "$shm"' EXIT
+mkdir -p "$work/ext4" "$work/mnt"
+"$bin" mkfs --fast "$shm/fast:1G" --ssd "$work/ssd.img:4G" >/dev/null
+
+fio_cell() { # dir, rw, extra args → MiB/s
+    fio --name=cell --directory="$1" --filename=data --size="$size" --ioengine=psync --time_based --runtime="$runtime" \
+        --randrepeat=1 --invalidate=0 --rw="$2" "${@:3}" --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round((j["write"]["bw"]+j["read"]["bw"])/1024, 1))'
+}
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+rocksdb() { # dir → readrandom ops/s
+    rm -rf "$1/db"
+    db_bench --db="$1/db" --benchmarks=fillrandom,readrandom --num=20000 --reads=200000 --write_buffer_size=4194304 \
+        --cache_size=8388608 --value_size=1024 --sync=1 --seed=42 --compression_type=none --threads=1 2>/dev/null |
+        awk '$1 == "readrandom" { print $5 }'
+}
+results=$work/results
+: >"$results"
+systems=(ext4 "${modes[@]}")
+for ((r = 0; r < rounds; r++)); do
+    for ((i = 0; i < ${#systems[@]}; i++)); do
+        system=${systems[$(((i + r) % ${#systems[@]}))]}
+        dir=$work/ext4
+        if [[ $system != ext4 ]]; then
+            "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" --cache "$system" "$work/mnt" >/dev/null
+            dir=$work/mnt
+        fi
+        fio --name=fill --directory="$dir" --filename=data --size="$size" --rw=write --bs=1m --end_fsync=1 --output-format=json >/dev/null
+        drop
+        echo "$system cold-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
+        cat "$dir/data" >/dev/null
+        echo "$system warm-4KiB-randread $(fio_cell "$dir" randread --bs=4k --readonly)" >>"$results"
+        echo "$system warm-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
+        echo "$system durable-4KiB-randwrite $(fio_cell "$dir" randwrite --bs=4k --fsync=1)" >>"$results"
+        echo "$system rocksdb-readrandom-ops/s $(rocksdb "$dir")" >>"$results"
+        rm -rf "${dir:?}"/*
+        [[ $system == ext4 ]] || "$bin" umount "$work/mnt" >/dev/null
+        echo "round $((r + 1))/$rounds: $system done" >&2
+    done
+done
+python3 - "$results" "${systems[@]}" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 3]
+systems = sys.argv[2:]
+workloads = list(dict.fromkeys(w for _, w, _ in rows))
+print(f"{'workload':28} {'system':8} {'median':>10} {'spread':>22} {'÷ext4':>7}")
+for w in workloads:
+    med = {s: statistics.median([float(v) for s2, w2, v in rows if s2 == s and w2 == w] or [0]) for s in systems}
+    for s in systems:
+        vals = [float(v) for s2, w2, v in rows if s2 == s and w2 == w]
+        ratio = med[s] / med["ext4"] if med["ext4"] else float("nan")
+        print(f"{w:28} {s:8} {med[s]:10.1f} {f'[{min(vals):.1f}–{max(vals):.1f}]':>22} {ratio:7.2f}")
+EOF
