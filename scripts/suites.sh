@@ -28,7 +28,7 @@ command -v pjdfstest >/dev/null || cargo install --locked -q pjdfstest@0.2.2 || 
 command -v fsx >/dev/null || cargo install --locked -q fsx@0.3.2 || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 id tests >/dev/null 2>&1 || echo 'tests:x:::pjdfstest dummy user:/:/usr/sbin/nologin' | newusers
-cargo build --release --locked -q -p alignfs-cli || exit 1
+cargo build --release --locked -q -p alignfs-cli -p alignfs-crash || exit 1
 bin=$repo/target/release/alignfs
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
@@ -54,7 +54,7 @@ tiny_devices=(--fast "$shm/tiny-fast" --ssd "$work/tiny-ssd.img")
 "$bin" mkfs --fast "$shm/tiny-fast:2M" --ssd "$work/tiny-ssd.img:512M" >/dev/null || exit 1
 mount_main() { "$bin" mount "${main_devices[@]}" --log "$work/mount.log" -o allow_other "$mnt"; }
 mount_main || { cat "$work/mount.log"; exit 1; }
-"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" -o allow_other "$tiny" || exit 1
+"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct -o allow_other "$tiny" || exit 1
 
 passed=0
 failed=0
@@ -96,10 +96,24 @@ run_fsx() {
         && grep -q "All operations completed A-OK" "$work/fsx-$seed.out" \
         || { tail -40 "$work/fsx-$seed.out"; return 1; }
 }
+# fsx reads, writes and maps through one read-write open; a second reader streaming the same
+# file through a read-only open keeps the page cache full of it (`--cache reads`).
+run_fsx_with_reader() {
+    local file=$1 seed=$2
+    run_fsx "$file" "$seed" &
+    local fsx_pid=$!
+    while kill -0 "$fsx_pid" 2>/dev/null; do cat "$file" >/dev/null 2>&1; done
+    wait "$fsx_pid"
+}
 check "fsx seed 1 ($fsx_ops ops)" run_fsx "$mnt/fsx-1" 1
-check "fsx seed 2 ($fsx_ops ops)" run_fsx "$mnt/fsx-2" 2
-check "fsx seed 3 ($fsx_ops ops, 2 MiB fast tier)" run_fsx "$tiny/fsx-3" 3
+check "fsx seed 2 ($fsx_ops ops, a cached reader of the same file)" run_fsx_with_reader "$mnt/fsx-2" 2
+check "fsx seed 3 ($fsx_ops ops, 2 MiB fast tier, --cache direct)" run_fsx "$tiny/fsx-3" 3
 rm -f "$tiny/fsx-3"
+
+# --- page cache coherence: cached reads, direct writes and mappings of one file -----------
+coherence() { "$repo/target/release/alignfs-coherence" --seed "$2" "$1" >"$work/coherence-$2.out" 2>&1 || { tail -5 "$work/coherence-$2.out"; return 1; }; }
+check "page cache coherence (--cache reads)" coherence "$mnt/coherence" 1
+check "page cache coherence (--cache direct)" coherence "$tiny/coherence" 2
 
 # --- fio verify --------------------------------------------------------------------------
 run_fio() {
@@ -272,11 +286,12 @@ check "mount -o ro: everything readable, writes refused with EROFS" read_only
 check "SQLite data after remounts" bash -c "[[ \$(sqlite3 '$mnt/sqlite/test.db' 'PRAGMA integrity_check; SELECT count(*), sum(length(v)) FROM t;' | tail -1) == \$(cat '$work/sqlite.sum') ]]"
 
 # --- the scrap profile -------------------------------------------------------------------
-# Two SSDs with residue in 32 MiB of DRAM scrap pages (so flushing runs all the time):
-# pjdfstest (counted test by test), fsx, fio verify, and a remount that keeps every byte.
+# Two SSDs with residue in 32 MiB of DRAM scrap pages (so flushing runs all the time),
+# mounted with writes through the page cache (`--cache all`): pjdfstest (counted test by
+# test), fsx, fio verify, page cache coherence, and a remount that keeps every byte.
 "$bin" mkfs --profile scrap --ssd "$work/scrap-a.img:1G" --ssd "$work/scrap-b.img:1G" >/dev/null || exit 1
 mount_scrap() {
-    "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
+    "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --cache all --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
 }
 mount_scrap || { cat "$work/scrap.log"; exit 1; }
 # pjdfstest on another profile's mount, counted test by test against the main list of
@@ -298,6 +313,7 @@ pjdfstest_counted "$scrap" scrap
 check "fsx seed 4 ($fsx_ops ops, scrap)" run_fsx "$scrap/fsx-4" 4
 check "fio verify (scrap)" run_fio "$scrap/fio" 256m
 rm -rf "$scrap/fio"
+check "page cache coherence (scrap, --cache all)" coherence "$scrap/coherence" 3
 scrap_cycle() {
     local before after
     # The peak is per daemon: read it before unmounting.
