@@ -268,6 +268,7 @@ class Compare:
             self.record("engine", workload, system, round_no, {"value": r["mib_s"], "unit": "MiB/s", "p99_us": r["p99_us"]}, t)
 
     FILE_WORKLOADS = [("4KiB±10%", 3687, 4505), ("1MiB±10%", 943719, 1153433), ("1B-2MiB", 1, 2 * MIB)]
+    THREADS = [2, 4]  # one thread is the 1B-2MiB cell above
 
     # files: the mounts, ext4 and the limit
     def files(self, round_no: int) -> None:
@@ -280,6 +281,23 @@ class Compare:
                 result = fio_cell(targets[system], self.file_bytes, system, lo, hi, True, self.seconds, 42 + i + 100 * round_no)
                 t = traffic(before, self.mounts.counters(system)) if before is not None else None
                 self.record("files", f"{name}, fsync each", system, round_no, result, t)
+        # The OrchFS paper's threads (Figure 14): 1 B–2 MiB, fsync each, each thread its own file.
+        dirs = {system: file.parent / "threads" for system, file in targets.items()}
+        for jobs in self.THREADS:
+            for system in self.order(list(dirs), round_no):
+                dirs[system].mkdir(parents=True, exist_ok=True)
+                env = {"DIR": dirs[system], "SIZE": self.file_bytes // jobs, "JOBS": jobs, "RUNTIME": self.seconds,
+                       "SEED": 42 + jobs + 100 * round_no, **mountbench.size_env(system, 1, 2 * MIB),
+                       **mountbench.sync_env(system, True)}
+                # Lay the files out first, so that the counters and the timing cover only the run.
+                run(["fio", "--thread", mountbench.FIO_DIR / "threads-own.fio", "--create_only=1"], env={k: str(v) for k, v in env.items()})
+                mountbench.drop_caches()
+                before = self.mounts.counters(system) if system in FILE_PROFILES else None
+                m = mountbench.fio_metrics(mountbench.fio("threads-own.fio", env), "write", jobs)
+                t = traffic(before, self.mounts.counters(system)) if before is not None else None
+                result = {"value": m["mib_s"], "unit": "MiB/s", "p99_us": max(m["io_p99_us"], m["fsync_p99_us"])}
+                self.record("files", f"1B-2MiB, fsync each, {jobs} threads", system, round_no, result, t)
+                shutil.rmtree(dirs[system])
 
     # memlimit: scrap and ext4 under one memory cap
     def memlimit(self, round_no: int) -> None:
