@@ -286,7 +286,8 @@ class Compare:
         for jobs in self.THREADS:
             for system in self.order(list(dirs), round_no):
                 dirs[system].mkdir(parents=True, exist_ok=True)
-                env = {"DIR": dirs[system], "SIZE": self.file_bytes // jobs, "JOBS": jobs, "RUNTIME": self.seconds,
+                # Half the overwritten file's bytes in all, so that they fit beside it on every volume.
+                env = {"DIR": dirs[system], "SIZE": self.file_bytes // (2 * jobs), "JOBS": jobs, "RUNTIME": self.seconds,
                        "SEED": 42 + jobs + 100 * round_no, **mountbench.size_env(system, 1, 2 * MIB),
                        **mountbench.sync_env(system, True)}
                 # Lay the files out first, so that the counters and the timing cover only the run.
