@@ -509,6 +509,9 @@ def report(summary: dict, meta: dict, records: list) -> str:
              f"seed 42 (+ round); {meta['date']}; `{meta['command']}`.",
              "Each cell: median over rounds [min–max]. Ratios divide medians from this run. "
              "\"—\": the profile's front end cannot run the workload (the reason is under the table).", ""]
+    for f in meta.get("failures", []):
+        lines += [f"**Round {f['round']} of `{f['group']}` failed** and is missing from its medians: "
+                  f"`{f['error'].strip().splitlines()[-1] if f['error'].strip() else 'no message'}`", ""]
     for group in GROUPS:
         table = summary.get(group)
         if not table:
@@ -701,8 +704,20 @@ def main() -> int:
         stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
         out = args.out or REPO / "bench" / "results" / f"{stamp}-compare"
         cmp = Compare(args)
-        pages_before = MAX_PAGES.read_text().strip() if MAX_PAGES.exists() else None
+        failures: list[dict] = []
         started = time.monotonic()
+
+        def save(rounds_done: int) -> dict:
+            # After every group, so that a run cut short keeps what it measured.
+            meta = {"date": stamp, "rounds": rounds_done, "seconds": cmp.seconds, "file_bytes": cmp.file_bytes,
+                    "groups": groups, "minutes": round((time.monotonic() - started) / 60, 1), "failures": failures,
+                    "command": " ".join(["bench/compare.py", *sys.argv[1:]])}
+            data = {"meta": meta, "records": cmp.records}
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(data, indent=1))
+            return data
+
+        pages_before = MAX_PAGES.read_text().strip() if MAX_PAGES.exists() else None
         try:
             if pages_before is not None:
                 MAX_PAGES.write_text("2048\n")  # writes of up to 8 MiB reach the engine whole (docs/FUSE.md)
@@ -710,17 +725,17 @@ def main() -> int:
             for round_no in range(rounds):
                 for group in groups:
                     log(f"round {round_no + 1}/{rounds}: {group}")
-                    getattr(cmp, group)(round_no)
+                    try:
+                        getattr(cmp, group)(round_no)
+                    except Exception as e:  # one peer failing loses that group's round, not the run
+                        log(f"round {round_no + 1}: {group} failed: {e}")
+                        failures.append({"round": round_no + 1, "group": group, "error": str(e)[-2000:]})
+                    save(round_no + 1)
         finally:
             cmp.cleanup()
             if pages_before is not None:
                 MAX_PAGES.write_text(pages_before + "\n")
-        meta = {"date": stamp, "rounds": rounds, "seconds": cmp.seconds, "file_bytes": cmp.file_bytes,
-                "groups": groups, "minutes": round((time.monotonic() - started) / 60, 1),
-                "command": " ".join(["bench/compare.py", *sys.argv[1:]])}
-        data = {"meta": meta, "records": cmp.records}
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(data, indent=1))
+        data = save(rounds)
     summary = summarize(data["records"])
     text = report(summary, data["meta"], data["records"])
     try:
@@ -735,6 +750,9 @@ def main() -> int:
         args.doc.write_text(decision_guide(summary, rel))
         log(f"decision guide: {args.doc}")
     log(f"report: {out / 'report.md'}")
+    if failed := data["meta"].get("failures"):
+        log(f"{len(failed)} group round(s) failed; see the top of the report")
+        return 1
     return 0
 
 
