@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
 runtime=${RUNTIME:-5}
 size=${SIZE:-512m}
-modes=(${MODES:-direct reads})
+read -ra modes <<<"${MODES:-direct reads}"
 bin=${ALIGNFS:-target/release/alignfs}
 [[ -n ${ALIGNFS:-} ]] || cargo build --release --locked -q -p alignfs-cli
 work=$(mktemp -d /var/tmp/alignfs-cache-modes.XXXXXX)

@@ -220,7 +220,11 @@ def traffic(before: dict, after: dict) -> dict:
 def fio_cell(file: Path, size: int, system: str, lo: int, hi: int, durable: bool, seconds: float, seed: int) -> dict:
     env = {"FILE": file, "SIZE": size, "RUNTIME": seconds, "SEED": seed,
            **mountbench.size_env(system, lo, hi), **mountbench.sync_env(system, durable)}
-    m = mountbench.fio_metrics(mountbench.fio("overwrite.fio", env), "write")
+    return write_result(mountbench.fio_metrics(mountbench.fio("overwrite.fio", env), "write"))
+
+
+def write_result(m: dict) -> dict:
+    """A cell's result from fio's write metrics: MiB/s, and the p99 of the write or its fsync."""
     return {"value": m["mib_s"], "unit": "MiB/s", "p99_us": max(m["io_p99_us"], m["fsync_p99_us"])}
 
 
@@ -294,9 +298,8 @@ class Compare:
                 run(["fio", "--thread", mountbench.FIO_DIR / "threads-own.fio", "--create_only=1"], env={k: str(v) for k, v in env.items()})
                 mountbench.drop_caches()
                 before = self.mounts.counters(system) if system in FILE_PROFILES else None
-                m = mountbench.fio_metrics(mountbench.fio("threads-own.fio", env), "write", jobs)
+                result = write_result(mountbench.fio_metrics(mountbench.fio("threads-own.fio", env), "write", jobs))
                 t = traffic(before, self.mounts.counters(system)) if before is not None else None
-                result = {"value": m["mib_s"], "unit": "MiB/s", "p99_us": max(m["io_p99_us"], m["fsync_p99_us"])}
                 self.record("files", f"1B-2MiB, fsync each, {jobs} threads", system, round_no, result, t)
                 shutil.rmtree(dirs[system])
 
