@@ -52,6 +52,10 @@ if "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log"
 fi
 grep -q "superblock at byte 0" "$work/err"
 if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
+# An unknown page-cache mode is refused by name, with the modes there are, before anything mounts.
+if "$bin" mount --cache page "$work/mnt" 2>"$work/err"; then echo "smoke: mount --cache page must fail" >&2; exit 1; fi
+grep -q "unknown cache mode \"page\": one of direct, reads, all" "$work/err"
+if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
 # stat of a directory that is not an alignfs mount says so.
 if "$bin" stat "$work" 2>"$work/err"; then echo "smoke: stat of a plain directory must fail" >&2; exit 1; fi
 grep -q "is not the root of an alignfs mount" "$work/err"

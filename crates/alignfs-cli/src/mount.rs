@@ -54,7 +54,7 @@ pub struct MountArgs {
     /// Which opens use the kernel page cache: `reads` (read-only opens read through it;
     /// opens that can write bypass it, and every write keeps it current), `direct` (no open
     /// uses it) or `all` (writes too go through it, write-through). docs/FUSE.md.
-    #[arg(long, value_name = "MODE", default_value = "reads", value_parser = parse_cache_mode)]
+    #[arg(long, value_name = "MODE", default_value = "reads")]
     cache: CacheMode,
     /// Leave `fs.fuse.max_pages_limit` as it is. By default a mount run as root raises it
     /// to 8 MiB worth of pages, so that writes of up to 8 MiB reach the engine whole.
@@ -97,10 +97,6 @@ struct ParsedOptions {
     mount: Vec<MountOption>,
     acl: SessionACL,
     read_only: bool,
-}
-
-fn parse_cache_mode(s: &str) -> Result<CacheMode, String> {
-    s.parse()
 }
 
 fn parse_options(options: &[String]) -> Result<ParsedOptions> {
