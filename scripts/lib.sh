@@ -17,6 +17,17 @@ wait_gone() {
     return 1
 }
 
+# FUSE over io_uring (Linux 6.14+) stays off until root sets the fuse module's
+# enable_uring parameter. Turn it on, saying so; fail where the kernel has no such
+# parameter or it cannot be set (not root).
+fuse_uring_param=/sys/module/fuse/parameters/enable_uring
+enable_fuse_uring() {
+    [[ -e $fuse_uring_param ]] || return 1
+    [[ $(cat "$fuse_uring_param") == Y ]] && return 0
+    echo Y 2>/dev/null >"$fuse_uring_param" || return 1
+    echo "turned on FUSE over io_uring: $fuse_uring_param = Y"
+}
+
 # Run a named check ("$@"), print its outcome and time, and count it in $passed or
 # $failed (the sourcing script sets both to 0).
 check() {

@@ -47,14 +47,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-main_devices=(--fast "$shm/fast" --ssd "$work/ssd.img")
+# Both transports run the suites: the main mount requires io_uring where the kernel has
+# it; the tiny and scrap mounts use /dev/fuse.
+main_transport=io-uring
+enable_fuse_uring || { main_transport=dev-fuse; echo "FUSE over io_uring unavailable: every mount uses /dev/fuse"; }
+main_devices=(--fast "$shm/fast" --ssd "$work/ssd.img" --transport "$main_transport")
 tiny_devices=(--fast "$shm/tiny-fast" --ssd "$work/tiny-ssd.img")
 "$bin" mkfs --fast "$shm/fast:512M" --ssd "$work/ssd.img:6G" >/dev/null || exit 1
 # A fast tier of 2 MiB keeps migration and the fast-tier-full path running all the time.
 "$bin" mkfs --fast "$shm/tiny-fast:2M" --ssd "$work/tiny-ssd.img:512M" >/dev/null || exit 1
 mount_main() { "$bin" mount "${main_devices[@]}" --log "$work/mount.log" -o allow_other "$mnt"; }
 mount_main || { cat "$work/mount.log"; exit 1; }
-"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct -o allow_other "$tiny" || exit 1
+"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny" || exit 1
 
 passed=0
 failed=0
@@ -105,15 +109,31 @@ run_fsx_with_reader() {
     while kill -0 "$fsx_pid" 2>/dev/null; do cat "$file" >/dev/null 2>&1; done
     wait "$fsx_pid"
 }
-check "fsx seed 1 ($fsx_ops ops)" run_fsx "$mnt/fsx-1" 1
-check "fsx seed 2 ($fsx_ops ops, a cached reader of the same file)" run_fsx_with_reader "$mnt/fsx-2" 2
-check "fsx seed 3 ($fsx_ops ops, 2 MiB fast tier, --cache direct)" run_fsx "$tiny/fsx-3" 3
+check "fsx seed 1 ($fsx_ops ops, $main_transport)" run_fsx "$mnt/fsx-1" 1
+check "fsx seed 2 ($fsx_ops ops, a cached reader of the same file, $main_transport)" run_fsx_with_reader "$mnt/fsx-2" 2
+check "fsx seed 3 ($fsx_ops ops, 2 MiB fast tier, --cache direct, dev-fuse)" run_fsx "$tiny/fsx-3" 3
 rm -f "$tiny/fsx-3"
 
 # --- page cache coherence: cached reads, direct writes and mappings of one file -----------
 coherence() { "$repo/target/release/alignfs-coherence" --seed "$2" "$1" >"$work/coherence-$2.out" 2>&1 || { tail -5 "$work/coherence-$2.out"; return 1; }; }
-check "page cache coherence (--cache reads)" coherence "$mnt/coherence" 1
+check "page cache coherence (--cache reads, $main_transport)" coherence "$mnt/coherence" 1
 check "page cache coherence (--cache direct)" coherence "$tiny/coherence" 2
+
+# --- transports --------------------------------------------------------------------------
+# Each mount's requests went where its --transport says: counted by the daemon per transport.
+served() { "$bin" stat "$1" --json | python3 -c 'import json, sys; d = json.load(sys.stdin)["daemon"]; print(d["io_uring_requests"], d["dev_fuse_requests"], d["transport"])'; }
+transports() {
+    local ring dev what
+    read -r ring dev what < <(served "$mnt") || return 1
+    echo "main: $what; $ring requests through io_uring, $dev through /dev/fuse"
+    if [[ $main_transport == io-uring ]]; then
+        ((ring > 1000 && dev < ring / 100)) || return 1
+    fi
+    read -r ring dev what < <(served "$tiny") || return 1
+    echo "tiny: $what; $ring requests through io_uring, $dev through /dev/fuse"
+    ((ring == 0 && dev > 1000))
+}
+check "requests travel by each mount's transport" transports
 
 # --- fio verify --------------------------------------------------------------------------
 run_fio() {
@@ -291,7 +311,8 @@ check "SQLite data after remounts" bash -c "[[ \$(sqlite3 '$mnt/sqlite/test.db' 
 # test), fsx, fio verify, page cache coherence, and a remount that keeps every byte.
 "$bin" mkfs --profile scrap --ssd "$work/scrap-a.img:1G" --ssd "$work/scrap-b.img:1G" >/dev/null || exit 1
 mount_scrap() {
-    "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --cache all --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
+    "$bin" mount --ssd "$work/scrap-b.img" --ssd "$work/scrap-a.img" --scrap-mem 32M --cache all --transport dev-fuse \
+        --log "$work/scrap.log" -o allow_other "$scrap" >/dev/null
 }
 mount_scrap || { cat "$work/scrap.log"; exit 1; }
 # pjdfstest on another profile's mount, counted test by test against the main list of

@@ -389,6 +389,12 @@ fn print_report(r: &VolumeReport) {
         if !d.front_end.is_empty() {
             println!("  front end: {}", d.front_end);
         }
+        if !d.transport.is_empty() {
+            println!(
+                "  transport: {} ({} requests through io_uring, {} through /dev/fuse)",
+                d.transport, d.io_uring_requests, d.dev_fuse_requests
+            );
+        }
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use alignfs::device::FaultPlan;
 use alignfs::volume::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
-use alignfs_fuse::{AlignFs, CacheMode, FuseOptions, STATS_XATTR};
+use alignfs_fuse::{AlignFs, CacheMode, FuseOptions, Transport, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL};
@@ -45,9 +45,15 @@ pub struct MountArgs {
     /// (always on), noatime, nodev, nosuid, noexec, dirsync, sync.
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
     options: Vec<String>,
-    /// Threads serving FUSE requests (each with its own /dev/fuse descriptor).
+    /// Threads serving FUSE requests (each with its own /dev/fuse descriptor, and over
+    /// io_uring each with one ring entry; at least one per CPU).
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// How requests travel: `auto` (FUSE over io_uring where the kernel offers it, with
+    /// `/sys/module/fuse/parameters/enable_uring` set; /dev/fuse otherwise), `io-uring`
+    /// (or no mount) or `dev-fuse`. `alignfs stat` shows which one serves. docs/FUSE.md.
+    #[arg(long, value_name = "TRANSPORT", default_value = "auto")]
+    transport: Transport,
     /// Seconds the kernel may cache attributes and names.
     #[arg(long, default_value_t = 1.0)]
     attr_ttl: f64,
@@ -296,6 +302,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         ttl: Duration::from_secs_f64(args.attr_ttl),
         cache: args.cache,
         threads: args.threads,
+        transport: args.transport,
         mountpoint: std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.clone()),
         faults,
     };
@@ -306,6 +313,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     config.acl = parsed.acl;
     config.n_threads = Some(args.threads);
     config.clone_fd = true;
+    args.transport.configure(&mut config);
     // The kernel fixes a mount's request size when it mounts: raise the limit first.
     match raise_fuse_request_limit(args.keep_fuse_limit) {
         Ok(Some(note)) => {
@@ -316,9 +324,15 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         Err(note) => tracing::info!("{note}"),
     }
     let fs = AlignFs::new(volume, options);
-    let coherence = fs.coherence();
+    let link = fs.session_link();
     let mut session = fuser::Session::new(fs, mountpoint, &config).with_context(|| format!("mount at {}", mountpoint.display()))?;
-    coherence.attach(session.notifier());
+    let transport = session.transport();
+    if let Err(e) = args.transport.check(&transport) {
+        // Dropping the session unmounts and closes the volume.
+        drop(session);
+        bail!("{e}");
+    }
+    link.attach(&session);
     let mut unmounter = session.unmount_callable();
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
@@ -332,7 +346,13 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
             }
         }
     })?;
-    tracing::info!("mounted at {} (page cache: {}, {} request threads)", mountpoint.display(), args.cache, args.threads);
+    tracing::info!(
+        "mounted at {} (page cache: {}, {} request threads, transport: {})",
+        mountpoint.display(),
+        args.cache,
+        args.threads,
+        transport.summary()
+    );
     if daemon {
         println!("{READY}");
         std::io::stdout().flush()?;

@@ -7,11 +7,12 @@
 mod attr;
 mod handles;
 mod page_cache;
+mod transport;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use alignfs::device::FaultPlan;
@@ -22,12 +23,13 @@ use alignfs::{Error, FileKind, Ino, Volume};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyXattr, Request, TimeOrNow, TransportStats, WriteFlags,
 };
 
 use attr::{file_attr, kind_from_mode, time_ns};
 use handles::Handles;
 pub use page_cache::{CacheMode, Coherence};
+pub use transport::Transport;
 
 /// The read-only extended attribute of the root directory that carries the live report
 /// (JSON) to `alignfs stat MOUNTPOINT`. It is not listed, so copying tools never see it.
@@ -54,6 +56,8 @@ pub struct FuseOptions {
     pub cache: CacheMode,
     /// Request threads serving the mount.
     pub threads: usize,
+    /// Which transport carries the requests.
+    pub transport: Transport,
     /// Where the volume is mounted (reported by the stats attribute).
     pub mountpoint: PathBuf,
     /// The SSD's fault injector, when the mount was started with one.
@@ -65,7 +69,24 @@ pub struct AlignFs {
     options: FuseOptions,
     handles: Handles,
     coherence: Coherence,
+    session: Arc<OnceLock<Arc<TransportStats>>>,
     started: Instant,
+}
+
+/// What the file system learns from its session once mounted: the notifier that keeps the
+/// page cache coherent, and the transport's counters for the status report.
+#[derive(Clone)]
+pub struct SessionLink {
+    coherence: Coherence,
+    transport: Arc<OnceLock<Arc<TransportStats>>>,
+}
+
+impl SessionLink {
+    pub fn attach<FS: Filesystem>(&self, session: &fuser::Session<FS>) {
+        let transport = session.transport();
+        self.coherence.attach(session.notifier(), transport.io_uring());
+        let _ = self.transport.set(transport);
+    }
 }
 
 fn errno(e: &Error) -> Errno {
@@ -95,12 +116,12 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 impl AlignFs {
     pub fn new(volume: Volume, options: FuseOptions) -> AlignFs {
         let coherence = Coherence::new(options.cache, options.threads);
-        AlignFs { volume, options, handles: Handles::default(), coherence, started: Instant::now() }
+        AlignFs { volume, options, handles: Handles::default(), coherence, session: Arc::default(), started: Instant::now() }
     }
 
-    /// What keeps the page cache coherent; attach the session's notifier to it once mounted.
-    pub fn coherence(&self) -> Coherence {
-        self.coherence.clone()
+    /// Attach the session to it once mounted.
+    pub fn session_link(&self) -> SessionLink {
+        SessionLink { coherence: self.coherence.clone(), transport: Arc::clone(&self.session) }
     }
 
     fn ino(ino: INodeNo) -> Ino {
@@ -129,11 +150,15 @@ impl AlignFs {
 
     fn report_json(&self) -> Vec<u8> {
         let mut report = self.volume.report();
+        let transport = self.session.get();
         report.daemon = Some(DaemonInfo {
             pid: std::process::id(),
             mountpoint: self.options.mountpoint.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             front_end: format!("page cache: {}, {} request threads", self.options.cache, self.options.threads),
+            transport: transport.map(|t| t.summary()).unwrap_or_default(),
+            io_uring_requests: transport.map_or(0, |t| t.ring_requests()),
+            dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
         });
         serde_json::to_vec(&report).unwrap_or_default()
     }

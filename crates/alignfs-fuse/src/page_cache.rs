@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, OnceLock};
 
@@ -97,6 +97,12 @@ const PAGE: u64 = 4096;
 /// Invalidating can wait for a READ, which needs a free request thread. At most
 /// `threads - 1` request threads invalidate at once; the rest hand the invalidation, and
 /// the reply, to a thread of its own.
+///
+/// Over io_uring a request can only be answered through its ring entry, whose thread would
+/// wait for the handed-off reply, and a READ may be queued behind that very entry. There
+/// the write is acknowledged first and the invalidation follows on the other thread: the
+/// kernels that have the transport (6.14+) drop a direct write's pages again after the
+/// write, and the daemon's invalidation only repeats that.
 #[derive(Clone)]
 pub struct Coherence {
     inner: Arc<Inner>,
@@ -105,6 +111,8 @@ pub struct Coherence {
 struct Inner {
     enabled: bool,
     notifier: OnceLock<Notifier>,
+    /// Requests come through io_uring: acknowledge before invalidating.
+    reply_first: AtomicBool,
     /// Inodes that had a page-aligned READ: the kernel may hold pages of them.
     filled: Mutex<HashSet<u64>>,
     /// Request threads that may still invalidate themselves.
@@ -116,7 +124,8 @@ struct Pending {
     ino: u64,
     offset: u64,
     written: u32,
-    reply: ReplyWrite,
+    /// None when the write was already acknowledged.
+    reply: Option<ReplyWrite>,
 }
 
 impl Coherence {
@@ -127,6 +136,7 @@ impl Coherence {
             inner: Arc::new(Inner {
                 enabled: mode.has_direct_opens(),
                 notifier: OnceLock::new(),
+                reply_first: AtomicBool::new(false),
                 filled: Mutex::new(HashSet::new()),
                 inline_permits: AtomicUsize::new(threads.saturating_sub(1)),
                 handoff: Mutex::new(None),
@@ -134,8 +144,10 @@ impl Coherence {
         }
     }
 
-    /// Start keeping the page cache coherent through the mounted session's notifier.
-    pub fn attach(&self, notifier: Notifier) {
+    /// Start keeping the page cache coherent through the mounted session's notifier;
+    /// `io_uring` tells whether its requests come through io_uring.
+    pub fn attach(&self, notifier: Notifier, io_uring: bool) {
+        self.inner.reply_first.store(io_uring, Ordering::Release);
         let _ = self.inner.notifier.set(notifier);
     }
 
@@ -158,13 +170,17 @@ impl Coherence {
         if !inner.enabled || from_page_cache || written == 0 || !inner.filled.lock().contains(&ino) {
             return reply.written(written);
         }
+        if inner.reply_first.load(Ordering::Acquire) {
+            reply.written(written);
+            return self.hand_off(Pending { ino, offset, written, reply: None });
+        }
         let permit = inner.inline_permits.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
         if permit {
             invalidate(notifier, ino, offset, written);
             inner.inline_permits.fetch_add(1, Ordering::AcqRel);
             reply.written(written);
         } else {
-            self.hand_off(Pending { ino, offset, written, reply });
+            self.hand_off(Pending { ino, offset, written, reply: Some(reply) });
         }
     }
 
@@ -178,7 +194,9 @@ impl Coherence {
                     if let Some(notifier) = inner.notifier.get() {
                         invalidate(notifier, p.ino, p.offset, p.written);
                     }
-                    p.reply.written(p.written);
+                    if let Some(reply) = p.reply {
+                        reply.written(p.written);
+                    }
                 }
             });
             if let Err(e) = spawned {
@@ -192,7 +210,9 @@ impl Coherence {
             if let Some(notifier) = self.inner.notifier.get() {
                 invalidate(notifier, p.ino, p.offset, p.written);
             }
-            p.reply.written(p.written);
+            if let Some(reply) = p.reply {
+                reply.written(p.written);
+            }
         }
     }
 }

@@ -208,6 +208,14 @@ pub struct DaemonInfo {
     /// How the front end serves requests, e.g. "page cache: reads, 4 request threads".
     #[serde(default)]
     pub front_end: String,
+    /// Which transport carries FUSE requests, e.g. "io_uring, 2 queues x 2 entries".
+    #[serde(default)]
+    pub transport: String,
+    /// Requests served through io_uring entries and read from /dev/fuse.
+    #[serde(default)]
+    pub io_uring_requests: u64,
+    #[serde(default)]
+    pub dev_fuse_requests: u64,
 }
 
 impl VolumeReport {

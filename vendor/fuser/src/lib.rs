@@ -87,6 +87,11 @@ mod dev_fuse;
 /// Experimental APIs
 #[cfg(feature = "experimental")]
 pub mod experimental;
+/// alignfs: the FUSE-over-io_uring transport.
+#[cfg(target_os = "linux")]
+mod uring;
+#[cfg(target_os = "linux")]
+pub use uring::TransportStats;
 mod forget_one;
 mod ll;
 mod mnt;

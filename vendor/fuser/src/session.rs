@@ -47,7 +47,9 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::request::ReplyTo;
 use crate::request::RequestWithSender;
+use crate::TransportStats;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -139,6 +141,10 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// alignfs: the io_uring rings agreed at `FUSE_INIT`, started by `run`.
+    #[cfg(target_os = "linux")]
+    ring: Option<crate::uring::RingPlan>,
+    transport: Arc<TransportStats>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +192,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            ring: None,
+            transport: Arc::default(),
         };
 
         session.handshake()?;
@@ -214,6 +223,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            ring: None,
+            transport: Arc::default(),
         };
 
         session.handshake()?;
@@ -252,6 +264,9 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            ring,
+            transport,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +301,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let ring_channel = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -298,12 +315,25 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                transport: transport.clone(),
             };
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
+        }
+
+        #[cfg(target_os = "linux")]
+        if let Some(plan) = ring {
+            threads.extend(crate::uring::spawn_workers(
+                plan,
+                &ring_channel,
+                &filesystem,
+                allowed,
+                session_owner,
+                &transport,
+            ));
         }
 
         let mut reply: io::Result<()> = Ok(());
@@ -429,6 +459,22 @@ impl<FS: Filesystem> Session<FS> {
                 return Err(error);
             }
 
+            // alignfs: ask for the io_uring transport if configured and offered.
+            #[cfg(target_os = "linux")]
+            if self.config.io_uring {
+                self.transport.note_requested();
+                if config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok() {
+                    self.ring = Some(crate::uring::RingPlan::new(
+                        config.max_write,
+                        config.max_pages(),
+                        self.config.n_threads.unwrap_or(1),
+                        &self.transport,
+                    ));
+                } else {
+                    crate::uring::RingPlan::not_offered(&self.transport);
+                }
+            }
+
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
 
@@ -493,6 +539,12 @@ impl<FS: Filesystem> Session<FS> {
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.ch.sender())
     }
+
+    /// alignfs: which transport serves requests (see `Config::io_uring`), and how many
+    /// each has served.
+    pub fn transport(&self) -> Arc<TransportStats> {
+        self.transport.clone()
+    }
 }
 
 #[derive(Debug)]
@@ -518,6 +570,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// alignfs: counts the requests read here.
+    pub(crate) transport: Arc<TransportStats>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -530,9 +584,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(ReplyTo::Channel(self.ch.sender()), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
+                        self.transport.count_dev_fuse_request();
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());

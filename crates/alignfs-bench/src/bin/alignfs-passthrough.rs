@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use alignfs_fuse::{CacheMode, Coherence};
+use alignfs_fuse::{CacheMode, Coherence, Transport};
 use anyhow::Context;
 use clap::Parser;
 use fuser::{
@@ -42,6 +42,9 @@ struct Args {
     /// Which opens use the kernel page cache (as `alignfs mount --cache`).
     #[arg(long, value_name = "MODE", default_value = "reads")]
     cache: CacheMode,
+    /// How requests travel (as `alignfs mount --transport`).
+    #[arg(long, value_name = "TRANSPORT", default_value = "auto")]
+    transport: Transport,
     mountpoint: PathBuf,
 }
 
@@ -480,10 +483,13 @@ fn main() -> anyhow::Result<()> {
     config.mount_options = vec![MountOption::FSName("alignfs-passthrough".into()), MountOption::DefaultPermissions];
     config.n_threads = Some(args.threads);
     config.clone_fd = true;
+    args.transport.configure(&mut config);
     let coherence = fs.coherence.clone();
     let session = fuser::Session::new(fs, &args.mountpoint, &config).with_context(|| format!("mount at {}", args.mountpoint.display()))?;
-    coherence.attach(session.notifier());
-    eprintln!("passthrough of {} mounted at {}", args.source.display(), args.mountpoint.display());
+    let transport = session.transport();
+    args.transport.check(&transport).map_err(anyhow::Error::msg)?;
+    coherence.attach(session.notifier(), transport.io_uring());
+    eprintln!("passthrough of {} mounted at {} (transport: {})", args.source.display(), args.mountpoint.display(), transport.summary());
     session.run().context("serve FUSE requests")?;
     Ok(())
 }

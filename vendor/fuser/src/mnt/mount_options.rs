@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// alignfs: serve requests through FUSE over io_uring when the kernel offers it
+    /// (Linux 6.14+ with `/sys/module/fuse/parameters/enable_uring`), with the same
+    /// number of threads; `/dev/fuse` otherwise. See `Session::transport`.
+    pub io_uring: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
