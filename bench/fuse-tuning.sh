@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Measure the FUSE front end's tuning choices with fio on a scratch volume: request threads
 # (1, 2, 4, 8) and writes through the kernel page cache (`--cache all`) against direct writes
-# (the default), with ext4 on the same disk as the baseline. bench/cache-modes.sh compares
+# (the default), with ext4 on the same disk as the baseline. bench/front-end.sh compares
 # the cache modes on reads.
 # Prints one line per (setting, workload) with MiB/s and the ratio to ext4.
 set -euo pipefail

@@ -58,10 +58,29 @@ tiny_devices=(--fast "$shm/tiny-fast" --ssd "$work/tiny-ssd.img")
 "$bin" mkfs --fast "$shm/tiny-fast:2M" --ssd "$work/tiny-ssd.img:512M" >/dev/null || exit 1
 mount_main() { "$bin" mount "${main_devices[@]}" --log "$work/mount.log" -o allow_other "$mnt"; }
 mount_main || { cat "$work/mount.log"; exit 1; }
-"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny" || exit 1
 
 passed=0
 failed=0
+# With the module parameter off, `--transport io-uring` refuses to mount and leaves nothing
+# mounted, and `auto` falls back to /dev/fuse and says why.
+uring_off() {
+    [[ -e $fuse_uring_param ]] || { echo "no io_uring in this kernel: nothing to check"; return 0; }
+    local was status=0
+    was=$(cat "$fuse_uring_param")
+    echo N >"$fuse_uring_param" || return 1
+    if "$bin" mount "${tiny_devices[@]}" --transport io-uring --log "$work/tiny.log" "$tiny" 2>"$work/err"; then
+        echo "mounted without io_uring"; status=1
+    fi
+    grep -q "FUSE over io_uring was required, but the transport is /dev/fuse; io_uring not enabled" "$work/err" || { cat "$work/err"; status=1; }
+    mountpoint -q "$tiny" && { echo "the refused mount left a mount behind"; "$bin" umount "$tiny"; status=1; }
+    "$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" "$tiny" >/dev/null || status=1
+    "$bin" stat "$tiny" | grep "transport: /dev/fuse; io_uring not enabled" || status=1
+    "$bin" umount "$tiny" >/dev/null || status=1
+    echo "$was" >"$fuse_uring_param"
+    return $status
+}
+check "io_uring off: --transport io-uring refuses to mount, auto falls back and says why" uring_off
+"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny" || exit 1
 
 # --- pjdfstest ---------------------------------------------------------------------------
 # Failures must be listed in tests/suites/pjdfstest-expected-failures.txt with a reason;

@@ -391,7 +391,7 @@ fn print_report(r: &VolumeReport) {
         }
         if !d.transport.is_empty() {
             println!(
-                "  transport: {} ({} requests through io_uring, {} through /dev/fuse)",
+                "  transport: {}; {} requests through io_uring, {} through /dev/fuse",
                 d.transport, d.io_uring_requests, d.dev_fuse_requests
             );
         }

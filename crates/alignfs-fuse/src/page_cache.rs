@@ -98,11 +98,10 @@ const PAGE: u64 = 4096;
 /// `threads - 1` request threads invalidate at once; the rest hand the invalidation, and
 /// the reply, to a thread of its own.
 ///
-/// Over io_uring a request can only be answered through its ring entry, whose thread would
-/// wait for the handed-off reply, and a READ may be queued behind that very entry. There
-/// the write is acknowledged first and the invalidation follows on the other thread: the
-/// kernels that have the transport (6.14+) drop a direct write's pages again after the
-/// write, and the daemon's invalidation only repeats that.
+/// Over io_uring the daemon leaves it to the kernel, which drops a direct write's pages
+/// again after the write (6.18, checked; docs/FUSE.md). A reply can only leave through its
+/// request's ring entry, whose thread would have to wait for a handed-off invalidation
+/// while the READ it waits for may be queued behind that very entry.
 #[derive(Clone)]
 pub struct Coherence {
     inner: Arc<Inner>,
@@ -111,8 +110,8 @@ pub struct Coherence {
 struct Inner {
     enabled: bool,
     notifier: OnceLock<Notifier>,
-    /// Requests come through io_uring: acknowledge before invalidating.
-    reply_first: AtomicBool,
+    /// Requests come through io_uring: the kernel alone keeps the cache coherent.
+    kernel_only: AtomicBool,
     /// Inodes that had a page-aligned READ: the kernel may hold pages of them.
     filled: Mutex<HashSet<u64>>,
     /// Request threads that may still invalidate themselves.
@@ -124,8 +123,7 @@ struct Pending {
     ino: u64,
     offset: u64,
     written: u32,
-    /// None when the write was already acknowledged.
-    reply: Option<ReplyWrite>,
+    reply: ReplyWrite,
 }
 
 impl Coherence {
@@ -136,7 +134,7 @@ impl Coherence {
             inner: Arc::new(Inner {
                 enabled: mode.has_direct_opens(),
                 notifier: OnceLock::new(),
-                reply_first: AtomicBool::new(false),
+                kernel_only: AtomicBool::new(false),
                 filled: Mutex::new(HashSet::new()),
                 inline_permits: AtomicUsize::new(threads.saturating_sub(1)),
                 handoff: Mutex::new(None),
@@ -147,7 +145,7 @@ impl Coherence {
     /// Start keeping the page cache coherent through the mounted session's notifier;
     /// `io_uring` tells whether its requests come through io_uring.
     pub fn attach(&self, notifier: Notifier, io_uring: bool) {
-        self.inner.reply_first.store(io_uring, Ordering::Release);
+        self.inner.kernel_only.store(io_uring, Ordering::Release);
         let _ = self.inner.notifier.set(notifier);
     }
 
@@ -167,12 +165,13 @@ impl Coherence {
         let Some(notifier) = inner.notifier.get() else {
             return reply.written(written);
         };
-        if !inner.enabled || from_page_cache || written == 0 || !inner.filled.lock().contains(&ino) {
+        if !inner.enabled
+            || inner.kernel_only.load(Ordering::Acquire)
+            || from_page_cache
+            || written == 0
+            || !inner.filled.lock().contains(&ino)
+        {
             return reply.written(written);
-        }
-        if inner.reply_first.load(Ordering::Acquire) {
-            reply.written(written);
-            return self.hand_off(Pending { ino, offset, written, reply: None });
         }
         let permit = inner.inline_permits.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok();
         if permit {
@@ -180,7 +179,7 @@ impl Coherence {
             inner.inline_permits.fetch_add(1, Ordering::AcqRel);
             reply.written(written);
         } else {
-            self.hand_off(Pending { ino, offset, written, reply: Some(reply) });
+            self.hand_off(Pending { ino, offset, written, reply });
         }
     }
 
@@ -194,9 +193,7 @@ impl Coherence {
                     if let Some(notifier) = inner.notifier.get() {
                         invalidate(notifier, p.ino, p.offset, p.written);
                     }
-                    if let Some(reply) = p.reply {
-                        reply.written(p.written);
-                    }
+                    p.reply.written(p.written);
                 }
             });
             if let Err(e) = spawned {
@@ -210,9 +207,7 @@ impl Coherence {
             if let Some(notifier) = self.inner.notifier.get() {
                 invalidate(notifier, p.ino, p.offset, p.written);
             }
-            if let Some(reply) = p.reply {
-                reply.written(p.written);
-            }
+            p.reply.written(p.written);
         }
     }
 }

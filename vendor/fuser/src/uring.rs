@@ -110,7 +110,7 @@ impl TransportStats {
             return "/dev/fuse".to_string();
         }
         match trouble {
-            Some(why) => format!("/dev/fuse (io_uring: {why})"),
+            Some(why) => format!("/dev/fuse; io_uring {why}"),
             None => {
                 let queues = self.queues.load(Ordering::Relaxed);
                 format!("io_uring, {queues} queues x {} entries", self.entries.load(Ordering::Relaxed) / queues.max(1))
@@ -125,7 +125,7 @@ impl TransportStats {
     pub(crate) fn note_trouble(&self, why: String) {
         let mut trouble = self.trouble.lock();
         if trouble.is_none() {
-            warn!("FUSE over io_uring: {why}; requests go through /dev/fuse");
+            warn!("FUSE over io_uring {why}; requests go through /dev/fuse");
             *trouble = Some(why);
         }
     }
@@ -162,8 +162,8 @@ impl RingPlan {
     pub(crate) fn not_offered(stats: &TransportStats) {
         let why = match std::fs::read_to_string(IO_URING_PARAMETER) {
             Ok(v) if v.trim() == "Y" => "not offered by the kernel".to_string(),
-            Ok(_) => format!("not enabled ({IO_URING_PARAMETER} is N)"),
-            Err(_) => "not available in this kernel (6.14+ has it)".to_string(),
+            Ok(_) => format!("not enabled: {IO_URING_PARAMETER} is N"),
+            Err(_) => "not in this kernel: Linux 6.14+ has it".to_string(),
         };
         stats.note_trouble(why);
     }
@@ -212,7 +212,7 @@ pub(crate) fn spawn_workers<FS: Filesystem>(
             let entry = match EntryMemory::new(plan.payload) {
                 Ok(memory) => Arc::new(RingEntry::new(memory, ch.sender())),
                 Err(e) => {
-                    stats.note_trouble(format!("cannot allocate a ring entry: {e}"));
+                    stats.note_trouble(format!("failed: cannot allocate a ring entry: {e}"));
                     return workers;
                 }
             };
@@ -223,7 +223,7 @@ pub(crate) fn spawn_workers<FS: Filesystem>(
             match spawned {
                 Ok(handle) => workers.push(handle),
                 Err(e) => {
-                    stats.note_trouble(format!("cannot start a ring thread: {e}"));
+                    stats.note_trouble(format!("failed: cannot start a ring thread: {e}"));
                     return workers;
                 }
             }
@@ -442,7 +442,14 @@ fn register_entry(fd: RawFd, qid: u16, iovecs: &[libc::iovec; 2]) -> squeue::Ent
 /// Serve one ring entry until the session ends.
 fn serve<FS: Filesystem>(qid: u16, entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<FS>, stats: &TransportStats) -> io::Result<()> {
     let fd = event_loop.ch.as_fd().as_raw_fd();
-    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> = IoUring::builder().build(2)?;
+    // Only this thread uses its ring, and only while waiting for a request: the kernel may
+    // then run the request's delivery in this thread when it waits (DEFER_TASKRUN) instead
+    // of interrupting it. Kernels with the transport all have both flags; fall back anyway.
+    let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
+        match IoUring::builder().setup_single_issuer().setup_defer_taskrun().build(2) {
+            Ok(ring) => ring,
+            Err(_) => IoUring::builder().build(2)?,
+        };
     let iovecs = entry.memory.iovecs();
     let mut next = register_entry(fd, qid, &iovecs);
     let mut request_copy = Vec::with_capacity(IN_HEADER_LEN + OP_HEADER_MAX + COPY_REQUEST_MAX);
@@ -470,7 +477,7 @@ fn serve<FS: Filesystem>(qid: u16, entry: &Arc<RingEntry>, event_loop: &SessionE
                 return Ok(());
             }
             let e = io::Error::from_raw_os_error(errno);
-            stats.note_trouble(format!("queue {qid}: {e}"));
+            stats.note_trouble(format!("failed on queue {qid}: {e}"));
             return Err(e);
         }
         let commit_id = entry.memory.read_u64(COMMIT_ID_AT);

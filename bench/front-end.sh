@@ -1,33 +1,53 @@
 #!/usr/bin/env bash
-# The mount's page-cache modes (`alignfs mount --cache direct|reads|all`) against ext4 on the
-# same disk, in interleaved rounds: cold and warm random reads by a read-only reader, durable
-# 4 KiB random writes, and RocksDB's readrandom after a synchronous fillrandom.
+# The mount's front end against ext4 on the same disk, in interleaved rounds: page-cache
+# modes (`alignfs mount --cache direct|reads|all`) and transports (`--transport dev-fuse|
+# io-uring`). Workloads: cold and warm random reads by a read-only reader, O_DIRECT 4 KiB
+# random reads (each one a request to the daemon), durable 4 KiB random writes by one and by
+# four writers, creating, stating and removing small files, and RocksDB's readrandom after a
+# synchronous fillrandom.
 # Prints one line per (workload, system): median MiB/s (or ops/s) over the rounds, the spread,
 # and the ratio to ext4. docs/FUSE.md quotes it.
 #
 # Environment: ROUNDS (3), RUNTIME seconds per fio cell (5), SIZE of the file (512m),
-# MODES to compare (default "direct reads"), ALIGNFS (default target/release/alignfs, built).
+# SYSTEMS to compare, each MODE or MODE@TRANSPORT (default "direct reads"; e.g.
+# "reads@dev-fuse reads@io-uring"), ALIGNFS (default target/release/alignfs, built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "run as root: it drops the page cache" >&2; exit 1; }
 rounds=${ROUNDS:-3}
 runtime=${RUNTIME:-5}
 size=${SIZE:-512m}
-read -ra modes <<<"${MODES:-direct reads}"
+read -ra mounts <<<"${SYSTEMS:-direct reads}"
 bin=${ALIGNFS:-target/release/alignfs}
 [[ -n ${ALIGNFS:-} ]] || cargo build --release --locked -q -p alignfs-cli
-work=$(mktemp -d /var/tmp/alignfs-cache-modes.XXXXXX)
-shm=$(mktemp -d /dev/shm/alignfs-cache-modes.XXXXXX)
+work=$(mktemp -d /var/tmp/alignfs-front-end.XXXXXX)
+shm=$(mktemp -d /dev/shm/alignfs-front-end.XXXXXX)
 trap 'mountpoint -q "$work/mnt" && "$bin" umount "$work/mnt" >/dev/null; rm -rf "$work" "$shm"' EXIT
 mkdir -p "$work/ext4" "$work/mnt"
 "$bin" mkfs --fast "$shm/fast:1G" --ssd "$work/ssd.img:4G" >/dev/null
 
 fio_cell() { # dir, rw, extra args → MiB/s
     fio --name=cell --directory="$1" --filename=data --size="$size" --ioengine=psync --time_based --runtime="$runtime" \
-        --randrepeat=1 --invalidate=0 --rw="$2" "${@:3}" --output-format=json 2>/dev/null |
+        --randrepeat=1 --invalidate=0 --group_reporting --rw="$2" "${@:3}" --output-format=json 2>/dev/null |
         python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round((j["write"]["bw"]+j["read"]["bw"])/1024, 1))'
 }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+metadata() { # dir → files created, stated and removed per second
+    python3 - "$1/meta" <<'PY'
+import os, sys, time
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+n, start = 2000, time.monotonic()
+for i in range(n):
+    with open(f"{d}/f{i}", "wb") as f:
+        f.write(b"x" * 100)
+for i in range(n):
+    os.stat(f"{d}/f{i}")
+for i in range(n):
+    os.unlink(f"{d}/f{i}")
+print(round(n / (time.monotonic() - start)))
+PY
+}
 rocksdb() { # dir → readrandom ops/s
     rm -rf "$1/db"
     db_bench --db="$1/db" --benchmarks=fillrandom,readrandom --num=20000 --reads=200000 --write_buffer_size=4194304 \
@@ -36,13 +56,16 @@ rocksdb() { # dir → readrandom ops/s
 }
 results=$work/results
 : >"$results"
-systems=(ext4 "${modes[@]}")
+systems=(ext4 "${mounts[@]}")
 for ((r = 0; r < rounds; r++)); do
     for ((i = 0; i < ${#systems[@]}; i++)); do
         system=${systems[$(((i + r) % ${#systems[@]}))]}
         dir=$work/ext4
         if [[ $system != ext4 ]]; then
-            "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" --cache "$system" "$work/mnt" >/dev/null
+            transport=auto
+            [[ $system == *@* ]] && transport=${system#*@}
+            "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" --cache "${system%@*}" \
+                --transport "$transport" "$work/mnt" >/dev/null
             dir=$work/mnt
         fi
         fio --name=fill --directory="$dir" --filename=data --size="$size" --rw=write --bs=1m --end_fsync=1 --output-format=json >/dev/null
@@ -51,7 +74,10 @@ for ((r = 0; r < rounds; r++)); do
         cat "$dir/data" >/dev/null
         echo "$system warm-4KiB-randread $(fio_cell "$dir" randread --bs=4k --readonly)" >>"$results"
         echo "$system warm-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
+        echo "$system direct-4KiB-randread $(fio_cell "$dir" randread --bs=4k --direct=1 --readonly)" >>"$results"
         echo "$system durable-4KiB-randwrite $(fio_cell "$dir" randwrite --bs=4k --fsync=1)" >>"$results"
+        echo "$system durable-4KiB-randwrite-x4 $(fio_cell "$dir" randwrite --bs=4k --fsync=1 --numjobs=4)" >>"$results"
+        echo "$system create-stat-unlink-ops/s $(metadata "$dir")" >>"$results"
         echo "$system rocksdb-readrandom-ops/s $(rocksdb "$dir")" >>"$results"
         rm -rf "${dir:?}"/*
         [[ $system == ext4 ]] || "$bin" umount "$work/mnt" >/dev/null
@@ -63,11 +89,12 @@ import statistics, sys
 rows = [l.split() for l in open(sys.argv[1]) if len(l.split()) == 3]
 systems = sys.argv[2:]
 workloads = list(dict.fromkeys(w for _, w, _ in rows))
-print(f"{'workload':28} {'system':8} {'median':>10} {'spread':>22} {'÷ext4':>7}")
+width = max(len(s) for s in systems)
+print(f"{'workload':28} {'system':{width}} {'median':>10} {'spread':>22} {'÷ext4':>7}")
 for w in workloads:
     med = {s: statistics.median([float(v) for s2, w2, v in rows if s2 == s and w2 == w] or [0]) for s in systems}
     for s in systems:
         vals = [float(v) for s2, w2, v in rows if s2 == s and w2 == w]
         ratio = med[s] / med["ext4"] if med["ext4"] else float("nan")
-        print(f"{w:28} {s:8} {med[s]:10.1f} {f'[{min(vals):.1f}–{max(vals):.1f}]':>22} {ratio:7.2f}")
+        print(f"{w:28} {s:{width}} {med[s]:10.1f} {f'[{min(vals):.1f}–{max(vals):.1f}]':>22} {ratio:7.2f}")
 EOF
