@@ -191,17 +191,17 @@ check "a 4 MiB direct write arrives whole (max_pages_limit raised by the mount)"
 # procfs reads /proc, not the mount, and its /proc/kmsg reader can wait forever for a
 # kernel message at exit (it hung a CI run for 15 minutes); the timeout is a last guard.
 run_stress_ng() {
-    local per=${1}
-    mkdir -p "$mnt/stress-ng"
-    (cd "$mnt/stress-ng" && timeout -k 10 600 stress-ng --class filesystem --sequential 1 --verify -t "$per" \
-        --exclude binderfs,fiemap,verity,procfs --temp-path "$mnt/stress-ng" >"$work/stress-ng.out" 2>&1)
+    local per=$1 dir=${2:-$mnt}/stress-ng
+    mkdir -p "$dir"
+    (cd "$dir" && timeout -k 10 600 stress-ng --class filesystem --sequential 1 --verify -t "$per" \
+        --exclude binderfs,fiemap,verity,procfs --temp-path "$dir" >"$work/stress-ng.out" 2>&1)
     local status=$?
     if grep -q 'fail:' "$work/stress-ng.out" || ((status != 0)); then
         grep -E 'fail:|error:' "$work/stress-ng.out" | head -20
         return 1
     fi
 }
-check "stress-ng --class filesystem --verify" run_stress_ng "$([[ $quick == 1 ]] && echo 1s || echo 3s)"
+check "stress-ng --class filesystem --verify ($main_transport)" run_stress_ng "$([[ $quick == 1 ]] && echo 1s || echo 3s)"
 rm -rf "$mnt/stress-ng"
 
 run_dbench() {
@@ -214,17 +214,19 @@ rm -rf "$mnt/dbench"
 
 # --- applications ------------------------------------------------------------------------
 run_tar() {
-    local crate
+    local crate dir=${1:-$mnt}/tar
     crate=$(ls -S "$HOME"/.cargo/registry/cache/*/*.crate | head -1)
     echo "extracting $(basename "$crate")"
-    mkdir -p "$mnt/tar" "$work/tar-ref"
-    tar -xzf "$crate" -C "$mnt/tar" && tar -xzf "$crate" -C "$work/tar-ref" && diff -r "$work/tar-ref" "$mnt/tar"
+    rm -rf "$work/tar-ref"
+    mkdir -p "$dir" "$work/tar-ref"
+    tar -xzf "$crate" -C "$dir" && tar -xzf "$crate" -C "$work/tar-ref" && diff -r "$work/tar-ref" "$dir"
 }
 check "tar extract + diff -r" run_tar
 
 run_git() {
-    git clone -q --no-local "$repo" "$mnt/git" && git -C "$mnt/git" fsck --full --strict \
-        && git -C "$mnt/git" status --porcelain | (! grep .)
+    local dir=${1:-$mnt}/git
+    git clone -q --no-local "$repo" "$dir" && git -C "$dir" fsck --full --strict \
+        && git -C "$dir" status --porcelain | (! grep .)
 }
 check "git clone --no-local + fsck --full --strict" run_git
 
@@ -250,8 +252,8 @@ SQL
 check "SQLite workload + PRAGMA integrity_check" run_sqlite
 
 run_rocksdb() {
-    local num=$1
-    db_bench --db="$mnt/rocksdb" --benchmarks=fillrandom,overwrite,readrandom,verifychecksum --num="$num" \
+    local num=$1 dir=${2:-$mnt}
+    db_bench --db="$dir/rocksdb" --benchmarks=fillrandom,overwrite,readrandom,verifychecksum --num="$num" \
         --value_size=400 --threads=1 --compression_type=none >"$work/rocksdb.out" 2>&1 \
         && ! grep -qi 'corrupt\|error' "$work/rocksdb.out" \
         || { tail -20 "$work/rocksdb.out"; return 1; }
@@ -350,6 +352,13 @@ pjdfstest_counted() {
     ((unexpected)) && grep -A4 FAILED "$out" | head -60
 }
 pjdfstest_counted "$scrap" scrap
+# The main mount ran stress-ng and the applications over io_uring; here they run (shorter)
+# over /dev/fuse.
+check "stress-ng --class filesystem --verify (scrap, dev-fuse)" run_stress_ng 1s "$scrap"
+check "tar extract + diff -r (scrap, dev-fuse)" run_tar "$scrap"
+check "git clone --no-local + fsck --full --strict (scrap, dev-fuse)" run_git "$scrap"
+check "RocksDB db_bench + verifychecksum (scrap, dev-fuse)" run_rocksdb 20000 "$scrap"
+rm -rf "$scrap/stress-ng" "$scrap/tar" "$scrap/git" "$scrap/rocksdb"
 check "fsx seed 4 ($fsx_ops ops, scrap)" run_fsx "$scrap/fsx-4" 4
 check "fio verify (scrap)" run_fio "$scrap/fio" 256m
 rm -rf "$scrap/fio"

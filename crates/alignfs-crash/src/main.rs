@@ -53,6 +53,9 @@ struct Args {
     /// Longest workload stretch before the kill, in milliseconds.
     #[arg(long, default_value_t = 400)]
     max_run_ms: u64,
+    /// How the mount's requests travel (`alignfs mount --transport`).
+    #[arg(long, default_value = "auto")]
+    transport: String,
 }
 
 struct Harness {
@@ -64,6 +67,7 @@ struct Harness {
     ssd: PathBuf,
     mnt: PathBuf,
     log: PathBuf,
+    transport: String,
 }
 
 impl Harness {
@@ -92,7 +96,7 @@ impl Harness {
 
     fn mount(&self) -> Result<()> {
         let mut c = self.alignfs();
-        c.arg("mount").args(self.devices()).arg("--log").arg(&self.log).arg(&self.mnt);
+        c.arg("mount").args(self.devices()).args(["--transport", &self.transport]).arg("--log").arg(&self.log).arg(&self.mnt);
         if let Some(bytes) = &self.scrap_mem {
             c.args(["--scrap-mem", bytes]);
         }
@@ -137,6 +141,7 @@ fn main() -> Result<()> {
         // A memory-semantic SSD's DRAM is named as the fast tier, and sized by mkfs.
         fast: profile.devices().names_fast().then(|| shm.join("fast")),
         scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
+        transport: args.transport.clone(),
         ssd: work.join("ssd.img"),
         mnt: work.join("mnt"),
         log: work.join("mount.log"),
