@@ -130,9 +130,12 @@ fn parse_options(options: &[String]) -> Result<ParsedOptions> {
 }
 
 /// Detach `path` if it is a mount whose daemon died. The test is statfs, which always
-/// reaches the daemon (stat may be answered from the kernel's attribute cache).
+/// reaches the daemon (stat may be answered from the kernel's attribute cache). A request
+/// caught by the kernel aborting the connection fails with ECONNABORTED, later ones with
+/// ENOTCONN. Over io_uring the abort comes a moment after the daemon's death (the kernel
+/// tears its rings down in the background), so the first statfs may see the former.
 fn detach_if_stale(path: &Path) -> Result<bool> {
-    if !matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN)) {
+    if !matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED)) {
         return Ok(false);
     }
     rustix::mount::unmount(path, rustix::mount::UnmountFlags::DETACH)
