@@ -251,9 +251,23 @@ unsafe impl Sync for EntryMemory {}
 impl EntryMemory {
     fn new(payload: usize) -> io::Result<EntryMemory> {
         let layout = Layout::from_size_align(PAYLOAD_AT + payload, page_size::get()).map_err(io::Error::other)?;
-        // SAFETY: the layout has a non-zero size.
-        let base = unsafe { std::alloc::alloc_zeroed(layout) };
-        let base = NonNull::new(base).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        // An anonymous mapping, not the allocator: its pages are zero and take memory only
+        // once a request touches them (an aligned zeroed allocation writes all 8 MiB).
+        // SAFETY: a new private anonymous mapping; no existing memory is involved.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                layout.size(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = NonNull::new(base.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         Ok(EntryMemory { base, layout })
     }
 
@@ -302,10 +316,10 @@ impl EntryMemory {
 
 impl Drop for EntryMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout. The last owner drops it after its
-        // worker has returned, and the worker's ring (closed on return) cancels any command
-        // the kernel still held for it.
-        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) }
+        // SAFETY: mapped in `new` with this size. The last owner drops it after its worker
+        // has returned, and the worker's ring (closed on return) cancels any command the
+        // kernel still held for it.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.layout.size()) };
     }
 }
 
