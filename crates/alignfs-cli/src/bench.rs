@@ -387,17 +387,15 @@ fn counters_json(delta: &[u64]) -> serde_json::Value {
 struct Cell {
     workload: Workload,
     durable: bool,
-    reads: bool,
     file_size: u64,
     duration: Duration,
     seed: u64,
 }
 
-/// One timed cell: writes (or reads) of the workload's sizes at random offsets.
+/// One timed cell: writes of the workload's sizes at random offsets.
 fn run_cell(system: &mut dyn System, cell: Cell, data: &[u8], acc: &mut Accumulator) -> Result<()> {
-    let Cell { workload, durable, reads, file_size, duration, seed } = cell;
+    let Cell { workload, durable, file_size, duration, seed } = cell;
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut out = vec![0u8; workload.max as usize];
     system.drop_caches();
     let started = Instant::now();
     while started.elapsed() < duration {
@@ -405,21 +403,53 @@ fn run_cell(system: &mut dyn System, cell: Cell, data: &[u8], acc: &mut Accumula
         let offset = rng.random_range(0..=file_size - len);
         let skew = rng.random_range(0..4096usize);
         let op_start = Instant::now();
-        if reads {
-            system.read(offset, &mut out[..len as usize])?;
-        } else {
-            system.write(offset, &data[skew..skew + len as usize])?;
-            if durable {
-                system.sync()?;
-            }
+        system.write(offset, &data[skew..skew + len as usize])?;
+        if durable {
+            system.sync()?;
         }
         acc.latencies_ns.push(op_start.elapsed().as_nanos() as u64);
         acc.bytes += len;
     }
-    if !reads && !durable {
+    if !durable {
         system.sync()?;
     }
     acc.elapsed += started.elapsed();
+    Ok(())
+}
+
+/// One timed cell of cold random reads: no read finds a byte in a cache. The file is cut
+/// into slots of the read size plus 4 KiB and each slot is read once, in a random order,
+/// at a random skew inside its 4 KiB margin; when every slot has been read, caches are
+/// dropped with the clock stopped and a new order begins. (Reading at any offset instead
+/// let the file fill the cache within the cell: the plain file, whose blocks lie in
+/// order, then served most of its reads from memory.)
+fn run_cold_read_cell(system: &mut dyn System, cell: Cell, acc: &mut Accumulator) -> Result<()> {
+    use rand::seq::SliceRandom;
+    let Cell { workload, file_size, duration, seed, .. } = cell;
+    let len = workload.max;
+    let stride = len + 4096;
+    let mut slots: Vec<u64> = (0..(file_size - len) / stride + 1).collect();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = vec![0u8; len as usize];
+    let mut timed = Duration::ZERO;
+    'cell: while timed < duration {
+        system.drop_caches();
+        slots.shuffle(&mut rng);
+        let started = Instant::now();
+        for &slot in &slots {
+            let offset = (slot * stride + rng.random_range(0..4096)).min(file_size - len);
+            let op_start = Instant::now();
+            system.read(offset, &mut out)?;
+            acc.latencies_ns.push(op_start.elapsed().as_nanos() as u64);
+            acc.bytes += len;
+            if timed + started.elapsed() >= duration {
+                timed += started.elapsed();
+                break 'cell;
+            }
+        }
+        timed += started.elapsed();
+    }
+    acc.elapsed += timed;
     Ok(())
 }
 
@@ -533,7 +563,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     progress.set_message(format!("{} {} {}", workload.name, if durable { "fsync" } else { "no-sync" }, system.name()));
                     let acc = &mut accs[(w * 2 + d) * n + s];
                     let before = system.counters();
-                    let cell = Cell { workload: *workload, durable, reads: false, file_size, duration, seed };
+                    let cell = Cell { workload: *workload, durable, file_size, duration, seed };
                     run_cell(system, cell, &data, acc)?;
                     if let (Some(before), Some(after)) = (before, system.counters()) {
                         let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
@@ -599,14 +629,14 @@ fn read_phase(systems: &mut Systems, file_size: u64, duration: Duration, seed: u
         let mut volume_accs: Vec<[Accumulator; 2]> = systems.volumes.iter().map(|_| Default::default()).collect();
         let mut plain = Accumulator::default();
         for round in 0..rounds {
-            let cell = Cell { workload, durable: false, reads: true, file_size, duration, seed: seed ^ 0xfeed ^ u64::from(round) };
+            let cell = Cell { workload, durable: false, file_size, duration, seed: seed ^ 0xfeed ^ u64::from(round) };
             for (volume, accs) in systems.volumes.iter_mut().zip(&mut volume_accs) {
                 for ((mode, _), acc) in modes.iter().zip(accs.iter_mut()) {
                     volume.reopen(*mode)?;
-                    run_cell(volume, cell, &[], acc)?;
+                    run_cold_read_cell(volume, cell, acc)?;
                 }
             }
-            run_cell(&mut systems.plain, cell, &[], &mut plain)?;
+            run_cold_read_cell(&mut systems.plain, cell, &mut plain)?;
         }
         for (volume, accs) in systems.volumes.iter().zip(&volume_accs) {
             for ((_, mode), acc) in modes.iter().zip(accs) {
