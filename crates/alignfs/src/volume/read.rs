@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::{Inner, ReadMode, Volume};
-use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
@@ -148,14 +148,43 @@ impl Inner {
     }
 }
 
-/// Where the bytes of one direct SSD read go: skip `skip` bytes of the buffer, copy `len`
-/// to `dest` in the output. `verify` names the logical and SSD block when the profile
-/// checks checksums (the read then covers the whole block).
+/// Bytes of a read that come from the SSD with O_DIRECT: the aligned extent `at..at +
+/// extent` of the device holds them `skip` bytes in; `len` of them go to `dest` in the
+/// output. `verify` names the logical and SSD block when the profile checks checksums
+/// (the extent is then the whole block).
 struct DirectPiece {
+    at: u64,
+    extent: usize,
     skip: usize,
     dest: usize,
     len: usize,
     verify: Option<(u64, SsdBlock)>,
+}
+
+/// One O_DIRECT read: the pieces whose extents follow one another on the device, each
+/// with where its extent starts in the read.
+struct DirectRead {
+    at: u64,
+    len: usize,
+    pieces: Vec<(usize, DirectPiece)>,
+}
+
+/// The fewest reads that cover `pieces`: a piece whose extent begins where the previous
+/// one ends joins its read. (Blocks written together lie together on the SSD, so a range
+/// written in one go is read in one IO.)
+fn direct_reads(pieces: Vec<DirectPiece>) -> Vec<DirectRead> {
+    let mut reads: Vec<DirectRead> = Vec::new();
+    for piece in pieces {
+        match reads.last_mut() {
+            Some(read) if read.at + read.len as u64 == piece.at => {
+                let in_read = read.len;
+                read.len += piece.extent;
+                read.pieces.push((in_read, piece));
+            }
+            _ => reads.push(DirectRead { at: piece.at, len: piece.extent, pieces: vec![(0, piece)] }),
+        }
+    }
+    reads
 }
 
 /// A checksum error of a block read for `inode`, naming the object and the offset.
@@ -301,7 +330,7 @@ impl Inner {
             let map = inode.map.lock();
             (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
         };
-        let mut direct: Vec<(IoRequest, DirectPiece)> = Vec::new();
+        let mut direct: Vec<DirectPiece> = Vec::new();
         let mut cached = Runs::default();
         let verified = self.checksums.is_some();
         let mut copies: Vec<PageCopy> = Vec::new();
@@ -336,21 +365,19 @@ impl Inner {
                                 self.keep_merged(inode, *lb, whole, &copy);
                             }
                         } else {
+                            let (rs, re) = (rs as usize, re as usize);
+                            let verify = verified.then_some((*lb, *ssd_block));
                             match self.options.read_mode {
                                 _ if verified => {
                                     let at = ssd_block.0 * block;
-                                    let request = IoRequest { op: IoOp::Read, offset_bytes: at, buf: self.buffers.take(block as usize) };
-                                    let verify = Some((*lb, *ssd_block));
-                                    direct.push((request, DirectPiece { skip: rs as usize, dest, len: (re - rs) as usize, verify }));
+                                    direct.push(DirectPiece { at, extent: block as usize, skip: rs, dest, len: re - rs, verify });
                                 }
-                                ReadMode::Buffered => cached.push(device_at, dest, (re - rs) as usize),
+                                ReadMode::Buffered => cached.push(device_at, dest, re - rs),
                                 ReadMode::Direct => {
                                     let align = IO_ALIGN as u64;
-                                    let (a0, a1) = (device_at / align * align, (device_at + re - rs).div_ceil(align) * align);
-                                    let request =
-                                        IoRequest { op: IoOp::Read, offset_bytes: a0, buf: AlignedBuf::zeroed((a1 - a0) as usize) };
-                                    let (skip, len) = ((device_at - a0) as usize, (re - rs) as usize);
-                                    direct.push((request, DirectPiece { skip, dest, len, verify: None }));
+                                    let (a0, a1) = (device_at / align * align, (device_at + (re - rs) as u64).div_ceil(align) * align);
+                                    let (skip, extent) = ((device_at - a0) as usize, (a1 - a0) as usize);
+                                    direct.push(DirectPiece { at: a0, extent, skip, dest, len: re - rs, verify });
                                 }
                             }
                         }
@@ -389,28 +416,32 @@ impl Inner {
             }
         }
         let cached_bytes: usize = cached.0.iter().map(|&(_, _, len)| len).sum();
-        let direct_bytes: usize = direct.iter().map(|(_, piece)| piece.len).sum();
+        let direct_bytes: usize = direct.iter().map(|piece| piece.len).sum();
         self.stats.add(Counter::ssd_read_bytes, (cached_bytes + direct_bytes) as u64);
         if !direct.is_empty() {
-            let (requests, places): (Vec<IoRequest>, Vec<DirectPiece>) = direct.into_iter().unzip();
-            let buffers = self.submit_ssd(requests).wait()?;
+            let reads = direct_reads(direct);
+            let requests = reads.iter().map(|read| IoRequest { op: IoOp::Read, offset_bytes: read.at, buf: self.buffers.take(read.len) });
+            let buffers = self.submit_ssd(requests.collect()).wait()?;
             let mut damaged = None;
-            for (buf, DirectPiece { skip, dest, len, verify }) in buffers.iter().zip(places) {
-                if let Some((lb, ssd_block)) = verify {
-                    if let Err(e) = self.verify_read(ssd_block, buf) {
-                        damaged.get_or_insert(damaged_object(e, inode, lb * block));
-                        continue;
+            for (buf, read) in buffers.iter().zip(reads) {
+                for (in_read, DirectPiece { extent, skip, dest, len, verify, .. }) in read.pieces {
+                    let image = &buf[in_read..in_read + extent];
+                    if let Some((lb, ssd_block)) = verify {
+                        if let Err(e) = self.verify_read(ssd_block, image) {
+                            damaged.get_or_insert(damaged_object(e, inode, lb * block));
+                            continue;
+                        }
+                        // `entries` holds the read's blocks in order, from its first.
+                        if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
+                            self.keep_block_read(inode, lb, entry, ssd_block, image);
+                        }
                     }
-                    // `entries` holds the read's blocks in order, from its first.
-                    if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
-                        self.keep_block_read(inode, lb, entry, ssd_block, buf);
-                    }
+                    out[dest..dest + len].copy_from_slice(&image[skip..skip + len]);
                 }
-                out[dest..dest + len].copy_from_slice(&buf[skip..skip + len]);
             }
-            if verified {
-                self.buffers.give(buffers);
-            }
+            // Only single blocks go back: reads of other sizes would fill the pool with
+            // buffers the write path never asks for.
+            self.buffers.give(buffers.into_iter().filter(|buf| buf.len() == block as usize));
             if let Some(e) = damaged {
                 return Err(e);
             }
@@ -424,7 +455,26 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::Runs;
+    use super::{direct_reads, DirectPiece, Runs};
+    use crate::map::SsdBlock;
+
+    #[test]
+    fn direct_pieces_that_follow_on_the_device_are_one_read() {
+        let piece =
+            |at: u64, extent: usize, skip: usize, dest: usize, len: usize| DirectPiece { at, extent, skip, dest, len, verify: None };
+        let reads = direct_reads(vec![
+            piece(32768, 32768, 100, 0, 32668),
+            piece(65536, 32768, 0, 32668, 32768), // continues the first extent
+            piece(98304, 4096, 0, 65436, 4000),   // and again
+            piece(8192, 4096, 0, 69436, 4096),    // elsewhere
+            piece(16384, 4096, 0, 73532, 4096),   // a gap of 4 KiB before it: a read of its own
+        ]);
+        let shape: Vec<(u64, usize, Vec<usize>)> =
+            reads.iter().map(|r| (r.at, r.len, r.pieces.iter().map(|(in_read, _)| *in_read).collect())).collect();
+        assert_eq!(shape, vec![(32768, 69632, vec![0, 32768, 65536]), (8192, 4096, vec![0]), (16384, 4096, vec![0])]);
+        let verified = DirectPiece { at: 0, extent: 32768, skip: 0, dest: 0, len: 1, verify: Some((0, SsdBlock(0))) };
+        assert_eq!(direct_reads(vec![verified]).len(), 1);
+    }
 
     #[test]
     fn runs_join_pieces_that_continue_on_the_device_and_in_the_output() {
