@@ -153,6 +153,18 @@ transports() {
     ((ring == 0 && dev > 1000))
 }
 check "requests travel by each mount's transport" transports
+# `alignfs stat` breaks the requests down by kind; the kinds add up to the transports' totals.
+by_kind() {
+    "$bin" stat "$mnt" | grep '^  requests:' || return 1
+    "$bin" stat "$mnt" --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)["daemon"]
+kinds = dict(d["requests_by_kind"])
+total = d["io_uring_requests"] + d["dev_fuse_requests"]
+print("by kind", sum(kinds.values()), "in all", total)
+sys.exit(not ({"LOOKUP", "CREATE", "WRITE", "READ", "GETXATTR"} <= kinds.keys() and abs(sum(kinds.values()) - total) <= 2))'
+}
+check "requests by kind add up to the requests served" by_kind
 
 # --- fio verify --------------------------------------------------------------------------
 run_fio() {

@@ -395,6 +395,10 @@ fn print_report(r: &VolumeReport) {
                 d.transport, d.io_uring_requests, d.dev_fuse_requests
             );
         }
+        if !d.requests_by_kind.is_empty() {
+            let kinds: Vec<String> = d.requests_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+            println!("  requests:  {}", kinds.join(", "));
+        }
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };

@@ -159,6 +159,7 @@ impl AlignFs {
             transport: transport.map(|t| t.summary()).unwrap_or_default(),
             io_uring_requests: transport.map_or(0, |t| t.ring_requests()),
             dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
+            requests_by_kind: transport.map(|t| t.requests_by_kind()).unwrap_or_default(),
         });
         serde_json::to_vec(&report).unwrap_or_default()
     }

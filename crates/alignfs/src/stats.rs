@@ -216,6 +216,9 @@ pub struct DaemonInfo {
     pub io_uring_requests: u64,
     #[serde(default)]
     pub dev_fuse_requests: u64,
+    /// Requests by kind ("LOOKUP", "WRITE", ...), most frequent first.
+    #[serde(default)]
+    pub requests_by_kind: Vec<(String, u64)>,
 }
 
 impl VolumeReport {

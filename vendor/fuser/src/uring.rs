@@ -84,6 +84,17 @@ pub struct TransportStats {
     ring_requests: AtomicU64,
     dev_fuse_requests: AtomicU64,
     trouble: Mutex<Option<String>>,
+    by_opcode: OpcodeCounts,
+}
+
+/// Requests dispatched, by FUSE opcode (both transports).
+#[derive(Debug)]
+struct OpcodeCounts([AtomicU64; 64]);
+
+impl Default for OpcodeCounts {
+    fn default() -> Self {
+        OpcodeCounts(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
 }
 
 impl TransportStats {
@@ -127,6 +138,29 @@ impl TransportStats {
         if trouble.is_none() {
             warn!("FUSE over io_uring {why}; requests go through /dev/fuse");
             *trouble = Some(why);
+        }
+    }
+
+    /// Requests dispatched so far by kind ("LOOKUP", "WRITE", ...), most frequent first;
+    /// kinds never seen are left out.
+    pub fn requests_by_kind(&self) -> Vec<(String, u64)> {
+        let mut kinds: Vec<(String, u64)> = (0..self.by_opcode.0.len() as u32)
+            .filter_map(|opcode| {
+                let n = self.by_opcode.0[opcode as usize].load(Ordering::Relaxed);
+                let name = match crate::ll::fuse_abi::fuse_opcode::try_from(opcode) {
+                    Ok(known) => format!("{known:?}").trim_start_matches("FUSE_").to_string(),
+                    Err(_) => format!("opcode {opcode}"),
+                };
+                (n > 0).then_some((name, n))
+            })
+            .collect();
+        kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        kinds
+    }
+
+    pub(crate) fn count_operation(&self, opcode: u32) {
+        if let Some(counter) = self.by_opcode.0.get(opcode as usize) {
+            counter.fetch_add(1, Ordering::Relaxed);
         }
     }
 
