@@ -15,7 +15,6 @@
 //! FORGET and INTERRUPT always, they keep coming through `/dev/fuse`, whose threads run as
 //! before.
 
-use std::alloc::Layout;
 use std::io;
 use std::io::IoSlice;
 use std::os::fd::AsFd;
@@ -268,10 +267,10 @@ pub(crate) fn spawn_workers<FS: Filesystem>(
 }
 
 /// One ring entry's memory: the kernel's header at the front, the payload from
-/// [`PAYLOAD_AT`] on. Page-aligned, so the payload is too.
+/// [`PAYLOAD_AT`] on. A mapping of its own, so page-aligned, and the payload too.
 struct EntryMemory {
     base: NonNull<u8>,
-    layout: Layout,
+    len: usize,
 }
 
 // SAFETY: the memory is plain bytes owned by this value. Who may touch it when is the
@@ -284,14 +283,14 @@ unsafe impl Sync for EntryMemory {}
 
 impl EntryMemory {
     fn new(payload: usize) -> io::Result<EntryMemory> {
-        let layout = Layout::from_size_align(PAYLOAD_AT + payload, page_size::get()).map_err(io::Error::other)?;
+        let len = PAYLOAD_AT + payload;
         // An anonymous mapping, not the allocator: its pages are zero and take memory only
         // once a request touches them (an aligned zeroed allocation writes all 8 MiB).
         // SAFETY: a new private anonymous mapping; no existing memory is involved.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                layout.size(),
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -302,11 +301,11 @@ impl EntryMemory {
             return Err(io::Error::last_os_error());
         }
         let base = NonNull::new(base.cast::<u8>()).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
-        Ok(EntryMemory { base, layout })
+        Ok(EntryMemory { base, len })
     }
 
     fn payload_capacity(&self) -> usize {
-        self.layout.size() - PAYLOAD_AT
+        self.len - PAYLOAD_AT
     }
 
     /// The two buffers `FUSE_IO_URING_CMD_REGISTER` takes: header, then payload.
@@ -322,7 +321,7 @@ impl EntryMemory {
     /// The bytes at `range`. The caller must hold the entry (no command in flight) and
     /// must not write the same bytes while the slice lives.
     unsafe fn bytes(&self, at: usize, len: usize) -> &[u8] {
-        assert!(at + len <= self.layout.size());
+        assert!(at + len <= self.len);
         // SAFETY: in bounds (checked), initialized (zeroed at allocation); the caller
         // guarantees that nobody writes them meanwhile.
         unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(at), len) }
@@ -330,7 +329,7 @@ impl EntryMemory {
 
     /// Copy `data` to `at`. The caller must hold the entry and no slice of these bytes.
     unsafe fn write(&self, at: usize, data: &[u8]) {
-        assert!(at + data.len() <= self.layout.size());
+        assert!(at + data.len() <= self.len);
         // SAFETY: in bounds (checked); the caller guarantees exclusive access.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(at), data.len()) }
     }
@@ -353,7 +352,7 @@ impl Drop for EntryMemory {
         // SAFETY: mapped in `new` with this size. The last owner drops it after its worker
         // has returned, and the worker's ring (closed on return) cancels any command the
         // kernel still held for it.
-        unsafe { libc::munmap(self.base.as_ptr().cast(), self.layout.size()) };
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
     }
 }
 
