@@ -432,7 +432,7 @@ fn run_cold_read_cell(system: &mut dyn System, cell: Cell, acc: &mut Accumulator
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = vec![0u8; len as usize];
     let mut timed = Duration::ZERO;
-    'cell: while timed < duration {
+    while timed < duration {
         system.drop_caches();
         slots.shuffle(&mut rng);
         let started = Instant::now();
@@ -443,8 +443,7 @@ fn run_cold_read_cell(system: &mut dyn System, cell: Cell, acc: &mut Accumulator
             acc.latencies_ns.push(op_start.elapsed().as_nanos() as u64);
             acc.bytes += len;
             if timed + started.elapsed() >= duration {
-                timed += started.elapsed();
-                break 'cell;
+                break;
             }
         }
         timed += started.elapsed();
