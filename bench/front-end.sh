@@ -9,8 +9,9 @@
 # and the ratio to ext4. docs/FUSE.md quotes it.
 #
 # Environment: ROUNDS (3), RUNTIME seconds per fio cell (5), SIZE of the file (512m),
-# SYSTEMS to compare, each MODE or MODE@TRANSPORT (default "direct reads"; e.g.
-# "reads@dev-fuse reads@io-uring"), ALIGNFS (default target/release/alignfs, built).
+# SYSTEMS to compare, each MODE[@TRANSPORT][=BINARY] (default "direct reads"; e.g.
+# "reads@dev-fuse reads@io-uring", or "reads=/tmp/old/alignfs reads" to measure two builds
+# alternately), ALIGNFS (default target/release/alignfs, built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "run as root: it drops the page cache" >&2; exit 1; }
@@ -48,11 +49,11 @@ for i in range(n):
 print(round(n / (time.monotonic() - start)))
 PY
 }
-rocksdb() { # dir → readrandom ops/s
+rocksdb() { # dir, reads → "fillrandom-ops/s readrandom-ops/s"
     rm -rf "$1/db"
-    db_bench --db="$1/db" --benchmarks=fillrandom,readrandom --num=20000 --reads=200000 --write_buffer_size=4194304 \
+    db_bench --db="$1/db" --benchmarks=fillrandom,readrandom --num=20000 --reads="$2" --write_buffer_size=4194304 \
         --cache_size=8388608 --value_size=1024 --sync=1 --seed=42 --compression_type=none --threads=1 2>/dev/null |
-        awk '$1 == "readrandom" { print $5 }'
+        awk '$1 == "fillrandom" { w = $5 } $1 == "readrandom" { r = $5 } END { print w, r }'
 }
 results=$work/results
 : >"$results"
@@ -62,9 +63,10 @@ for ((r = 0; r < rounds; r++)); do
         system=${systems[$(((i + r) % ${#systems[@]}))]}
         dir=$work/ext4
         if [[ $system != ext4 ]]; then
-            transport=auto
-            [[ $system == *@* ]] && transport=${system#*@}
-            "$bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" --cache "${system%@*}" \
+            spec=${system%%=*} transport=auto system_bin=$bin
+            [[ $system == *=* ]] && system_bin=${system#*=}
+            [[ $spec == *@* ]] && transport=${spec#*@}
+            "$system_bin" mount --fast "$shm/fast" --ssd "$work/ssd.img" --log "$work/mount.log" --cache "${spec%@*}" \
                 --transport "$transport" "$work/mnt" >/dev/null
             dir=$work/mnt
         fi
@@ -77,10 +79,16 @@ for ((r = 0; r < rounds; r++)); do
         echo "$system direct-4KiB-randread $(fio_cell "$dir" randread --bs=4k --direct=1 --readonly)" >>"$results"
         echo "$system durable-4KiB-randwrite $(fio_cell "$dir" randwrite --bs=4k --fsync=1)" >>"$results"
         echo "$system durable-4KiB-randwrite-x4 $(fio_cell "$dir" randwrite --bs=4k --fsync=1 --numjobs=4)" >>"$results"
+        echo "$system durable-1MiB-randwrite $(fio_cell "$dir" randwrite --bs=1m --fsync=1)" >>"$results"
         echo "$system create-stat-unlink-ops/s $(metadata "$dir")" >>"$results"
-        echo "$system rocksdb-readrandom-ops/s $(rocksdb "$dir")" >>"$results"
+        read -r fill reads <<<"$(rocksdb "$dir" 200000)"
+        echo "$system rocksdb-fillrandom-sync-ops/s $fill" >>"$results"
+        echo "$system rocksdb-readrandom-ops/s $reads" >>"$results"
+        # One read per key, as bench/run.py does: most blocks are read for the first time.
+        read -r _ reads <<<"$(rocksdb "$dir" 20000)"
+        echo "$system rocksdb-readrandom-1x-ops/s $reads" >>"$results"
         rm -rf "${dir:?}"/*
-        [[ $system == ext4 ]] || "$bin" umount "$work/mnt" >/dev/null
+        [[ $system == ext4 ]] || "$system_bin" umount "$work/mnt" >/dev/null
         echo "round $((r + 1))/$rounds: $system done" >&2
     done
 done

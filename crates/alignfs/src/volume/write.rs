@@ -27,6 +27,13 @@ impl Volume {
         self.inner.write_object(&inode, offset, data, true)
     }
 
+    /// Whether every write is durable when it returns, so that an fsync after it has
+    /// nothing to add (`orch`, and every profile whose promise is
+    /// [`crate::profile::Promise::OnWrite`]).
+    pub fn durable_when_written(&self) -> bool {
+        self.inner.superblock.profile.promise() == crate::profile::Promise::OnWrite
+    }
+
     /// Make the file durable. Where the profile makes every write durable when it
     /// returns (`orch`: its SSD blocks were flushed before its map edit was journaled), this
     /// only retries a flush that failed. Where writes are durable on fsync (`scrap`), the
