@@ -166,6 +166,33 @@ sys.exit(not ({"LOOKUP", "CREATE", "WRITE", "READ", "GETXATTR"} <= kinds.keys() 
 }
 check "requests by kind add up to the requests served" by_kind
 
+# --- set-ID bits -------------------------------------------------------------------------
+# A write by a user without CAP_FSETID drops set-user-ID, and set-group-ID where group
+# execute is set or the writer is not in the file's group, as on ext4; a write by root
+# keeps them. The kernel leaves this to the daemon for the writes it sends past the page
+# cache.
+mode_after_write() { # file, user → octal mode after that user appends to the file
+    su "$2" -s /bin/sh -c "echo x >>'$1'" || return 1
+    stat -c %a "$1"
+}
+set_id_bits() {
+    local f=$1/setid mode
+    : >"$f" || return 1
+    chmod 6777 "$f" && mode=$(mode_after_write "$f" root) || return 1
+    [[ $mode == 6777 ]] || { echo "after root's write: $mode"; return 1; }
+    mode=$(mode_after_write "$f" tests) || return 1
+    [[ $mode == 777 ]] || { echo "after an unprivileged write: $mode, not 777"; return 1; }
+    # Without group execute, set-group-ID marks mandatory locking: a member of the
+    # file's group keeps it, anyone else drops it.
+    chmod 6767 "$f" && mode=$(mode_after_write "$f" tests) || return 1
+    [[ $mode == 767 ]] || { echo "after a write by a non-member: $mode, not 767"; return 1; }
+    chgrp tests "$f" && chmod 6767 "$f" && mode=$(mode_after_write "$f" tests) || return 1
+    [[ $mode == 2767 ]] || { echo "after a write by a member: $mode, not 2767"; return 1; }
+    rm -f "$f"
+}
+check "an unprivileged write drops set-ID bits ($main_transport)" set_id_bits "$mnt"
+check "an unprivileged write drops set-ID bits (dev-fuse, --cache direct)" set_id_bits "$tiny"
+
 # --- fio verify --------------------------------------------------------------------------
 run_fio() {
     local dir=$1 size=$2

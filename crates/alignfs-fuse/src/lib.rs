@@ -148,6 +148,29 @@ impl AlignFs {
         Ok((req.uid(), gid, perm))
     }
 
+    /// What a write by a process without CAP_FSETID does to a file (the kernel marks such
+    /// writes FUSE_WRITE_KILL_SUIDGID and leaves it to us), as the kernel does it for local
+    /// file systems: drop set-user-ID; drop set-group-ID where group execute is set, or
+    /// where the writer is not in the file's group (without group execute the bit marks
+    /// mandatory locking, which a member may keep); drop file capabilities. Costs nothing
+    /// but a lookup when there is nothing to drop.
+    fn drop_set_id_bits(&self, req: &Request, ino: Ino) -> Result<(), Error> {
+        let attr = self.volume.getattr(ino)?;
+        let mut perm = attr.perm & !(libc::S_ISUID as u16);
+        if perm & libc::S_ISGID as u16 != 0 && (perm & libc::S_IXGRP as u16 != 0 || !in_group(req, attr.gid)) {
+            perm &= !(libc::S_ISGID as u16);
+        }
+        if perm != attr.perm {
+            self.volume.setattr(ino, &SetAttrRequest { perm: Some(perm), ..SetAttrRequest::default() })?;
+            // The kernel keeps the mode it cached; let it fetch the new one.
+            self.coherence.attributes_changed(ino.0);
+        }
+        match self.volume.removexattr(ino, b"security.capability") {
+            Ok(()) | Err(Error::NoAttribute) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     fn report_json(&self) -> Vec<u8> {
         let mut report = self.volume.report();
         let transport = self.session.get();
@@ -177,6 +200,17 @@ impl AlignFs {
         let all = [dot(b".", dir), dot(b"..", parent)].into_iter().chain(snapshot.iter().cloned());
         Ok(all.enumerate().skip(offset as usize).map(|(i, e)| (i as u64 + 1, e)).collect())
     }
+}
+
+/// Whether the process behind `req` has `gid` as its group or one of its supplementary
+/// groups (read from /proc; a process that is gone counts as not a member).
+fn in_group(req: &Request, gid: u32) -> bool {
+    if req.gid() == gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", req.pid())) else { return false };
+    let groups = status.lines().find_map(|line| line.strip_prefix("Groups:")).unwrap_or("");
+    groups.split_whitespace().any(|g| g.parse() == Ok(gid))
 }
 
 fn reply_xattr(reply: ReplyXattr, size: u32, data: &[u8]) {
@@ -369,7 +403,7 @@ impl Filesystem for AlignFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -379,6 +413,9 @@ impl Filesystem for AlignFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            try_or_reply!(reply, self.drop_set_id_bits(req, Self::ino(ino)));
+        }
         let n = try_or_reply!(reply, self.volume.write(Self::ino(ino), offset, data));
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         self.coherence.written(ino.0, offset, u32::try_from(n).unwrap_or(u32::MAX), from_page_cache, reply);

@@ -183,6 +183,18 @@ impl Coherence {
         }
     }
 
+    /// Make the kernel drop its cached attributes of `ino` (not its pages), so that the next
+    /// stat fetches them. Never waits for a page lock, so any request thread may call it.
+    pub fn attributes_changed(&self, ino: u64) {
+        if let Some(notifier) = self.inner.notifier.get() {
+            if let Err(e) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+                if e.raw_os_error() != Some(libc::ENOENT) {
+                    tracing::warn!("invalidating cached attributes of inode {ino}: {e}");
+                }
+            }
+        }
+    }
+
     fn hand_off(&self, pending: Pending) {
         let mut handoff = self.inner.handoff.lock();
         let sender = handoff.get_or_insert_with(|| {
