@@ -9,7 +9,6 @@ pub mod protocol;
 pub mod server;
 
 use alignfs::personality::BlockVolume;
-use alignfs::profile::Promise;
 use alignfs::Error;
 
 pub use server::{default_workers, ExportEntry, Server, ServerConfig, ServerStats};
@@ -124,7 +123,7 @@ impl Export for BlockVolume {
 
 /// FUA: a profile whose writes are durable on return has nothing left to do.
 fn durable_if(volume: &BlockVolume, fua: bool) -> Result<(), ExportError> {
-    if fua && volume.volume().superblock().profile.promise() != Promise::OnWrite {
+    if fua && !volume.volume().durable_when_written() {
         volume.flush()?;
     }
     Ok(())

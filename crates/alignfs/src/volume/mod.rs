@@ -394,10 +394,15 @@ impl Inner {
         self.policy.write_rules(len).residue == crate::partition::Residue::All
     }
 
+    /// Whether the profile makes every write durable before it returns.
+    pub(crate) fn durable_when_written(&self) -> bool {
+        self.superblock.profile.promise() == crate::profile::Promise::OnWrite
+    }
+
     /// Whether an fsync returns without touching the SSD: the profile makes every write
     /// durable before it returns, and no earlier SSD flush failed (which an fsync retries).
     pub(crate) fn fsync_is_free(&self) -> bool {
-        self.superblock.profile.promise() == crate::profile::Promise::OnWrite && !self.ssd_flush_failed.load(Ordering::SeqCst)
+        self.durable_when_written() && !self.ssd_flush_failed.load(Ordering::SeqCst)
     }
 
     /// Make `ops` durable as one unit in the metadata store and apply them. Returns the

@@ -31,7 +31,7 @@ impl Volume {
     /// nothing to add (`orch`, and every profile whose promise is
     /// [`crate::profile::Promise::OnWrite`]).
     pub fn durable_when_written(&self) -> bool {
-        self.inner.superblock.profile.promise() == crate::profile::Promise::OnWrite
+        self.inner.durable_when_written()
     }
 
     /// Make the file durable. Where the profile makes every write durable when it
