@@ -1,8 +1,10 @@
 //! `byte`'s residue store: units in a zone of the memory-semantic SSD's address space,
 //! written through its byte interface. A store lands in the device's write log (its
 //! battery-backed DRAM), so a unit costs the host only the cache lines it changes; the
-//! device's log cleaning, not the host, moves those lines to flash. Freeing a unit trims
-//! its page, so cleaning never writes a dead unit's lines.
+//! device's log cleaning, not the host, moves those lines to flash. Allocating a unit
+//! trims its page (a posted trim, durable with the unit's first write), so a new unit
+//! reads as zeros without a page of zero stores; freeing one trims it too, so cleaning
+//! never writes a dead unit's lines.
 
 use std::sync::Arc;
 
@@ -50,8 +52,18 @@ impl ResidueStore for ByteLogPages {
     fn peak_used_units(&self) -> u64 {
         self.allocator.peak_used_count()
     }
+    /// Each unit's page is trimmed first: a crash between a free and its trim may have
+    /// left a free unit holding old bytes. The trim is posted, so the verify that makes
+    /// the unit's bytes durable makes it durable too, before any commit names the unit.
     fn allocate(&self, requests: &[UnitRequest]) -> Option<Vec<PageNo>> {
-        self.allocator.allocate(requests.len()).map(|ids| ids.into_iter().map(PageNo).collect())
+        let units: Vec<PageNo> = self.allocator.allocate(requests.len())?.into_iter().map(PageNo).collect();
+        for unit in &units {
+            self.device.post_trim(self.at(*unit, 0, 0), u64::from(self.page_bytes));
+        }
+        Some(units)
+    }
+    fn fresh_units_read_zero(&self) -> bool {
+        true
     }
     /// The units' pages are trimmed: their log entries are void and cleaning skips them.
     /// A unit is freed only after the commit that unmapped it, so a failed trim loses
@@ -85,5 +97,68 @@ impl ResidueStore for ByteLogPages {
         if let Err(e) = self.device.verify_posted() {
             tracing::error!("{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::device::mssd::{MssdConfig, MssdOptions};
+    use crate::device::{ByteTier, PmemRegion, SimSsd};
+    use crate::geometry::MIB;
+
+    const PAGE: u32 = 4096;
+
+    fn device() -> Arc<MemorySemanticSsd> {
+        let config = MssdConfig { log_bytes: MIB, txlog_bytes: 16 << 10, pages_per_erase_block: 16, ..MssdConfig::new(MIB) };
+        let (dram, flash) = MemorySemanticSsd::sizes(&config).unwrap();
+        let dram = Arc::new(PmemRegion::anonymous(dram).unwrap()) as Arc<dyn ByteTier>;
+        let options = MssdOptions { background_cleaning: false, ..MssdOptions::default() };
+        Arc::new(MemorySemanticSsd::format(Arc::new(SimSsd::new(flash)), dram, &config, options).unwrap())
+    }
+
+    fn request() -> UnitRequest {
+        UnitRequest { object: Ino(2), lblock: 0, bytes: PAGE }
+    }
+
+    /// A unit a crash freed without its trim (the freeing commit landed, the trim did not)
+    /// still holds old bytes on the device; once allocated again it must read as zeros,
+    /// since the write path then stores only the new bytes.
+    #[test]
+    fn a_unit_left_untrimmed_by_a_crash_reads_as_zeros_when_allocated_again() {
+        let device = device();
+        let before = ByteLogPages::new(Arc::clone(&device), 0, 4, PAGE);
+        let unit = before.allocate(&[request()]).unwrap()[0];
+        before.write(unit, 0, &[0xAA; PAGE as usize]);
+        before.persist(unit, 0, PAGE);
+        // Reopened: nothing claims the unit, so it is free, with its bytes still there.
+        let after = ByteLogPages::new(Arc::clone(&device), 0, 4, PAGE);
+        let again = after.allocate(&[request()]).unwrap()[0];
+        assert_eq!(again, unit);
+        assert!(after.fresh_units_read_zero());
+        let mut out = vec![0xFF; PAGE as usize];
+        after.read(again, 0, &mut out).unwrap();
+        assert!(out.iter().all(|&b| b == 0), "a fresh unit read old bytes");
+        after.write(again, 100, b"new");
+        after.persist(again, 100, 3);
+        after.read(again, 0, &mut out).unwrap();
+        assert_eq!(&out[100..103], b"new");
+        assert!(out[..100].iter().chain(&out[103..]).all(|&b| b == 0));
+    }
+
+    /// A fresh unit costs one trim, not a page of zero stores: a 100-byte piece is two
+    /// cache lines through the byte interface.
+    #[test]
+    fn a_small_piece_in_a_fresh_unit_stores_only_its_own_lines() {
+        let device = device();
+        let pages = ByteLogPages::new(Arc::clone(&device), 0, 4, PAGE);
+        let unit = pages.allocate(&[request()]).unwrap()[0];
+        let stored = device.stats().byte_store_bytes;
+        pages.write(unit, 0, &[7; 100]);
+        pages.persist(unit, 0, 100);
+        assert_eq!(device.stats().byte_store_bytes - stored, 128);
+        assert_eq!(device.stats().trimmed_pages, 1);
     }
 }

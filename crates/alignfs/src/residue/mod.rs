@@ -51,6 +51,12 @@ pub trait ResidueStore: Send + Sync {
     /// Mark a unit that the map names for `object`'s block `lblock` while rebuilding at
     /// open; `false` if it is out of range or already claimed (corrupt metadata).
     fn claim(&self, unit: PageNo, object: Ino, lblock: u64) -> bool;
+    /// Whether a unit [`ResidueStore::allocate`] returns reads as zeros until written,
+    /// durably once its first write is persisted: a new page of a file's tail then needs
+    /// no zero fill around its bytes.
+    fn fresh_units_read_zero(&self) -> bool {
+        false
+    }
     /// Store bytes; durable only after [`ResidueStore::persist`].
     fn write(&self, unit: PageNo, offset: u32, data: &[u8]);
     fn zero(&self, unit: PageNo, offset: u32, len: u32);

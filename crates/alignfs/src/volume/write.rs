@@ -310,10 +310,11 @@ impl Inner {
     }
 
     /// Copy residue bytes into a unit and persist them (zero-filling the rest of a new
-    /// page of a fast block).
+    /// page of a fast block, unless new units read as zeros).
     pub(super) fn store_residue(&self, unit: PageNo, start: u32, bytes: &[u8], zero_fill: bool) {
         let page = self.geometry.page_bytes;
         let end = start + bytes.len() as u32;
+        let zero_fill = zero_fill && !self.residue.fresh_units_read_zero();
         if zero_fill {
             self.residue.zero(unit, 0, start);
             self.residue.zero(unit, end, page - end);

@@ -73,6 +73,7 @@ device_counters! {
     byte_load_bytes: "host loads through the byte interface, in whole cache lines",
     verifies: "write-verify reads",
     commits: "transactions committed",
+    trimmed_pages: "pages deallocated by trims (no payload crosses the bus)",
     flash_program_bytes: "bytes programmed to flash (host writes, cleaning, garbage collection)",
     flash_read_bytes: "bytes read from flash",
     flash_flushes: "flushes of the flash image",
@@ -324,7 +325,18 @@ impl MemorySemanticSsd {
     /// Deallocate whole pages (NVMe deallocate / TRIM): they read as zeros afterwards,
     /// and the log entries for them are void. Durable when it returns.
     pub fn trim(&self, addr: u64, len: u64) -> Result<()> {
-        self.inner.trim(addr, len)
+        self.inner.trim(addr, len)?;
+        self.verify();
+        Ok(())
+    }
+
+    /// [`trim`](Self::trim) posted like a store: durable at the next verify, with a
+    /// failure reported by [`verify_posted`](Self::verify_posted).
+    pub fn post_trim(&self, addr: u64, len: u64) {
+        if let Err(e) = self.inner.trim(addr, len) {
+            tracing::error!("memory-semantic SSD: a posted trim of {len} bytes at {addr} failed: {e}");
+            self.inner.posted_failure.lock().get_or_insert_with(|| e.to_string());
+        }
     }
 
     /// Clean the whole log now (normally done at 85 % use).
@@ -591,8 +603,8 @@ impl Inner {
             self.append(&mut st, &header, &[])?;
             self.index.retain(lpa, |_| false);
             self.ftl.unmap(&mut self.ftl.state.lock(), lpa, seq);
+            self.counters.trimmed_pages.fetch_add(1, Ordering::Relaxed);
         }
-        self.verify(&mut self.log.lock());
         Ok(())
     }
 
