@@ -10,12 +10,15 @@
 //!
 //! Two drivers: random workloads, and an ACE-style enumeration of every sequence of one
 //! or two operations (three with `ALIGNFS_EXHAUSTIVE_DEPTH=3`, the soak). Both run on an
-//! `orch` volume and on a `scrap` volume (journal on the SSD, residue in DRAM), where the
-//! rule is `scrap`'s: every synced byte, and no byte that was never written.
+//! `orch` volume, on a `scrap` volume (journal on the SSD, residue in DRAM), where the
+//! rule is `scrap`'s: every synced byte, and no byte that was never written, and on a
+//! `byte` volume, whose memory-semantic SSD's DRAM (write log, TxLogs, map) and flash are
+//! both recorded: every image first runs the device's recovery, then the volume's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use alignfs::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
 use alignfs::device::power_loss::{Event, PowerLog, RecordedSsd, Replay, Survival};
 use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
 use alignfs::profile::Promise;
@@ -30,46 +33,127 @@ const FAST_BYTES: u64 = 512 << 10;
 const SSD_BYTES: u64 = 8 << 20;
 const BLOCK: u64 = 32 << 10;
 
-fn options() -> VolumeOptions {
-    // 16 scrap pages of 64 KiB: writers of a `scrap` volume merge blocks to make room.
-    VolumeOptions { background: false, scrap_mem_bytes: 1 << 20, ..VolumeOptions::default() }
+/// A profile under test, and for `byte` whether its byte interface is on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Case {
+    profile: Profile,
+    byte_interface: bool,
 }
 
-fn geometry(profile: Profile) -> Geometry {
-    if profile == Profile::SCRAP {
-        Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 2 }
-    } else {
-        profile.default_geometry()
+impl Case {
+    const ORCH: Case = Case { profile: Profile::ORCH, byte_interface: true };
+    const SCRAP: Case = Case { profile: Profile::SCRAP, byte_interface: true };
+    const BYTE: Case = Case { profile: Profile::BYTE, byte_interface: true };
+    /// The paper's baseline: the same volume on the block interface alone.
+    const BLOCK_ONLY: Case = Case { profile: Profile::BYTE, byte_interface: false };
+
+    fn name(&self) -> String {
+        let suffix = if self.byte_interface { "" } else { " (block interface only)" };
+        format!("{}{suffix}", self.profile.name())
+    }
+
+    fn options(&self) -> VolumeOptions {
+        // 16 scrap pages of 64 KiB: writers of a `scrap` volume merge blocks to make room.
+        VolumeOptions { background: false, scrap_mem_bytes: 1 << 20, byte_interface: self.byte_interface, ..VolumeOptions::default() }
+    }
+
+    fn geometry(&self) -> Geometry {
+        if self.profile == Profile::SCRAP {
+            Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 2 }
+        } else {
+            self.profile.default_geometry()
+        }
+    }
+
+    fn memory_semantic(&self) -> bool {
+        self.profile.devices().memory_semantic
+    }
+
+    /// A small write log (1 MiB for 8 MiB of capacity), so that workloads clean it.
+    fn mssd_config() -> MssdConfig {
+        MssdConfig { log_bytes: 1 << 20, txlog_bytes: 16 << 10, pages_per_erase_block: 16, ..MssdConfig::new(SSD_BYTES) }
+    }
+
+    /// Cleaning runs on the storing thread, so each run records the same events, and
+    /// starts as early as the device allows (a sixteenth of the log, 64 KiB), so that
+    /// workloads of 60 operations clean it now and then.
+    fn mssd_options() -> MssdOptions {
+        MssdOptions { background_cleaning: false, clean_at_percent: 0, ..MssdOptions::default() }
+    }
+
+    /// (fast tier or device DRAM, SSD or flash) sizes in bytes.
+    fn media_bytes(&self) -> (u64, u64) {
+        if self.memory_semantic() {
+            MemorySemanticSsd::sizes(&Case::mssd_config()).unwrap()
+        } else {
+            (FAST_BYTES, SSD_BYTES)
+        }
     }
 }
 
-/// The recorded devices the profile takes.
-fn devices(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> Devices {
-    Devices {
-        fast: profile.devices().fast_tier.then(|| Arc::clone(fast) as Arc<dyn ByteTier>),
-        ssd: Arc::clone(ssd),
-        kv: None,
-        kv_syncs: None,
-        byte: None,
-    }
+/// What a power cut leaves: the fast tier (for `byte`, the device's DRAM) and the SSD
+/// (for `byte`, its flash).
+struct Media {
+    fast: Arc<PmemRegion>,
+    ssd: Arc<dyn BlockDevice>,
 }
 
-fn open(profile: Profile, fast: &Arc<PmemRegion>, ssd: &Arc<dyn BlockDevice>) -> alignfs::Result<Volume> {
-    Volume::open(devices(profile, fast, ssd), options())
+impl Media {
+    /// The volume's devices; for `byte`, the device opened (and recovered) on the media.
+    fn devices(&self, case: Case) -> alignfs::Result<Devices> {
+        let dram = Arc::clone(&self.fast) as Arc<dyn ByteTier>;
+        if case.memory_semantic() {
+            let (device, _) = MemorySemanticSsd::open(Arc::clone(&self.ssd), dram, Case::mssd_options())?;
+            return Ok(Devices::memory_semantic(Arc::new(device)));
+        }
+        let fast = case.profile.devices().fast_tier.then_some(dram);
+        Ok(Devices { fast, ssd: Arc::clone(&self.ssd), kv: None, kv_syncs: None, byte: None })
+    }
+
+    fn format(&self, case: Case) {
+        let format = FormatOptions { geometry: case.geometry(), profile: case.profile, ..FormatOptions::default() };
+        if case.memory_semantic() {
+            let dram = Arc::clone(&self.fast) as Arc<dyn ByteTier>;
+            let device = MemorySemanticSsd::format(Arc::clone(&self.ssd), dram, &Case::mssd_config(), Case::mssd_options()).unwrap();
+            Volume::format(&Devices::memory_semantic(Arc::new(device)), &format).unwrap();
+        } else {
+            Volume::format(&self.devices(case).unwrap(), &format).unwrap();
+        }
+    }
+
+    fn open(&self, case: Case) -> alignfs::Result<Volume> {
+        Volume::open(self.devices(case)?, case.options())
+    }
 }
 
 #[derive(Clone, Debug)]
 enum Op {
     Create(&'static str),
-    Write { name: &'static str, offset: u64, len: u64, salt: u64 },
-    Truncate { name: &'static str, size: u64 },
-    Link { from: &'static str, to: &'static str },
+    Write {
+        name: &'static str,
+        offset: u64,
+        len: u64,
+        salt: u64,
+    },
+    Truncate {
+        name: &'static str,
+        size: u64,
+    },
+    Link {
+        from: &'static str,
+        to: &'static str,
+    },
     Unlink(&'static str),
-    Rename { from: &'static str, to: &'static str },
+    Rename {
+        from: &'static str,
+        to: &'static str,
+    },
     Fsync(&'static str),
     Fdatasync(&'static str),
     Migrate,
     Checkpoint,
+    /// Clean the memory-semantic SSD's write log (`byte`; nothing on other devices).
+    CleanDeviceLog,
 }
 
 /// Bytes a write stores: distinct per write and never all zero.
@@ -152,7 +236,7 @@ impl Model {
                 let Some(id) = self.names.get(name) else { return false };
                 self.unsynced.insert(*id, Unsynced::synced(&self.files[id]));
             }
-            Op::Migrate | Op::Checkpoint => {}
+            Op::Migrate | Op::Checkpoint | Op::CleanDeviceLog => {}
         }
         true
     }
@@ -169,7 +253,7 @@ fn lookup(volume: &Volume, name: &str) -> alignfs::Result<Ino> {
     volume.lookup(Ino::ROOT, name.as_bytes()).map(|a| a.ino)
 }
 
-fn run_op(volume: &Volume, op: &Op) -> alignfs::Result<()> {
+fn run_op(volume: &Volume, device: Option<&MemorySemanticSsd>, op: &Op) -> alignfs::Result<()> {
     match *op {
         Op::Create(name) => volume.create_file(Ino::ROOT, name.as_bytes(), 0o644, 0, 0).map(drop),
         Op::Write { name, offset, len, salt } => volume.write(lookup(volume, name)?, offset, &payload(salt, len)).map(drop),
@@ -180,6 +264,7 @@ fn run_op(volume: &Volume, op: &Op) -> alignfs::Result<()> {
         Op::Fsync(name) | Op::Fdatasync(name) => volume.fsync(lookup(volume, name)?),
         Op::Migrate => volume.migrate_all().map(drop),
         Op::Checkpoint => volume.checkpoint(),
+        Op::CleanDeviceLog => device.map_or(Ok(()), MemorySemanticSsd::clean),
     }
 }
 
@@ -190,32 +275,45 @@ struct Trace {
     setup_end: usize,
     ops: Vec<(Op, usize, usize)>,
     models: Vec<Model>,
+    /// Write-log cleanings the memory-semantic SSD ran during the workload (`byte`).
+    log_cleanings: u64,
 }
 
-fn record(profile: Profile, setup: &[Op], workload: &[Op]) -> Trace {
+fn record(case: Case, setup: &[Op], workload: &[Op]) -> Trace {
     let log = PowerLog::new();
-    let fast = Arc::new(PmemRegion::recorded(FAST_BYTES, Arc::clone(&log)).unwrap());
-    let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(SSD_BYTES)), Arc::clone(&log)));
-    let format = FormatOptions { geometry: geometry(profile), profile, ..FormatOptions::default() };
-    Volume::format(&devices(profile, &fast, &ssd), &format).unwrap();
-    let volume = open(profile, &fast, &ssd).unwrap();
+    let (fast_bytes, ssd_bytes) = case.media_bytes();
+    let media = Media {
+        fast: Arc::new(PmemRegion::recorded(fast_bytes, Arc::clone(&log)).unwrap()),
+        ssd: Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(ssd_bytes)), Arc::clone(&log))),
+    };
+    media.format(case);
+    let devices = media.devices(case).unwrap();
+    let device = devices.byte.clone();
+    let volume = Volume::open(devices, case.options()).unwrap();
     let mut model = Model::default();
     for op in setup {
         assert!(model.apply(op));
-        run_op(&volume, op).unwrap();
+        run_op(&volume, device.as_deref(), op).unwrap();
     }
     let setup_end = log.position();
+    let cleanings_before = log_cleanings(&volume);
     let (mut ops, mut models) = (Vec::new(), vec![model.clone()]);
     for op in workload {
         let start = log.position();
         let expected = model.apply(op);
-        let outcome = run_op(&volume, op);
+        let outcome = run_op(&volume, device.as_deref(), op);
         assert_eq!(outcome.is_ok(), expected, "{op:?}: the volume said {outcome:?}");
         ops.push((op.clone(), start, log.position()));
         models.push(model.clone());
     }
+    let log_cleanings = log_cleanings(&volume) - cleanings_before;
     volume.simulate_crash();
-    Trace { events: log.events(), setup_end, ops, models }
+    Trace { events: log.events(), setup_end, ops, models, log_cleanings }
+}
+
+/// Cleanings of the memory-semantic SSD's write log so far (0 on other devices).
+fn log_cleanings(volume: &Volume) -> u64 {
+    volume.device_counters().iter().find(|c| c.name == "log_cleanings").map_or(0, |c| c.value)
 }
 
 /// What a recovered volume holds: name → (inode, contents).
@@ -315,12 +413,14 @@ struct Tally {
     points: u64,
     images: u64,
     in_flight: u64,
+    log_cleanings: u64,
 }
 
 /// Check crash images at every persistence point after the setup; `survivals` lists the
 /// images per point.
-fn verify(profile: Profile, trace: &Trace, survivals: &[Survival], rng: &mut StdRng, what: &str) -> Tally {
-    let mut replay = Replay::new(FAST_BYTES, SSD_BYTES);
+fn verify(case: Case, trace: &Trace, survivals: &[Survival], rng: &mut StdRng, what: &str) -> Tally {
+    let (fast_bytes, ssd_bytes) = case.media_bytes();
+    let mut replay = Replay::new(fast_bytes, ssd_bytes);
     let mut tally = Tally::default();
     let points = trace.events.iter().enumerate().filter(|(_, e)| e.is_persistence_point()).map(|(i, _)| i).chain([trace.events.len()]);
     for point in points.filter(|&p| p >= trace.setup_end) {
@@ -334,20 +434,20 @@ fn verify(profile: Profile, trace: &Trace, survivals: &[Survival], rng: &mut Std
         tally.in_flight += u64::from(in_flight.is_some());
         for &survival in survivals {
             let image = replay.image(survival, &mut |p| rng.random_bool(p));
-            let fast = Arc::new(PmemRegion::anonymous(FAST_BYTES).unwrap());
-            fast.write(0, &image.fast);
-            let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::with_contents(image.ssd));
+            let media =
+                Media { fast: Arc::new(PmemRegion::anonymous(fast_bytes).unwrap()), ssd: Arc::new(SimSsd::with_contents(image.ssd)) };
+            media.fast.write(0, &image.fast);
             let context = || {
                 format!(
                     "{what}: crash before event {point} of {}, {acked} ops acknowledged, in flight {in_flight:?}, survival {survival:?}",
                     trace.events.len()
                 )
             };
-            let volume = open(profile, &fast, &ssd).unwrap_or_else(|e| panic!("{}: recovery failed: {e}", context()));
+            let volume = media.open(case).unwrap_or_else(|e| panic!("{}: recovery failed: {e}", context()));
             let problems = volume.check();
             assert!(problems.is_empty(), "{}: fsck found {problems:?}", context());
             let seen = observe(&volume).unwrap_or_else(|e| panic!("{}: {e}", context()));
-            let verdict = match profile.promise() {
+            let verdict = match case.profile.promise() {
                 Promise::OnWrite => acceptable(&seen, &trace.models[acked], after, in_flight),
                 Promise::OnSync => acceptable_unsynced(&seen, &trace.models[acked], after),
             };
@@ -362,7 +462,7 @@ fn verify(profile: Profile, trace: &Trace, survivals: &[Survival], rng: &mut Std
                 volume.write(file, 5, &payload(7, 3 * BLOCK)).unwrap();
                 let before_close = observe(&volume).unwrap();
                 volume.close().unwrap();
-                let reopened = open(profile, &fast, &ssd).unwrap();
+                let reopened = media.open(case).unwrap();
                 assert!(reopened.check().is_empty(), "{}: fsck after reuse", context());
                 assert!(observe(&reopened).unwrap() == before_close, "{}: reopen after reuse differs", context());
             } else {
@@ -399,7 +499,8 @@ fn random_op(rng: &mut StdRng, salt: u64) -> Op {
         82..=87 => Op::Fsync(name),
         88..=91 => Op::Fdatasync(name),
         92..=95 => Op::Migrate,
-        _ => Op::Checkpoint,
+        96..=97 => Op::Checkpoint,
+        _ => Op::CleanDeviceLog,
     }
 }
 
@@ -412,27 +513,37 @@ fn random_workloads_survive_every_power_loss_image() {
         Survival { fast_word: 0.5, ssd_sector: 0.5 },
         Survival { fast_word: 1.0, ssd_sector: 1.0 },
     ];
-    for profile in [Profile::ORCH, Profile::SCRAP] {
+    for case in [Case::ORCH, Case::SCRAP, Case::BYTE, Case::BLOCK_ONLY] {
         let mut total = Tally::default();
-        // Writes that stay in DRAM leave no persistence point: `scrap` needs more rounds.
-        let rounds = if profile == Profile::SCRAP { scaled(12) } else { scaled(4) };
+        // Writes that stay in DRAM leave no persistence point: `scrap` needs more rounds;
+        // `byte` fills its device's write log about once in two rounds.
+        let rounds = match case {
+            Case::SCRAP => scaled(12),
+            Case::BYTE => scaled(8),
+            _ => scaled(4),
+        };
         for round in 0..rounds {
             let setup = [Op::Create("a"), Op::Create("b")];
             let workload: Vec<Op> = (0..60).map(|i| random_op(&mut rng, round * 1000 + i)).collect();
-            let trace = record(profile, &setup, &workload);
-            let tally = verify(profile, &trace, &survivals, &mut rng, &format!("{} round {round} (seed {seed})", profile.name()));
+            let trace = record(case, &setup, &workload);
+            let tally = verify(case, &trace, &survivals, &mut rng, &format!("{} round {round} (seed {seed})", case.name()));
             total.points += tally.points;
             total.images += tally.images;
             total.in_flight += tally.in_flight;
+            total.log_cleanings += trace.log_cleanings;
         }
         eprintln!(
-            "power loss, random workloads, {}: {} crash points, {} images ({} with an operation in flight), all recovered and checked",
-            profile.name(),
+            "power loss, random workloads, {}: {} crash points, {} images ({} with an operation in flight, {} device log cleanings), all recovered and checked",
+            case.name(),
             total.points,
             total.images,
-            total.in_flight
+            total.in_flight,
+            total.log_cleanings
         );
         assert!(total.images >= 500, "too few images ({}) to mean much", total.images);
+        if case == Case::BYTE {
+            assert!(total.log_cleanings > 0, "the workloads never cleaned the device's write log: crashes during cleaning are untested");
+        }
     }
 }
 
@@ -490,20 +601,20 @@ fn every_short_operation_sequence_survives_power_loss_at_every_point() {
         Survival { fast_word: 0.5, ssd_sector: 0.5 },
     ];
     let all = sequences(depth);
-    for profile in [Profile::ORCH, Profile::SCRAP] {
+    for case in [Case::ORCH, Case::SCRAP, Case::BYTE] {
         let mut total = Tally::default();
         for (k, sequence) in all.iter().enumerate() {
-            let trace = record(profile, &setup, sequence);
-            let tally = verify(profile, &trace, &survivals, &mut rng, &format!("{} sequence {sequence:?} (seed {seed})", profile.name()));
+            let trace = record(case, &setup, sequence);
+            let tally = verify(case, &trace, &survivals, &mut rng, &format!("{} sequence {sequence:?} (seed {seed})", case.name()));
             total.points += tally.points;
             total.images += tally.images;
             if depth > 2 && k % 500 == 499 {
-                eprintln!("  {}: {} of {} sequences, {} images", profile.name(), k + 1, all.len(), total.images);
+                eprintln!("  {}: {} of {} sequences, {} images", case.name(), k + 1, all.len(), total.images);
             }
         }
         eprintln!(
             "power loss, {}, every sequence of 1..={depth} operations from {} kinds: {} sequences, {} crash points, {} images, all recovered and checked",
-            profile.name(),
+            case.name(),
             alphabet().len(),
             all.len(),
             total.points,
