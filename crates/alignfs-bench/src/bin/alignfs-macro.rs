@@ -7,7 +7,7 @@
 //! shape (16 KiB files written whole, no reads; the file set starts empty and the run ends
 //! early once every file exists). As in the OrchFS paper, every write phase is made
 //! durable at once (fsync). `prepare` builds the file set; `run` times the flow for
-//! `--seconds` and prints one JSON object. The two are separate so caches can be dropped in
+//! `--seconds` (or `--flows` of them, if sooner) and prints one JSON object. The two are separate so caches can be dropped in
 //! between.
 
 use std::fs::{File, OpenOptions};
@@ -38,6 +38,10 @@ enum Phase {
         /// How long to run.
         #[arg(long, default_value_t = 10.0)]
         seconds: f64,
+        /// Stop after this many flows, if sooner: the same work on every system, for
+        /// traffic per operation.
+        #[arg(long)]
+        flows: Option<usize>,
     },
 }
 
@@ -297,7 +301,7 @@ fn main() -> Result<()> {
             }
             FileSet::new(&common).prepare()
         }
-        Phase::Run { common, seconds } => {
+        Phase::Run { common, seconds, flows } => {
             if !common.dir.is_dir() {
                 bail!("{} is not a prepared file set (run `prepare` first)", common.dir.display());
             }
@@ -305,7 +309,7 @@ fn main() -> Result<()> {
             set.scan();
             let start = Instant::now();
             let limit = Duration::from_secs_f64(seconds);
-            while start.elapsed() < limit {
+            while start.elapsed() < limit && flows.is_none_or(|n| set.counts.flow_latencies.len() < n) {
                 if matches!(common.workload, Workload::Createfiles) && set.present.iter().all(|&p| p) {
                     break; // every file exists: createfiles is done
                 }

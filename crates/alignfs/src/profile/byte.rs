@@ -42,7 +42,7 @@ impl ProfileSpec for Byte {
         Promise::OnWrite
     }
     fn tunables(&self) -> &'static [Tunable] {
-        &[Tunable::Watermarks, Tunable::ByteInterface]
+        &[Tunable::Watermarks, Tunable::ByteInterface, Tunable::DeviceLatency]
     }
     /// The device's page is 4 KiB, and so are ByteFS's blocks.
     fn default_geometry(&self) -> Geometry {

@@ -177,6 +177,8 @@ pub enum Tunable {
     NvmBuffer,
     /// `--no-byte-interface`: use the memory-semantic SSD's block interface alone.
     ByteInterface,
+    /// `--device-latency`: model the memory-semantic SSD's latencies and bandwidths.
+    DeviceLatency,
 }
 
 /// The static half of a profile.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Devices, FormatOptions, Volume, VolumeOptions};
-use crate::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions, MssdRecovery};
+use crate::device::mssd::{LatencyModel, MemorySemanticSsd, MssdConfig, MssdOptions, MssdRecovery};
 use crate::device::{BlockDevice, ByteTier, DeviceSet, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion, SsdOptions};
 use crate::error::{Error, Result};
 use crate::geometry::{parse_size, Geometry, MIB, SUPERBLOCK_BYTES};
@@ -172,7 +172,13 @@ fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatO
     if !options.force && dram.path.exists() {
         let existing = Arc::new(PmemRegion::open(&dram.path, None)?);
         if MemorySemanticSsd::is_formatted(existing.as_ref()) && ssd.path.exists() {
-            if let Ok(devices) = open_memory_semantic(existing, &ssd.path, &options.geometry, backend, true) {
+            if let Ok(devices) = open_memory_semantic(
+                existing,
+                &ssd.path,
+                &options.geometry,
+                backend,
+                &VolumeOptions { read_only: true, ..VolumeOptions::default() },
+            ) {
                 let volume = super::open::read_ssd_superblock(devices.ssd.as_ref(), 0)?;
                 super::open::refuse_existing(&[(volume, dram.path.display().to_string())])?;
             }
@@ -189,16 +195,20 @@ fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatO
 }
 
 /// A formatted memory-semantic SSD: its DRAM (`dram`) and flash image (`flash`), after the
-/// device's own recovery.
+/// device's own recovery; with ByteFS's latency model when `options.device_latency`.
 fn open_memory_semantic(
     dram: Arc<PmemRegion>,
     flash: &Path,
     geometry: &Geometry,
     backend: Option<IoBackend>,
-    read_only: bool,
+    options: &VolumeOptions,
 ) -> Result<Devices> {
-    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(flash, &ssd_options(geometry, None, backend, read_only))?);
-    let (device, recovery) = MemorySemanticSsd::open(flash, dram, MssdOptions::default())?;
+    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(flash, &ssd_options(geometry, None, backend, options.read_only))?);
+    let latency = options.device_latency.then(LatencyModel::bytefs_table4);
+    let (device, recovery) = MemorySemanticSsd::open(flash, dram, MssdOptions { latency, ..MssdOptions::default() })?;
+    if let Some(model) = latency {
+        tracing::info!("memory-semantic SSD: latency model on (ByteFS Table 4): {model:?}");
+    }
     if recovery != MssdRecovery::default() {
         tracing::info!("memory-semantic SSD recovered: {recovery:?}");
     }
@@ -243,12 +253,12 @@ pub fn open_paths_with_faults(
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Volume> {
-    Volume::open(open_devices(fast, ssds, kv, options.read_only, backend, faults)?, options)
+    Volume::open(open_devices(fast, ssds, kv, &options, backend, faults)?, options)
 }
 
 /// Open a formatted block volume by path (`alignfs nbd`).
 pub fn open_block_paths(fast: &Path, ssds: &[PathBuf], options: VolumeOptions, backend: Option<IoBackend>) -> Result<BlockVolume> {
-    BlockVolume::open(open_devices(fast, ssds, None, options.read_only, backend, None)?, options)
+    BlockVolume::open(open_devices(fast, ssds, None, &options, backend, None)?, options)
 }
 
 /// Open a formatted object store by path: its SSD and its KV store (`kv`, by default
@@ -262,7 +272,7 @@ pub fn open_object_paths(ssd: &Path, kv: Option<&Path>, options: VolumeOptions, 
         }
         Some(_) => {}
     }
-    ObjectStore::open(open_devices(Path::new(""), &[ssd.to_path_buf()], kv, options.read_only, backend, None)?, options)
+    ObjectStore::open(open_devices(Path::new(""), &[ssd.to_path_buf()], kv, &options, backend, None)?, options)
 }
 
 /// The devices of a formatted volume, with the IO shape its superblock records.
@@ -270,10 +280,11 @@ fn open_devices(
     fast: &Path,
     ssds: &[PathBuf],
     kv: Option<&Path>,
-    read_only: bool,
+    options: &VolumeOptions,
     backend: Option<IoBackend>,
     faults: Option<Arc<FaultPlan>>,
 ) -> Result<Devices> {
+    let read_only = options.read_only;
     let missing = |path: &Path| Error::BadPath(path.into(), "does not exist (format it with `alignfs mkfs`)".into());
     if let Some(absent) = ssds.iter().find(|p| !p.exists()) {
         return Err(missing(absent));
@@ -297,7 +308,7 @@ fn open_devices(
             // The IO shape of the flash image: the profile's default (its superblock is
             // behind the FTL).
             let geometry = crate::Profile::BYTE.default_geometry();
-            return open_memory_semantic(region, first, &geometry, backend, read_only);
+            return open_memory_semantic(region, first, &geometry, backend, options);
         }
     }
     if let Some(superblock) = raw.filter(|sb| !sb.profile.devices().fast_tier) {
