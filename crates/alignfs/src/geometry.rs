@@ -76,6 +76,13 @@ impl Geometry {
     }
 }
 
+/// Checkpoint bytes a slot on an SSD allows for each of its blocks, beyond `ssd/512` for
+/// the rest of the state: a checkpoint takes 18 bytes per mapped block (its logical and
+/// SSD block numbers, a tag, an overlay count) and about 100 per file (`tests/capacity.rs`
+/// checks both). With `ssd/512` alone, a volume of 4 KiB blocks (`byte`) could not
+/// checkpoint once about 40 % of its blocks were mapped, and writes failed with ENOSPC.
+pub const CHECKPOINT_BYTES_PER_BLOCK: u64 = 24;
+
 /// Where the superblock, checkpoints, journal and residue pages live: on the fast tier
 /// (`orch`), or at the start of the SSD for profiles without one (`scrap`, no page zone).
 /// All offsets in bytes from the start of that device.
@@ -125,12 +132,20 @@ impl MetaLayout {
     }
 
     /// The metadata area at the start of an SSD of `ssd_bytes`: superblock, two checkpoint
-    /// slots of `clamp(ssd/512, 1 MiB, 256 MiB)`, a journal of `clamp(ssd/1024, 1 MiB,
-    /// 64 MiB)`; `pages_offset` is the first byte of block-aligned data after it. The
-    /// volume mirrors the area in memory (16 + 16 + 8 MiB for an 8 GiB SSD).
+    /// slots of `clamp(ssd/512 + 24 B per block, 1 MiB, 1 GiB)`, a journal of
+    /// `clamp(ssd/1024, 1 MiB, 64 MiB)`; `pages_offset` is the first byte of block-aligned
+    /// data after it. The volume mirrors the area in memory (16.75 + 16.75 + 8 MiB for an
+    /// 8 GiB SSD of 256 KiB blocks, 64 + 64 + 8 MiB for 4 KiB blocks).
     pub fn on_ssd(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        MetaLayout::on_ssd_allowing(ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
+    }
+
+    /// [`MetaLayout::on_ssd`] with `per_block` checkpoint bytes for each block; volumes
+    /// formatted before the slot was sized per block have 0 (and a 256 MiB cap).
+    fn on_ssd_allowing(ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
         let round = |x: u64| x.div_ceil(SUPERBLOCK_BYTES) * SUPERBLOCK_BYTES;
-        let checkpoint_bytes = round((ssd_bytes / 512).clamp(MIB, 256 * MIB));
+        let cap = if per_block == 0 { 256 * MIB } else { 1024 * MIB };
+        let checkpoint_bytes = round((ssd_bytes / 512 + ssd_bytes / geometry.block() * per_block).clamp(MIB, cap));
         let journal_bytes = round((ssd_bytes / 1024).clamp(MIB, 64 * MIB));
         let layout = MetaLayout::carve(SUPERBLOCK_BYTES, checkpoint_bytes, journal_bytes);
         let pages_offset = layout.pages_offset.div_ceil(geometry.block()) * geometry.block();
@@ -147,7 +162,11 @@ impl MetaLayout {
     /// then a zone of `clamp(ssd/32, 1 MiB, 256 MiB)` that holds residue units, stored
     /// through the device's byte interface. Data blocks start after the zone.
     pub fn on_memory_semantic_ssd(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
-        let area = MetaLayout::on_ssd(ssd_bytes, geometry)?;
+        MetaLayout::on_memory_semantic_ssd_allowing(ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
+    }
+
+    fn on_memory_semantic_ssd_allowing(ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
+        let area = MetaLayout::on_ssd_allowing(ssd_bytes, geometry, per_block)?;
         let zone = ((ssd_bytes / 32).clamp(MIB, 256 * MIB)).div_ceil(geometry.block()) * geometry.block();
         let layout = MetaLayout { page_count: zone / geometry.page(), ..area };
         let data_start = layout.reserved_ssd_blocks(geometry) * geometry.block();
@@ -183,6 +202,24 @@ impl MetaLayout {
         } else {
             MetaLayout::on_ssd(ssd_bytes, geometry)
         }
+    }
+
+    /// Whether `self` is a layout a volume of `profile` on these devices may have: the one
+    /// [`MetaLayout::for_profile`] computes, or, on an SSD, the one it computed before
+    /// checkpoint slots were sized per block (such volumes keep opening).
+    pub fn is_valid_for(&self, profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<bool> {
+        if *self == MetaLayout::for_profile(profile, fast_bytes, ssd_bytes, geometry)? {
+            return Ok(true);
+        }
+        let needs = profile.devices();
+        let legacy = if needs.fast_tier || needs.kv_store {
+            return Ok(false);
+        } else if needs.memory_semantic {
+            MetaLayout::on_memory_semantic_ssd_allowing(ssd_bytes, geometry, 0)?
+        } else {
+            MetaLayout::on_ssd_allowing(ssd_bytes, geometry, 0)?
+        };
+        Ok(*self == legacy)
     }
 
     /// SSD blocks the metadata area (and a residue zone on the SSD) occupy, never
@@ -245,6 +282,44 @@ mod tests {
         for g in bad {
             assert!(g.validate(Profile::ORCH).is_err(), "{g:?}");
         }
+    }
+
+    /// Every block of an SSD volume can be mapped with room left in a checkpoint slot,
+    /// whatever the block size (a `byte` volume has 4 KiB blocks).
+    #[test]
+    fn a_checkpoint_slot_on_an_ssd_has_room_for_every_block() {
+        for profile in [Profile::BYTE, Profile::SCRAP] {
+            let g = Geometry::for_profile(profile);
+            for ssd in [64 * MIB, 2 * GIB, 8 * GIB, 64 * GIB] {
+                let l = MetaLayout::on_ssd(ssd, &g).unwrap();
+                assert!(l.checkpoint_bytes >= ssd / g.block() * CHECKPOINT_BYTES_PER_BLOCK, "{profile:?}, {ssd} bytes: {l:?}");
+            }
+        }
+    }
+
+    /// Volumes formatted before slots were sized per block keep opening; a layout that is
+    /// neither the current nor the old one is refused.
+    #[test]
+    fn layouts_of_volumes_formatted_before_per_block_slots_are_still_valid() {
+        for profile in [Profile::BYTE, Profile::SCRAP] {
+            let g = Geometry::for_profile(profile);
+            let ssd = 8 * GIB;
+            let current = MetaLayout::for_profile(profile, 0, ssd, &g).unwrap();
+            let old = if profile == Profile::BYTE {
+                MetaLayout::on_memory_semantic_ssd_allowing(ssd, &g, 0).unwrap()
+            } else {
+                MetaLayout::on_ssd_allowing(ssd, &g, 0).unwrap()
+            };
+            assert_eq!(old.checkpoint_bytes, 16 * MIB, "{profile:?}: the old slot was ssd/512");
+            assert!(current.checkpoint_bytes > old.checkpoint_bytes);
+            assert!(current.is_valid_for(profile, 0, ssd, &g).unwrap());
+            assert!(old.is_valid_for(profile, 0, ssd, &g).unwrap());
+            let shifted = MetaLayout { journal_offset: old.journal_offset + SUPERBLOCK_BYTES, ..old };
+            assert!(!shifted.is_valid_for(profile, 0, ssd, &g).unwrap());
+        }
+        let orch = Geometry::default();
+        let old_style = MetaLayout::on_ssd_allowing(8 * GIB, &orch, 0).unwrap();
+        assert!(!old_style.is_valid_for(Profile::ORCH, GIB, 8 * GIB, &orch).unwrap(), "orch's layout is on its fast tier");
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl CheckpointSlots {
     pub fn write(&mut self, payload: &[u8], next_seq: u64) -> Result<()> {
         if payload.len() as u64 > self.capacity_bytes() {
             return Err(Error::MetadataFull(format!(
-                "checkpoint of {} bytes exceeds its slot of {} bytes; format with a larger fast tier",
+                "checkpoint of {} bytes exceeds its slot of {} bytes; format with a larger fast tier (or, for a profile that keeps its metadata on the SSD, a larger SSD)",
                 payload.len(),
                 self.capacity_bytes()
             )));

@@ -133,8 +133,8 @@ impl Superblock {
         if !profile.devices().fast_tier && (fast_bytes != 0 || role != DeviceRole::Ssd) {
             return Err(corrupt(format!("profile {} has no fast tier", profile.name())));
         }
-        let expected = MetaLayout::for_profile(profile, fast_bytes, ssd_bytes / u64::from(ssd_count.max(1)), &geometry);
-        if expected.map_err(|e| corrupt(e.to_string()))? != layout {
+        let valid = layout.is_valid_for(profile, fast_bytes, ssd_bytes / u64::from(ssd_count.max(1)), &geometry);
+        if !valid.map_err(|e| corrupt(e.to_string()))? {
             return Err(corrupt("metadata layout does not match the device size and geometry".into()));
         }
         if ssd_bytes / geometry.block() < 2 {
