@@ -57,6 +57,25 @@ struct Common {
     files: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Mean file size in bytes, instead of Table 3's (ByteFS uses filebench's own:
+    /// 16 KiB for varmail and webproxy, 128 KiB for fileserver).
+    #[arg(long)]
+    mean_file: Option<u64>,
+    /// Bytes of one write IO (an append's upper bound), instead of Table 3's.
+    #[arg(long)]
+    write_io: Option<usize>,
+}
+
+impl Common {
+    fn check(&self) -> Result<()> {
+        if self.files < 2 {
+            bail!("--files must be at least 2");
+        }
+        if self.mean_file == Some(0) || self.write_io == Some(0) {
+            bail!("--mean-file and --write-io must be at least 1 byte");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -115,7 +134,12 @@ struct Counts {
 
 impl FileSet {
     fn new(common: &Common) -> FileSet {
-        let shape = common.workload.shape();
+        let defaults = common.workload.shape();
+        let shape = Shape {
+            mean_file: common.mean_file.unwrap_or(defaults.mean_file),
+            write_io: common.write_io.unwrap_or(defaults.write_io),
+            ..defaults
+        };
         let mut rng = StdRng::seed_from_u64(common.seed);
         let mut data = vec![0u8; shape.write_io.max(shape.mean_file as usize * 2)];
         rng.fill_bytes(&mut data);
@@ -296,12 +320,11 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 fn main() -> Result<()> {
     match Args::parse().phase {
         Phase::Prepare(common) => {
-            if common.files < 2 {
-                bail!("--files must be at least 2");
-            }
+            common.check()?;
             FileSet::new(&common).prepare()
         }
         Phase::Run { common, seconds, flows } => {
+            common.check()?;
             if !common.dir.is_dir() {
                 bail!("{} is not a prepared file set (run `prepare` first)", common.dir.display());
             }
@@ -351,9 +374,9 @@ mod tests {
     fn every_personality_runs_on_a_prepared_set() {
         for workload in [Workload::Fileserver, Workload::Webproxy, Workload::Varmail] {
             let dir = std::env::temp_dir().join(format!("alignfs-macro-test-{}-{}", std::process::id(), workload as u8));
-            let common = Common { workload, dir: dir.clone(), files: 20, seed: 7 };
+            let common = Common { workload, dir: dir.clone(), files: 20, seed: 7, mean_file: Some(8192), write_io: Some(4096) };
             let mut set = FileSet::new(&common);
-            set.shape.mean_file = 8192;
+            assert_eq!((set.shape.mean_file, set.shape.write_io), (8192, 4096));
             set.prepare().unwrap();
             set.scan();
             for _ in 0..10 {
@@ -367,7 +390,8 @@ mod tests {
 
     #[test]
     fn paths_spread_over_directories_of_the_given_width() {
-        let common = Common { workload: Workload::Fileserver, dir: PathBuf::from("/x"), files: 100, seed: 1 };
+        let common =
+            Common { workload: Workload::Fileserver, dir: PathBuf::from("/x"), files: 100, seed: 1, mean_file: None, write_io: None };
         let set = FileSet::new(&common);
         assert_eq!(set.path(19), Path::new("/x/d0/f19"));
         assert_eq!(set.path(20), Path::new("/x/d1/f20"));
