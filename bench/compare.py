@@ -101,7 +101,7 @@ HEADLINES = [
     ("nvstore", "objects", "append2k, 8 writers", "bluestore", 1.15, "docs/NVSTORE.md, bench/nvstore.py"),
     ("nvstore", "objects", "append2k, 1 writer", "bluestore", 2.51, "docs/NVSTORE.md, bench/nvstore.py"),
     ("byte", "macro", "createfiles", "ext4", None,
-     "docs/BYTE.md measures host-to-device traffic instead (bench/byte-metadata.sh): 372x less than ext4 with an fsync per operation"),
+     "docs/BYTE.md measures host-to-device traffic instead (bench/byte.py): 389x less than ext4 on durable metadata operations, 3.7x on varmail"),
 ]
 
 

@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""ByteFS's measurements (issue 21, item 5): host-to-device write traffic, split by
+interface and into metadata and data, flash programs, and throughput, on
+
+  byte        a `byte` mount (byte interface on), with the device's latency model
+  block-only  the same profile with --no-byte-interface (the paper's block-only baseline)
+  ext4        ext4 on a loop device over an image on this disk: its block-layer
+              counters give its real host-to-device traffic
+
+for ByteFS's micro workloads (create, mkdir, unlink, rmdir, each durable), the macro ones
+(fileserver, varmail, webproxy from alignfs-macro with ByteFS's file sizes, 128 KiB and
+16 KiB, and 16 KiB appends; every write phase fsynced; one thread, where the paper runs
+12) and RocksDB db_bench fillrandom with sync=1. Every cell runs on a fresh file system, and only the
+workload itself is counted (a macro file set is prepared and synced first).
+
+Both byte systems run with `--device-latency` (ByteFS's Table 4), so their throughput is
+that of the modelled device; ext4's is this machine's disk, so only traffic is compared
+with ext4. Where the bytes go: for the byte systems, data = whole blocks written
+(ssd_write_bytes) + residue bytes; metadata = the rest of the host-to-device traffic
+(journal records, checkpoints). For ext4, the journal's logged blocks
+(/proc/fs/jbd2, from its per-transaction averages) are shown as its metadata; the
+checkpointed copies of that metadata are in the rest.
+
+    sudo /usr/bin/python3 bench/byte.py                 # 2 rounds, about 8 min
+    sudo /usr/bin/python3 bench/byte.py --quick         # smoke run (CI), about 1 min
+    bench/byte.py --from bench/results/DATE-byte        # rebuild the report
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import ensure_tools, log, run  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+ALIGNFS = REPO / "target" / "release" / "alignfs"
+MACRO = REPO / "target" / "release" / "alignfs-macro"
+SYSTEMS = ["byte", "block-only", "ext4"]
+WORKLOADS = ["micro", "fileserver", "varmail", "webproxy", "rocksdb"]
+SEED = 7
+# ByteFS's file sets (its Table: filebench's own shapes, not OrchFS's larger Table 3 ones):
+# mean file size and append size in bytes, scaled down in count only.
+SHAPES = {"fileserver": (128 << 10, 16 << 10), "varmail": (16 << 10, 16 << 10), "webproxy": (16 << 10, 16 << 10)}
+
+
+class System:
+    """One file system under test, made fresh for every cell."""
+
+    def __init__(self, name: str, work: Path, device: str):
+        self.name, self.work, self.device = name, work, device
+        self.mnt = work / f"m-{name}"
+        self.loop = ""
+
+    def make(self) -> Path:
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        if self.name == "ext4":
+            image = self.work / "ext4.img"
+            image.unlink(missing_ok=True)
+            run(["fallocate", "-l", self.device, image])
+            self.loop = run(["losetup", "-f", "--show", image]).strip()
+            # Initialise inode tables and the journal now, not in the background during a cell.
+            run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop])
+            run(["mount", self.loop, self.mnt])
+        else:
+            image, dram = self.work / f"{self.name}.img", Path("/dev/shm") / f"{self.work.name}-{self.name}"
+            image.unlink(missing_ok=True)
+            dram.unlink(missing_ok=True)
+            run([ALIGNFS, "mkfs", "--profile", "byte", "--ssd", f"{image}:{self.device}", "--fast", dram])
+            options = ["--device-latency"] + (["--no-byte-interface"] if self.name == "block-only" else [])
+            run([ALIGNFS, "mount", "--ssd", image, "--fast", dram, *options, "--log", self.work / f"{self.name}.log", self.mnt])
+        return self.mnt
+
+    def remove(self) -> None:
+        if self.name == "ext4":
+            run(["umount", self.mnt], check=False)
+            if self.loop:
+                run(["losetup", "-d", self.loop], check=False)
+                self.loop = ""
+            (self.work / "ext4.img").unlink(missing_ok=True)
+        else:
+            run([ALIGNFS, "umount", self.mnt], check=False)
+            (self.work / f"{self.name}.img").unlink(missing_ok=True)
+            (Path("/dev/shm") / f"{self.work.name}-{self.name}").unlink(missing_ok=True)
+
+    def counters(self) -> dict:
+        """Cumulative host-to-device write bytes and where they went."""
+        if self.name == "ext4":
+            os.sync()
+            dev = Path(self.loop).name
+            sectors = int(Path(f"/sys/block/{dev}/stat").read_text().split()[6])
+            return {"host_write": sectors * 512, "journal": jbd2_logged_bytes(dev)}
+        report = json.loads(run([ALIGNFS, "stat", self.mnt, "--json"]))
+        c = dict(report["counters"])
+        device = {d["name"]: d["value"] for d in report["device_counters"]}
+        return {
+            "host_write": device["byte_store_bytes"] + device["block_write_bytes"],
+            "byte_interface": device["byte_store_bytes"],
+            "block_interface": device["block_write_bytes"],
+            "flash_program": device["flash_program_bytes"],
+            "data": c["ssd_write_bytes"] + c["page_write_bytes"] + c["upage_write_bytes"],
+        }
+
+
+def jbd2_logged_bytes(dev: str) -> int:
+    """Bytes ext4's journal has logged since mount: transactions x logged blocks each."""
+    info = Path(f"/proc/fs/jbd2/{dev}-8/info").read_text()
+    transactions = int(re.search(r"^(\d+) transactions", info, re.M).group(1))
+    logged = re.search(r"(\d+) logged blocks per transaction", info)
+    return transactions * (int(logged.group(1)) if logged else 0) * 4096
+
+
+# --- workloads: each returns (operations, seconds, bytes the application wrote) ------------
+
+MICRO = r"""
+import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+fd = os.open(d, os.O_RDONLY)
+start = time.monotonic()
+for i in range(n):
+    os.close(os.open(f"{d}/f{i}", os.O_CREAT | os.O_WRONLY, 0o644))
+    os.fsync(fd)
+    os.mkdir(f"{d}/d{i}")
+    os.fsync(fd)
+for i in range(n):
+    os.unlink(f"{d}/f{i}")
+    os.fsync(fd)
+    os.rmdir(f"{d}/d{i}")
+    os.fsync(fd)
+print(time.monotonic() - start)
+"""
+
+
+def micro(d: Path, args) -> tuple[int, float, int]:
+    """ByteFS's metadata micro workloads, each operation durable (fsync of the directory:
+    what every alignfs operation already is)."""
+    seconds = float(run([sys.executable, "-c", MICRO, d, str(args.ops)]))
+    return 4 * args.ops, seconds, 0
+
+
+def macro_set(workload: str, d: Path, args) -> list:
+    mean_file, write_io = SHAPES[workload]
+    return ["--workload", workload, "--dir", d, "--files", str(args.files), "--seed", str(SEED),
+            "--mean-file", str(mean_file), "--write-io", str(write_io)]
+
+
+def macro_prepare(workload: str, d: Path, args) -> None:
+    run([MACRO, "prepare", *macro_set(workload, d, args)])
+
+
+def macro(workload: str, d: Path, args) -> tuple[int, float, int]:
+    out = run([MACRO, "run", *macro_set(workload, d, args), "--flows", str(args.flows), "--seconds", "600"])
+    r = json.loads(out)
+    return r["ops"], r["seconds"], r["write_bytes"]
+
+
+def rocksdb(d: Path, args) -> tuple[int, float, int]:
+    start = time.monotonic()
+    run(["db_bench", f"--db={d / 'db'}", "--benchmarks=fillrandom", f"--num={args.keys}", "--value_size=1024",
+         "--sync=1", "--write_buffer_size=4194304", "--compression_type=none", f"--seed={SEED}", "--threads=1"])
+    # db_bench's keys are 16 bytes; every put reaches the WAL.
+    return args.keys, time.monotonic() - start, args.keys * (16 + 1024)
+
+
+def cell(system: System, workload: str, args) -> dict:
+    d = system.make()
+    try:
+        if workload in ("fileserver", "varmail", "webproxy"):
+            macro_prepare(workload, d, args)
+        before = system.counters()
+        if workload == "micro":
+            ops, seconds, app_write = micro(d, args)
+        elif workload == "rocksdb":
+            ops, seconds, app_write = rocksdb(d, args)
+        else:
+            ops, seconds, app_write = macro(workload, d, args)
+        after = system.counters()
+    finally:
+        system.remove()
+    delta = {k: after[k] - before[k] for k in after}
+    return {"system": system.name, "workload": workload, "ops": ops, "seconds": seconds, "ops_per_s": ops / seconds,
+            "app_write": app_write, **delta}
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def median_cells(cells: list) -> dict:
+    """(workload, system) -> medians of each numeric field over the rounds."""
+    groups: dict = {}
+    for c in cells:
+        groups.setdefault((c["workload"], c["system"]), []).append(c)
+    out = {}
+    for key, cs in groups.items():
+        fields = [k for k, v in cs[0].items() if isinstance(v, (int, float))]
+        out[key] = {k: statistics.median(c[k] for c in cs) for k in fields}
+        out[key]["rounds"] = len(cs)
+        out[key]["ops_per_s_range"] = (min(c["ops_per_s"] for c in cs), max(c["ops_per_s"] for c in cs))
+    return out
+
+
+def per_op(m: dict, field: str) -> float | None:
+    return m[field] / m["ops"] if field in m and m["ops"] else None
+
+
+def fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "—"
+    if abs(v) >= 100:
+        return f"{v:,.0f}{unit}"
+    return f"{v:.1f}{unit}"
+
+
+def report(medians: dict, meta: dict) -> str:
+    lines = [
+        "# ByteFS's measurements: byte, block-only, ext4",
+        "",
+        f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}.",
+        "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model;",
+        "ext4 runs on a loop device over an image on this disk. Traffic is host-to-device write bytes per",
+        "application operation; 'metadata' is, for byte systems, everything but whole data blocks and residue",
+        "bytes, and for ext4 the journal's logged blocks (≈, from jbd2's averages; its checkpoint writes of",
+        "the same metadata are in the total).",
+        "",
+        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | total traffic ÷ byte's |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload in WORKLOADS:
+        base = medians.get((workload, "byte"))
+        for system in SYSTEMS:
+            m = medians.get((workload, system))
+            if not m:
+                continue
+            total = per_op(m, "host_write")
+            meta_bytes = per_op(m, "journal") if system == "ext4" else (m["host_write"] - m["data"]) / m["ops"]
+            data = None if system == "ext4" else per_op(m, "data")
+            ratio = total / per_op(base, "host_write") if base and per_op(base, "host_write") else None
+            lo, hi = m["ops_per_s_range"]
+            lines.append(
+                f"| {workload} | {system} | {fmt(m['ops_per_s'])} [{fmt(lo)}–{fmt(hi)}] | {fmt(per_op(m, 'app_write'))} | {fmt(total)} | "
+                f"{fmt(per_op(m, 'byte_interface'))} | {fmt(per_op(m, 'block_interface'))} | {fmt(meta_bytes)} | {fmt(data)} | "
+                f"{fmt(per_op(m, 'flash_program'))} | {fmt(ratio, '×')} |"
+            )
+    lines += ["", "## Against the issue's targets", ""]
+    for workload in WORKLOADS:
+        b, k, e = (medians.get((workload, s)) for s in SYSTEMS)
+        if not (b and k and e):
+            continue
+        traffic = per_op(e, "host_write") / per_op(b, "host_write") if per_op(b, "host_write") else float("inf")
+        meta_b = (b["host_write"] - b["data"]) / b["ops"]
+        meta_ratio = per_op(e, "journal") / meta_b if meta_b else float("inf")
+        speed = b["ops_per_s"] / k["ops_per_s"]
+        lines.append(
+            f"- {workload}: ext4 writes {traffic:.1f}× byte's host→device bytes (metadata: ext4's journal alone "
+            f"{meta_ratio:.1f}× byte's metadata); byte runs at {speed:.2f}× block-only's throughput"
+        )
+    lines += ["", "Targets (issue 21): metadata traffic ≥ 5× lower than ext4's on the micro workloads; total write",
+              "traffic ≥ 2× lower on the macro ones; throughput with the latency model ≥ 1.5× block-only.", ""]
+    return "\n".join(lines)
+
+
+def plot(out: Path, medians: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in WORKLOADS if any((w, s) in medians for s in SYSTEMS)]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.26
+    colors = {"byte": "#1f77b4", "block-only": "#ff7f0e", "ext4": "#7f7f7f"}
+    for i, system in enumerate(SYSTEMS):
+        xs = [j + (i - 1) * width for j in range(len(workloads))]
+        cells = [medians.get((w, system)) for w in workloads]
+        total = [per_op(m, "host_write") or 0 if m else 0 for m in cells]
+        # Metadata on top, hatched: for ext4 its journal, for the byte systems all but data.
+        meta = [(per_op(m, "journal") if system == "ext4" else (m["host_write"] - m["data"]) / m["ops"]) if m else 0 for m in cells]
+        rest = [t - mt for t, mt in zip(total, meta)]
+        ax1.bar(xs, rest, width, label=f"{system}: data" if system != "ext4" else "ext4: data, checkpointed metadata", color=colors[system])
+        ax1.bar(xs, meta, width, bottom=rest, color=colors[system], alpha=0.45, hatch="//", label=f"{system}: metadata" if system != "ext4" else "ext4: journal")
+        if system != "ext4":
+            speed = [medians[(w, system)]["ops_per_s"] if (w, system) in medians else 0 for w in workloads]
+            ax2.bar([x + width / 2 for x in xs], speed, width, label=system, color=colors[system])
+    for ax in (ax1, ax2):
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    ax1.set_ylabel("host→device write bytes per operation (log)")
+    ax1.set_title("write traffic")
+    ax2.set_ylabel("operations/s (log)")
+    ax2.set_title("throughput on the modelled device (Table 4)")
+    fig.tight_layout()
+    fig.savefig(out / "byte.png", dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--ops", type=int, default=1000, help="micro: operations of each kind")
+    p.add_argument("--files", type=int, default=2000, help="macro: files in the set")
+    p.add_argument("--flows", type=int, default=2000, help="macro: flows run")
+    p.add_argument("--keys", type=int, default=20000, help="rocksdb: keys put (sync=1)")
+    p.add_argument("--device", default="2G", help="capacity of each file system's device (default 2G)")
+    p.add_argument("--quick", action="store_true", help="smoke run: one round of small workloads")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--from", dest="from_dir", type=Path, help="rebuild the report from a results directory")
+    args = p.parse_args()
+    if args.from_dir:
+        data = json.loads((args.from_dir / "results.json").read_text())
+        medians = median_cells(data["cells"])
+        (args.from_dir / "report.md").write_text(report(medians, data["meta"]))
+        plot(args.from_dir, medians)
+        print(report(medians, data["meta"]))
+        return 0
+    if os.geteuid() != 0:
+        raise SystemExit("bench/byte.py needs root (loop devices, mounts)")
+    if args.quick:
+        args.rounds, args.ops, args.files, args.flows, args.keys = 1, 100, 100, 100, 1000
+    workloads = [w for w in args.workloads.split(",") if w]
+    unknown = set(workloads) - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {', '.join(sorted(unknown))}: one of {', '.join(WORKLOADS)}")
+    ensure_tools()
+    run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench"], capture=False)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    out = args.out or REPO / "bench" / "results" / f"{stamp}-byte{'-quick' if args.quick else ''}"
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "date": stamp,
+        "rounds": args.rounds,
+        "sizes": f"micro {args.ops} of each op, macro {args.files} files x {args.flows} flows, rocksdb {args.keys} keys",
+        "device": args.device,
+    }
+    cells = []
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="alignfs-byte-") as tmp:
+        work = Path(tmp)
+        systems = [System(name, work, args.device) for name in SYSTEMS]
+        for round_no in range(args.rounds):
+            for workload in workloads:
+                # The first system rotates each round, so no system always runs first.
+                for system in systems[round_no % 3 :] + systems[: round_no % 3]:
+                    log(f"round {round_no + 1}/{args.rounds}: {workload} on {system.name}")
+                    c = cell(system, workload, args)
+                    log(f"  {c['ops_per_s']:.0f} ops/s, {c['host_write'] / c['ops']:.0f} B/op to the device")
+                    cells.append({**c, "round": round_no})
+                    (out / "results.json").write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
+    medians = median_cells(cells)
+    text = report(medians, meta)
+    (out / "report.md").write_text(text)
+    plot(out, medians)
+    print(text)
+    log(f"report: {out / 'report.md'}, plot: {out / 'byte.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
