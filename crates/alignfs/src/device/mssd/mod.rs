@@ -996,9 +996,16 @@ impl BlockDevice for MemorySemanticSsd {
         self.inner.write_blocks(writes, done)
     }
 
+    /// A read of any range through the block interface: the device reads the pages it
+    /// spans (and merges its log over them), and the latency model charges them as such.
     fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        let start = Instant::now();
         self.inner.read_range(offset_bytes, buf, false)?;
         self.inner.counters.block_read_bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if let Some(model) = self.inner.options.latency {
+            let pages = (offset_bytes + buf.len() as u64).div_ceil(PAGE) - offset_bytes / PAGE;
+            settle(start, model.block(false, pages));
+        }
         Ok(())
     }
 
