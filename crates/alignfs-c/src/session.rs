@@ -59,7 +59,12 @@ impl Session {
     /// Open the volume on these devices. A volume another process (or a mount) holds
     /// fails with `InUse` (EBUSY).
     pub fn open(fast: &Path, ssd: &Path) -> Result<Session> {
-        let volume = open_paths(fast, ssd, VolumeOptions::default(), None)?;
+        Session::open_with(fast, ssd, VolumeOptions::default())
+    }
+
+    /// [`Session::open`] with options (the shim's `byte` switches).
+    pub fn open_with(fast: &Path, ssd: &Path, options: VolumeOptions) -> Result<Session> {
+        let volume = open_paths(fast, ssd, options, None)?;
         let profile = volume.superblock().profile;
         if profile.personality() == Personality::Block {
             volume.close()?;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use alignfs::volume::{default_data_dir, DEFAULT_FAST_PATH};
+use alignfs::VolumeOptions;
 use alignfs_c::{Session, FD_BASE};
 
 pub struct Config {
@@ -13,6 +14,7 @@ pub struct Config {
     prefix: Vec<String>,
     fast: PathBuf,
     ssd: PathBuf,
+    options: VolumeOptions,
 }
 
 fn say(message: &str) {
@@ -43,6 +45,11 @@ fn load_config() -> Option<Config> {
     }
     let fast = std::env::var_os("ALIGNFS_FAST").map_or_else(|| PathBuf::from(DEFAULT_FAST_PATH), PathBuf::from);
     let ssd = std::env::var_os("ALIGNFS_SSD").map_or_else(|| default_data_dir().join("ssd.img"), PathBuf::from);
+    let options = VolumeOptions {
+        byte_interface: !switch("ALIGNFS_NO_BYTE_INTERFACE")?,
+        device_latency: switch("ALIGNFS_DEVICE_LATENCY")?,
+        ..VolumeOptions::default()
+    };
     let prefix = components(&prefix);
     for device in [&fast, &ssd] {
         if device.is_absolute() && components(device).starts_with(&prefix) {
@@ -50,7 +57,20 @@ fn load_config() -> Option<Config> {
             return None;
         }
     }
-    Some(Config { prefix, fast, ssd })
+    Some(Config { prefix, fast, ssd, options })
+}
+
+/// A `byte` volume's switch, as `alignfs mount` has it (`--no-byte-interface`,
+/// `--device-latency`): unset or `0` is off, `1` is on; anything else turns the shim off.
+fn switch(name: &str) -> Option<bool> {
+    match std::env::var(name).as_deref() {
+        Err(_) | Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        Ok(other) => {
+            say(&format!("{name}={other}: use 1 or 0; the shim is off"));
+            None
+        }
+    }
 }
 
 pub fn config() -> Option<&'static Config> {
@@ -124,7 +144,7 @@ pub fn session() -> Result<&'static Session, c_int> {
     static SESSION: OnceLock<Result<Session, c_int>> = OnceLock::new();
     let opened = SESSION.get_or_init(|| {
         let config = config().ok_or(libc::ENOENT)?;
-        match Session::open(&config.fast, &config.ssd) {
+        match Session::open_with(&config.fast, &config.ssd, config.options.clone()) {
             Ok(session) => {
                 let _ = OWNER.set(std::process::id());
                 // SAFETY: registering a plain extern "C" function.
