@@ -150,6 +150,9 @@ def main():
         run("coreutils: cat reads a file", ["cat", f"{prefix}/dir/lines.txt"], expect="line 999\nappended")
         run("coreutils: rm removes it", ["rm", f"{prefix}/dir/lines.txt"])
         run("coreutils: it is gone", ["ls", f"{prefix}/dir"], expect="stdio.txt", absent="lines.txt")
+        bad = subprocess.run(["ls", f"{prefix}/dir"], env=dict(env, ALIGNFS_DEVICE_LATENCY="yes"), capture_output=True, text=True, timeout=20)
+        check("config: ALIGNFS_DEVICE_LATENCY=yes is refused by name and the shim stays off",
+              "ALIGNFS_DEVICE_LATENCY=yes: use 1 or 0; the shim is off" in bad.stderr and bad.returncode != 0, bad.stderr[-300:])
         sql = ("create table t(a integer primary key, b text);"
                "insert into t(b) select hex(randomblob(100)) from generate_series(1,5000);"
                "delete from t where a % 7 = 0; pragma integrity_check; select count(*) from t;")
