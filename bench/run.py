@@ -83,8 +83,16 @@ def ensure_tools() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        log("installing matplotlib")
-        run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"])
+        # Debian's own python3 (the harnesses that need python3-rados run under it)
+        # refuses pip installs: it takes matplotlib from apt.
+        if sys.executable.startswith("/usr/bin/"):
+            log("installing python3-matplotlib")
+            env = {"DEBIAN_FRONTEND": "noninteractive"}
+            run(["apt-get", "update", "-qq"], env=env)
+            run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], env=env)
+        else:
+            log("installing matplotlib")
+            run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"])
 
 
 def build() -> None:
