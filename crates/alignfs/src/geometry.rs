@@ -158,14 +158,10 @@ impl MetaLayout {
         Ok(MetaLayout { pages_offset, ..layout })
     }
 
-    /// The metadata area of a memory-semantic SSD (`byte`): as [`MetaLayout::on_ssd`],
-    /// then a zone of `clamp(ssd/32, 1 MiB, 256 MiB)` that holds residue units, stored
-    /// through the device's byte interface. Data blocks start after the zone.
-    pub fn on_memory_semantic_ssd(ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
-        MetaLayout::on_memory_semantic_ssd_allowing(ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
-    }
-
-    fn on_memory_semantic_ssd_allowing(ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
+    /// The metadata area of a memory-semantic SSD (`byte`): as [`MetaLayout::on_ssd`]
+    /// with `per_block`, then a zone of `clamp(ssd/32, 1 MiB, 256 MiB)` that holds residue
+    /// units, stored through the device's byte interface. Data blocks start after the zone.
+    fn on_memory_semantic_ssd(ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
         let area = MetaLayout::on_ssd_allowing(ssd_bytes, geometry, per_block)?;
         let zone = ((ssd_bytes / 32).clamp(MIB, 256 * MIB)).div_ceil(geometry.block()) * geometry.block();
         let layout = MetaLayout { page_count: zone / geometry.page(), ..area };
@@ -192,15 +188,27 @@ impl MetaLayout {
     /// The layout a volume of `profile` has on its devices: on the fast tier when it takes
     /// one, else at the start of each SSD (`ssd_bytes` is one SSD's).
     pub fn for_profile(profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        MetaLayout::for_profile_allowing(profile, fast_bytes, ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
+    }
+
+    /// [`MetaLayout::for_profile`] with `per_block` checkpoint bytes per block for a
+    /// layout on an SSD (a layout on the fast tier or beside a KV store ignores it).
+    fn for_profile_allowing(
+        profile: crate::Profile,
+        fast_bytes: u64,
+        ssd_bytes: u64,
+        geometry: &Geometry,
+        per_block: u64,
+    ) -> Result<MetaLayout> {
         let needs = profile.devices();
         if needs.fast_tier {
             MetaLayout::compute(fast_bytes, geometry)
         } else if needs.kv_store {
             MetaLayout::superblock_only(ssd_bytes, geometry)
         } else if needs.memory_semantic {
-            MetaLayout::on_memory_semantic_ssd(ssd_bytes, geometry)
+            MetaLayout::on_memory_semantic_ssd(ssd_bytes, geometry, per_block)
         } else {
-            MetaLayout::on_ssd(ssd_bytes, geometry)
+            MetaLayout::on_ssd_allowing(ssd_bytes, geometry, per_block)
         }
     }
 
@@ -208,18 +216,12 @@ impl MetaLayout {
     /// [`MetaLayout::for_profile`] computes, or, on an SSD, the one it computed before
     /// checkpoint slots were sized per block (such volumes keep opening).
     pub fn is_valid_for(&self, profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<bool> {
-        if *self == MetaLayout::for_profile(profile, fast_bytes, ssd_bytes, geometry)? {
-            return Ok(true);
+        for per_block in [CHECKPOINT_BYTES_PER_BLOCK, 0] {
+            if *self == MetaLayout::for_profile_allowing(profile, fast_bytes, ssd_bytes, geometry, per_block)? {
+                return Ok(true);
+            }
         }
-        let needs = profile.devices();
-        let legacy = if needs.fast_tier || needs.kv_store {
-            return Ok(false);
-        } else if needs.memory_semantic {
-            MetaLayout::on_memory_semantic_ssd_allowing(ssd_bytes, geometry, 0)?
-        } else {
-            MetaLayout::on_ssd_allowing(ssd_bytes, geometry, 0)?
-        };
-        Ok(*self == legacy)
+        Ok(false)
     }
 
     /// SSD blocks the metadata area (and a residue zone on the SSD) occupy, never
@@ -305,11 +307,7 @@ mod tests {
             let g = Geometry::for_profile(profile);
             let ssd = 8 * GIB;
             let current = MetaLayout::for_profile(profile, 0, ssd, &g).unwrap();
-            let old = if profile == Profile::BYTE {
-                MetaLayout::on_memory_semantic_ssd_allowing(ssd, &g, 0).unwrap()
-            } else {
-                MetaLayout::on_ssd_allowing(ssd, &g, 0).unwrap()
-            };
+            let old = MetaLayout::for_profile_allowing(profile, 0, ssd, &g, 0).unwrap();
             assert_eq!(old.checkpoint_bytes, 16 * MIB, "{profile:?}: the old slot was ssd/512");
             assert!(current.checkpoint_bytes > old.checkpoint_bytes);
             assert!(current.is_valid_for(profile, 0, ssd, &g).unwrap());
