@@ -269,9 +269,15 @@ impl MemorySemanticSsd {
     /// reports it, as the device would on its write-verify read.
     pub fn post(&self, addr: u64, data: &[u8]) {
         if let Err(e) = self.store(None, addr, data) {
-            tracing::error!("memory-semantic SSD: a posted store of {} bytes at {addr} failed: {e}", data.len());
-            self.inner.posted_failure.lock().get_or_insert_with(|| e.to_string());
+            self.keep_posted_failure(&format!("a posted store of {} bytes at {addr}", data.len()), &e);
         }
+    }
+
+    /// Log a posted operation's failure and keep the first one for
+    /// [`verify_posted`](Self::verify_posted) to report.
+    fn keep_posted_failure(&self, what: &str, e: &Error) {
+        tracing::error!("memory-semantic SSD: {what} failed: {e}");
+        self.inner.posted_failure.lock().get_or_insert_with(|| e.to_string());
     }
 
     /// [`verify`](Self::verify), failing if any posted store failed since the device opened.
@@ -334,8 +340,7 @@ impl MemorySemanticSsd {
     /// failure reported by [`verify_posted`](Self::verify_posted).
     pub fn post_trim(&self, addr: u64, len: u64) {
         if let Err(e) = self.inner.trim(addr, len) {
-            tracing::error!("memory-semantic SSD: a posted trim of {len} bytes at {addr} failed: {e}");
-            self.inner.posted_failure.lock().get_or_insert_with(|| e.to_string());
+            self.keep_posted_failure(&format!("a posted trim of {len} bytes at {addr}"), &e);
         }
     }
 
