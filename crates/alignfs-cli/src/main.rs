@@ -31,8 +31,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Format a new volume: a fast tier and an SSD (`orch`, `uhs`), SSDs alone (`scrap`), or
-    /// an SSD and a KV store directory (`nvstore`).
+    /// Format a new volume: a fast tier and an SSD (`orch`, `uhs`), SSDs alone (`scrap`), an
+    /// SSD and a KV store directory (`nvstore`), or an emulated memory-semantic SSD (`byte`).
     Mkfs(MkfsArgs),
     /// Mount a volume through FUSE (the default devices are formatted on first use).
     Mount(mount::MountArgs),
@@ -131,8 +131,10 @@ struct MkfsArgs {
     devices: DeviceArgs,
     /// Profile: `orch` (OrchFS: persistent fast tier + SSD, durable on every write),
     /// `scrap` (WSBuffer: SSDs only, residue in DRAM scrap pages, durable on fsync),
-    /// `uhs` (UHS: a block volume over NVM + SSD, served with `alignfs nbd`) or `nvstore`
-    /// (NVStore: an object store, unaligned pieces as fragments in a KV store, `--kv`).
+    /// `uhs` (UHS: a block volume over NVM + SSD, served with `alignfs nbd`), `nvstore`
+    /// (NVStore: an object store, unaligned pieces as fragments in a KV store, `--kv`) or
+    /// `byte` (ByteFS: an emulated SSD with a byte interface; `--ssd` is its flash, `--fast`
+    /// its DRAM, docs/BYTE.md).
     #[arg(long, default_value = "orch")]
     profile: String,
     /// Block volumes (`uhs`): the volume's size (default: as large as the SSD allows).
@@ -420,10 +422,14 @@ fn print_report(r: &VolumeReport) {
         r.usage.fast_pages_peak
     );
     println!(
-        "  SSD:       {} of {} blocks used ({:.1}%)",
+        "  SSD:       {} of {} blocks used ({:.1}%){}",
         r.usage.ssd_blocks_used,
         r.usage.ssd_blocks_total,
-        pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total)
+        pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total),
+        match r.usage.ssd_blocks_promised {
+            0 => String::new(),
+            held => format!(", {held} more held for fallocated ranges"),
+        }
     );
     if kv_store {
         println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));

@@ -123,6 +123,9 @@ pub struct Usage {
     pub fast_pages_total: u64,
     pub fast_page_bytes: u64,
     pub ssd_blocks_used: u64,
+    /// Free blocks held for `fallocate`d ranges not written yet (counted as used by statfs).
+    #[serde(default)]
+    pub ssd_blocks_promised: u64,
     pub ssd_blocks_total: u64,
     pub ssd_block_bytes: u64,
     pub journal_used_bytes: u64,

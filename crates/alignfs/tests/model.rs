@@ -233,7 +233,9 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     // The allocators rebuilt at open agree with what was in use.
     let reopened = devices.open(options).unwrap();
     let after = reopened.stats();
-    assert_eq!((after.usage.fast_pages_used, after.usage.ssd_blocks_used), (stats.usage.fast_pages_used, stats.usage.ssd_blocks_used));
+    let usage = |u: &alignfs::stats::Usage| (u.fast_pages_used, u.ssd_blocks_used, u.ssd_blocks_promised);
+    assert_eq!(usage(&after.usage), usage(&stats.usage));
+    assert_eq!(reopened.check(), [], "{}", case.name);
 }
 
 fn cases() -> Vec<Case> {

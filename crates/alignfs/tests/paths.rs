@@ -209,7 +209,7 @@ fn fallocate_allocates_and_punches() {
     let free_before = volume.statfs().blocks_free;
     volume.fallocate(ino, 0, 10 * 32768 + 500, FallocateMode::Allocate { keep_size: false }).unwrap();
     assert_eq!(volume.getattr(ino).unwrap().size, 10 * 32768 + 500);
-    assert_eq!(free_before - volume.statfs().blocks_free, 10, "whole blocks are allocated on the SSD");
+    assert_eq!(free_before - volume.statfs().blocks_free, 11, "every block the range touches is held on the SSD");
     assert!(read_all(&volume, ino).iter().all(|&b| b == 0));
     let mut model = vec![5u8; 10 * 32768 + 500];
     volume.write(ino, 0, &model).unwrap();
@@ -226,6 +226,60 @@ fn fallocate_allocates_and_punches() {
     assert!(matches!(volume.fallocate(ino, 0, 0, FallocateMode::PunchHole), Err(Error::InvalidArgument(_))));
     assert!(matches!(volume.fallocate(ino, u64::MAX - 1, 10, FallocateMode::Allocate { keep_size: false }), Err(Error::FileTooLarge)));
     assert!(matches!(volume.fallocate(ino, 1 << 60, 1, FallocateMode::Allocate { keep_size: false }), Err(Error::FileTooLarge)));
+}
+
+/// `fallocate` writes nothing: each hole becomes a zero block holding one SSD block, which
+/// no other file can take and which the first whole-block write to it uses.
+#[test]
+fn fallocated_blocks_are_held_not_written() {
+    let devices = Devices::new(8 << 20, 32 << 20);
+    devices.format(Geometry::default());
+    let mut volume = devices.open(quiet()).unwrap();
+    let block = Geometry::default().block();
+    let a = volume.create_file(Ino::ROOT, b"a", 0o644, 0, 0).unwrap().ino;
+    let b = volume.create_file(Ino::ROOT, b"b", 0o644, 0, 0).unwrap().ino;
+    let held = volume.statfs().blocks_free - 2;
+    let ssd_writes = volume.stats().get(Counter::ssd_write_bytes);
+    volume.fallocate(a, 0, held * block, FallocateMode::Allocate { keep_size: true }).unwrap();
+    assert_eq!(volume.stats().get(Counter::ssd_write_bytes), ssd_writes, "no zeros written");
+    assert_eq!((volume.statfs().blocks_free, volume.stats().usage.ssd_blocks_promised), (2, held));
+    assert_eq!(volume.getattr(a).unwrap().size, 0, "KEEP_SIZE");
+    assert!(matches!(volume.fallocate(b, 0, 3 * block, FallocateMode::Allocate { keep_size: false }), Err(Error::NoSpace)));
+    assert!(matches!(volume.write(b, 0, &vec![1u8; 3 * block as usize]), Err(Error::NoSpace)), "held blocks are not taken");
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, held, "a refused fallocate holds nothing");
+    assert_eq!(volume.check(), []);
+    // A crash keeps the promises: they are rebuilt from the maps.
+    volume.simulate_crash();
+    volume = devices.open(quiet()).unwrap();
+    assert_eq!((volume.statfs().blocks_free, volume.stats().usage.ssd_blocks_promised), (2, held));
+    // A small write to a zero block gives its promise up (its residue merges later, like
+    // any other); the owner's whole-block writes take the held blocks.
+    volume.write(a, 10, b"small").unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, held - 1);
+    let data: Vec<u8> = (0..(held - 1) * block).map(|i| (i % 251) as u8).collect();
+    volume.write(a, block, &data).unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, 0);
+    let mut model = vec![0u8; block as usize];
+    model[10..15].copy_from_slice(b"small");
+    model.extend_from_slice(&data);
+    assert_eq!(read_all(&volume, a), model);
+    assert_eq!(volume.check(), []);
+    // Punching and truncating give promises back; unlinking too.
+    volume.truncate(b, 0).unwrap();
+    volume.unlink(Ino::ROOT, b"a").unwrap();
+    volume.fallocate(b, 0, 8 * block + 1, FallocateMode::Allocate { keep_size: false }).unwrap();
+    volume.fallocate(b, block, 2 * block, FallocateMode::PunchHole).unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, 7);
+    volume.truncate(b, 4 * block + 100).unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, 3);
+    assert!(read_all(&volume, b).iter().all(|&x| x == 0));
+    assert_eq!(volume.check(), []);
+    volume.close().unwrap();
+    let volume = devices.open(quiet()).unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, 3);
+    volume.unlink(Ino::ROOT, b"b").unwrap();
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, 0);
+    assert_eq!(volume.check(), []);
 }
 
 #[test]

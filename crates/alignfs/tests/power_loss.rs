@@ -24,7 +24,7 @@ use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
 use alignfs::profile::Promise;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
-use alignfs::volume::RenameFlags;
+use alignfs::volume::{FallocateMode, RenameFlags};
 use alignfs::{Devices, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -139,6 +139,13 @@ enum Op {
         name: &'static str,
         size: u64,
     },
+    /// Preallocate: zero blocks over the holes, and the size extended unless `keep_size`.
+    Fallocate {
+        name: &'static str,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
     Link {
         from: &'static str,
         to: &'static str,
@@ -211,6 +218,15 @@ impl Model {
                 file.resize(size as usize, 0);
                 self.unsynced.get_mut(id).unwrap().touch(old.min(size as usize), old.max(size as usize), size as usize);
             }
+            Op::Fallocate { name, offset, len, keep_size } => {
+                let Some(id) = self.names.get(name) else { return false };
+                let file = self.files.get_mut(id).unwrap();
+                let (old, end) = (file.len(), (offset + len) as usize);
+                if !keep_size && end > old {
+                    file.resize(end, 0);
+                    self.unsynced.get_mut(id).unwrap().touch(old, end, end);
+                }
+            }
             Op::Link { from, to } => {
                 let Some(&id) = self.names.get(from) else { return false };
                 if self.names.contains_key(to) {
@@ -258,6 +274,9 @@ fn run_op(volume: &Volume, device: Option<&MemorySemanticSsd>, op: &Op) -> align
         Op::Create(name) => volume.create_file(Ino::ROOT, name.as_bytes(), 0o644, 0, 0).map(drop),
         Op::Write { name, offset, len, salt } => volume.write(lookup(volume, name)?, offset, &payload(salt, len)).map(drop),
         Op::Truncate { name, size } => volume.truncate(lookup(volume, name)?, size),
+        Op::Fallocate { name, offset, len, keep_size } => {
+            volume.fallocate(lookup(volume, name)?, offset, len, FallocateMode::Allocate { keep_size })
+        }
         Op::Link { from, to } => volume.link(lookup(volume, from)?, Ino::ROOT, to.as_bytes()).map(drop),
         Op::Unlink(name) => volume.unlink(Ino::ROOT, name.as_bytes()),
         Op::Rename { from, to } => volume.rename(Ino::ROOT, from.as_bytes(), Ino::ROOT, to.as_bytes(), RenameFlags::default()),
@@ -492,7 +511,8 @@ fn random_op(rng: &mut StdRng, salt: u64) -> Op {
     match rng.random_range(0..100) {
         0..=44 => Op::Write { name, offset, len, salt },
         45..=54 => Op::Create(name),
-        55..=61 => Op::Truncate { name, size: rng.random_range(0..300_000) },
+        55..=58 => Op::Truncate { name, size: rng.random_range(0..300_000) },
+        59..=61 => Op::Fallocate { name, offset, len, keep_size: rng.random() },
         62..=66 => Op::Link { from: name, to: other },
         67..=73 => Op::Unlink(name),
         74..=81 => Op::Rename { from: name, to: other },

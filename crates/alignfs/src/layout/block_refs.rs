@@ -42,14 +42,34 @@ impl BlockRefs {
         self.bitmap.used_count()
     }
 
-    /// `n` free blocks, all or none.
-    pub fn allocate(&self, n: usize) -> Option<Vec<u64>> {
-        self.bitmap.allocate(n)
+    /// `n` free blocks, all or none; `redeem` of them from promises the caller holds.
+    pub fn allocate(&self, n: usize, redeem: u64) -> Option<Vec<u64>> {
+        self.bitmap.allocate_redeeming(n, redeem)
     }
 
-    /// One free block in `range`.
-    pub fn allocate_in(&self, range: std::ops::Range<u64>) -> Option<u64> {
-        self.bitmap.allocate_in(range)
+    /// One free block in `range`, from a promise the caller holds if `redeem`.
+    pub fn allocate_in(&self, range: std::ops::Range<u64>, redeem: bool) -> Option<u64> {
+        self.bitmap.allocate_in(range, redeem)
+    }
+
+    /// Hold `n` free blocks for map entries that take them later (`fallocate`'s zero
+    /// blocks). `false`, and nothing held, if fewer are free.
+    pub fn promise(&self, n: u64) -> bool {
+        self.bitmap.promise(n)
+    }
+
+    /// Promises the maps hold, counted at open.
+    pub fn restore_promises(&self, n: u64) {
+        self.bitmap.restore_promises(n)
+    }
+
+    pub fn release_promises(&self, n: u64) {
+        self.bitmap.release_promises(n)
+    }
+
+    /// Free blocks held by promises.
+    pub fn promised_count(&self) -> u64 {
+        self.bitmap.promised_count()
     }
 
     /// One more reference to an allocated block (a clone).
@@ -144,7 +164,7 @@ mod tests {
     #[test]
     fn shared_blocks_are_freed_by_their_last_reference() {
         let refs = BlockRefs::new(16, &[0]);
-        let [a, b] = refs.allocate(2).unwrap()[..] else { panic!() };
+        let [a, b] = refs.allocate(2, 0).unwrap()[..] else { panic!() };
         refs.share(a);
         refs.share(a);
         assert_eq!(refs.references(a), 3);
@@ -171,14 +191,14 @@ mod tests {
     #[test]
     fn a_pinned_block_outlives_its_last_reference() {
         let refs = BlockRefs::new(16, &[0]);
-        let a = refs.allocate(1).unwrap()[0];
+        let a = refs.allocate(1, 0).unwrap()[0];
         refs.pin(a);
         refs.release([a]);
         assert_eq!(refs.references(a), 0);
         assert_eq!(refs.used_count(), 2, "still allocated while pinned");
         refs.unpin([a]);
         assert_eq!(refs.used_count(), 1);
-        let b = refs.allocate(1).unwrap()[0];
+        let b = refs.allocate(1, 0).unwrap()[0];
         refs.pin(b);
         refs.unpin([b]);
         assert_eq!(refs.references(b), 1, "a pin alone frees nothing");

@@ -101,7 +101,9 @@ impl Overlay {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BlockEntry {
     /// The block lives only in fast pages (small files, tails); a missing page is zeros.
-    /// `pages` is sorted by page index within the block.
+    /// `pages` is sorted by page index within the block. Without pages it is a zero block
+    /// that `fallocate` made: it holds a promise of one SSD block
+    /// ([`crate::layout::BlockRefs::promise`]) until a write replaces it.
     Fast { pages: Vec<(u8, PageNo)> },
     /// An SSD block plus newer overlays, sorted by page index within the block. `shared`
     /// marks a block a clone made: other entries may reference it too (the allocator
@@ -130,6 +132,15 @@ impl BlockEntry {
     /// Whether this entry's SSD block may be referenced by other entries (a clone).
     pub fn shared(&self) -> bool {
         matches!(self, BlockEntry::Ssd { shared: true, .. })
+    }
+
+    /// A block of zeros holding a promise of one SSD block (`fallocate`).
+    pub fn zeros() -> BlockEntry {
+        BlockEntry::Fast { pages: Vec::new() }
+    }
+
+    pub fn is_zeros(&self) -> bool {
+        matches!(self, BlockEntry::Fast { pages } if pages.is_empty())
     }
 
     /// A whole SSD block with no overlays, owned by this entry alone.

@@ -115,12 +115,15 @@ pub struct Freed {
     pub blocks: Vec<SsdBlock>,
     /// Inodes dropped from the table; their units are in `pages`/`blocks`.
     pub removed: Vec<Arc<Inode>>,
+    /// Zero blocks dropped or replaced: each held a promise of an SSD block.
+    pub promises: u64,
 }
 
 impl Freed {
     pub fn add_entry(&mut self, entry: &BlockEntry) {
         self.pages.extend(entry.fast_pages());
         self.blocks.extend(entry.ssd_block());
+        self.promises += u64::from(entry.is_zeros());
     }
 
     fn add_map(&mut self, map: &FileMap) {
@@ -133,6 +136,7 @@ impl Freed {
         self.pages.extend(other.pages);
         self.blocks.extend(other.blocks);
         self.removed.extend(other.removed);
+        self.promises += other.promises;
     }
 }
 
@@ -264,6 +268,7 @@ pub fn apply(state: &MetaState, op: &Op) -> Result<Freed, Inapplicable> {
                 freed.pages.extend(old.fast_pages().filter(|p| !keep.contains(p)));
                 let keep_block = entry.as_ref().and_then(BlockEntry::ssd_block);
                 freed.blocks.extend(old.ssd_block().filter(|b| Some(*b) != keep_block));
+                freed.promises += u64::from(old.is_zeros() && !entry.as_ref().is_some_and(BlockEntry::is_zeros));
             }
         }
         Op::Namespace(NamespaceOp::SetXattr { ino, name, value, ctime }) => {

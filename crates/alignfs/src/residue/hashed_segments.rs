@@ -126,7 +126,7 @@ impl ResidueStore for HashedSegments {
         let mut taken: SmallVec<[u64; 4]> = SmallVec::new();
         for request in requests {
             let key = (request.object, request.lblock);
-            match self.bitmap.allocate_in(self.segment_range(self.segment_of(key))) {
+            match self.bitmap.allocate_in(self.segment_range(self.segment_of(key)), false) {
                 Some(unit) => taken.push(unit),
                 None => {
                     self.bitmap.free(taken);

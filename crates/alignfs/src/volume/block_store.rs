@@ -222,21 +222,25 @@ impl Inner {
     }
 
     /// One new SSD block on each SSD named (another SSD when that one is full); all or
-    /// none.
-    pub(super) fn allocate_blocks(&self, members: &[usize]) -> Option<Vec<SsdBlock>> {
+    /// none. `redeem` of them come from promises the caller holds (zero blocks it
+    /// replaces); on failure those promises are still held.
+    pub(super) fn allocate_blocks(&self, members: &[usize], redeem: u64) -> Option<Vec<SsdBlock>> {
         if self.ssd_in_flight.len() == 1 {
-            return self.blocks.allocate(members.len()).map(|ids| ids.into_iter().map(SsdBlock).collect());
+            return self.blocks.allocate(members.len(), redeem).map(|ids| ids.into_iter().map(SsdBlock).collect());
         }
         let per_member = self.superblock.member_bytes() / self.geometry.block();
         let count = self.ssd_in_flight.len() as u64;
         let mut taken = Vec::with_capacity(members.len());
-        for &member in members {
-            let found =
-                (0..count).map(|k| (member as u64 + k) % count).find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member));
+        for (i, &member) in members.iter().enumerate() {
+            let redeeming = (i as u64) < redeem;
+            let found = (0..count)
+                .map(|k| (member as u64 + k) % count)
+                .find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member, redeeming));
             match found {
                 Some(id) => taken.push(SsdBlock(id)),
                 None => {
                     self.release(&[], &taken);
+                    self.blocks.restore_promises(redeem.min(taken.len() as u64));
                     return None;
                 }
             }

@@ -88,11 +88,14 @@ impl Volume {
     }
 
     /// Every SSD block named by more than one entry is shared by all of them, and the
-    /// allocator counts exactly the references the maps hold.
+    /// allocator counts exactly the references and the promises (zero blocks) the maps
+    /// hold.
     fn check_block_references(&self, inodes: &[Arc<Inode>], problems: &mut Vec<Problem>) {
         let mut users: HashMap<u64, Vec<(Ino, u64, bool)>> = HashMap::new();
+        let mut zero_blocks = 0u64;
         for inode in inodes {
             for (&lblock, entry) in inode.map.lock().iter() {
+                zero_blocks += u64::from(entry.is_zeros());
                 if let Some(block) = entry.ssd_block() {
                     users.entry(block.0).or_default().push((inode.ino, lblock, entry.shared()));
                 }
@@ -109,6 +112,11 @@ impl Volume {
                 let what = format!("SSD block {block} has {} references in the maps but {counted} in the allocator", users.len());
                 problems.push(Problem { ino, what });
             }
+        }
+        let promised = self.inner.blocks.promised_count();
+        if promised != zero_blocks {
+            let what = format!("the maps hold {zero_blocks} zero blocks but the allocator holds {promised} SSD blocks for them");
+            problems.push(Problem { ino: Ino::ROOT, what });
         }
     }
 }

@@ -9,20 +9,17 @@
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
-use super::{Inner, Volume};
+use super::{Inner, Volume, MAP_OPS_PER_RECORD};
 use crate::error::{Error, Result};
 use crate::map::BlockEntry;
 use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::stats::Counter;
 
-/// Map edits per journal record: a clone of up to this many blocks is atomic across a
-/// crash; a larger one commits in several records (the target's size first, so a crash
-/// leaves it consistent, reading zeros where blocks were not shared yet).
-const CLONE_OPS_PER_RECORD: usize = 4096;
-
 impl Volume {
     /// Make `dst` a copy of `src` (size and data) that shares `src`'s SSD blocks. Both are
-    /// regular files; `dst`'s old data is dropped.
+    /// regular files; `dst`'s old data is dropped. A clone of more than
+    /// [`MAP_OPS_PER_RECORD`] blocks commits in several records, the target's size first,
+    /// so a crash leaves it reading zeros where blocks were not shared yet.
     pub fn clone_file(&self, src: Ino, dst: Ino) -> Result<()> {
         self.with_both_locked(src, dst, |source, target| {
             self.inner.truncate_locked(target, 0)?;
@@ -84,7 +81,7 @@ impl Inner {
             }
             ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock: first_lblock + lblock, entry: Some(marked) }));
             shared.push(block);
-            if ops.len() >= CLONE_OPS_PER_RECORD {
+            if ops.len() >= MAP_OPS_PER_RECORD {
                 self.commit_shares(&mut ops, &mut shared)?;
             }
         }

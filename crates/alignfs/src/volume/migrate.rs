@@ -224,7 +224,7 @@ impl Inner {
             self.buffers.give([disk]);
         }
         // Delayed allocation: each block goes to the SSD least busy at this moment.
-        let Some(targets) = self.allocate_blocks(&self.least_busy_members(work.len())) else {
+        let Some(targets) = self.allocate_blocks(&self.least_busy_members(work.len()), 0) else {
             self.buffers.give(images);
             return Err(Error::NoSpace);
         };

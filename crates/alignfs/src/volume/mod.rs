@@ -51,6 +51,10 @@ use crate::residue::ResidueStore;
 use crate::stats::{Counter, DeviceCounter, Stats, StatsSnapshot, Usage, VolumeReport};
 use clean_pages::CleanPages;
 
+/// Map edits per journal record for operations that edit a block range at once (clone,
+/// fallocate): up to this many blocks they are atomic across a crash.
+const MAP_OPS_PER_RECORD: usize = 4096;
+
 /// How SSD data is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadMode {
@@ -290,6 +294,7 @@ impl Volume {
                 fast_pages_total: inner.residue.capacity_units(),
                 fast_page_bytes: u64::from(inner.residue.unit_bytes()),
                 ssd_blocks_used: inner.blocks.used_count(),
+                ssd_blocks_promised: inner.blocks.promised_count(),
                 ssd_blocks_total: inner.blocks.capacity(),
                 ssd_block_bytes: inner.geometry.block(),
                 journal_used_bytes: meta.log_used_bytes,
@@ -545,6 +550,9 @@ impl Inner {
     pub(crate) fn release_freed(&self, freed: Freed) {
         for inode in &freed.removed {
             drop(inode.range.write(0, u64::MAX));
+        }
+        if freed.promises > 0 {
+            self.blocks.release_promises(freed.promises);
         }
         self.release(&freed.pages, &freed.blocks);
     }

@@ -542,11 +542,14 @@ fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     Ok((superblock, ssd_name))
 }
 
-/// Mark every unit the maps reference as used; a unit out of range, or referenced twice
-/// other than by entries marked as sharing an SSD block, means corrupt metadata.
+/// Mark every unit the maps reference as used, and hold a block for every zero block; a
+/// unit out of range, or referenced twice other than by entries marked as sharing an SSD
+/// block, means corrupt metadata.
 fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BlockRefs, device: &str) -> Result<()> {
+    let mut zero_blocks = 0;
     for inode in meta.snapshot() {
         for (lblock, entry) in inode.map.lock().iter() {
+            zero_blocks += u64::from(entry.is_zeros());
             let problem = |what: String| Error::corrupt("map", device, 0, format!("inode {} block {lblock}: {what}", inode.ino.0));
             for page in entry.fast_pages() {
                 if !residue.claim(page, inode.ino, *lblock) {
@@ -560,5 +563,6 @@ fn claim_units(meta: &MetaState, residue: &dyn ResidueStore, blocks: &BlockRefs,
             }
         }
     }
+    blocks.restore_promises(zero_blocks);
     Ok(())
 }

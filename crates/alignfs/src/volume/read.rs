@@ -28,7 +28,8 @@ pub enum SeekTarget {
 
 impl Volume {
     /// The first offset at or after `offset` that starts data or a hole, at block
-    /// granularity; the end of the file counts as a hole. `BeyondEnd` past EOF.
+    /// granularity; the end of the file counts as a hole, and so does a zero block
+    /// (`fallocate`'s, like ext4's unwritten extents). `BeyondEnd` past EOF.
     pub fn seek(&self, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
         let inode = self.inner.file(ino)?;
         let size = inode.size();
@@ -39,12 +40,13 @@ impl Volume {
         let map = inode.map.lock();
         match target {
             SeekTarget::Data => {
-                let first = map.range(offset / block..).map(|(&lb, _)| lb * block).next().filter(|&start| start < size);
+                let first =
+                    map.range(offset / block..).find(|(_, e)| !e.is_zeros()).map(|(&lb, _)| lb * block).filter(|&start| start < size);
                 first.map(|start| start.max(offset)).ok_or(Error::BeyondEnd)
             }
             SeekTarget::Hole => {
                 let mut lb = offset / block;
-                while lb * block < size && map.contains_key(&lb) {
+                while lb * block < size && map.get(&lb).is_some_and(|e| !e.is_zeros()) {
                     lb += 1;
                 }
                 Ok((lb * block).clamp(offset, size))

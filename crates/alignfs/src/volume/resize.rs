@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
-use super::{Inner, Volume};
+use super::{Inner, Volume, MAP_OPS_PER_RECORD};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
@@ -13,7 +13,11 @@ use crate::residue::UnitRequest;
 /// `fallocate` modes the volume implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FallocateMode {
-    /// Allocate (zero-fill holes) and extend the size unless `keep_size`.
+    /// Allocate the holes and extend the size unless `keep_size`. A hole becomes a zero
+    /// block: it reads as zeros and costs no SSD write, and it holds a promise of the SSD
+    /// block that the first whole-block write to it takes, so that write cannot run out of
+    /// space. A smaller write to it goes to the residue tier like any other and gives the
+    /// promise up.
     Allocate { keep_size: bool },
     /// Deallocate and zero the range; the size never changes.
     PunchHole,
@@ -43,25 +47,11 @@ impl Volume {
         let size = inode.size();
         match mode {
             FallocateMode::Allocate { keep_size } => {
-                // Zero-fill the holes so later writes to the range cannot run out of space.
                 let holes: Vec<u64> = {
                     let map = inode.map.lock();
                     (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
                 };
-                // Consecutive holes go as one write (up to 2 MiB): coalesced SSD IO and one
-                // journal record, instead of a commit per block.
-                let max_run = ((2 << 20) / block).max(1);
-                let mut runs: Vec<(u64, u64)> = Vec::new();
-                for lb in holes {
-                    match runs.last_mut() {
-                        Some((first, last)) if *last + 1 == lb && lb - *first < max_run => *last = lb,
-                        _ => runs.push((lb, lb)),
-                    }
-                }
-                for (first, last) in runs {
-                    let (start, stop) = ((first * block).max(offset), ((last + 1) * block).min(end));
-                    self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
-                }
+                self.inner.fill_with_zero_blocks(ino, &holes)?;
                 if !keep_size && end > size {
                     self.inner.release_freed(self.inner.commit(&[Op::Data(DataOp::Extend { ino, size: end, mtime: now_ns() })])?);
                 }
@@ -83,8 +73,8 @@ impl Volume {
                 }
                 let edges = [(offset, (first_whole * block).min(end)), ((last_whole * block).max(offset), end)];
                 for (start, stop) in edges {
-                    let is_hole = !inode.map.lock().contains_key(&(start / block));
-                    if start < stop && !is_hole {
+                    let reads_zero = inode.map.lock().get(&(start / block)).is_none_or(BlockEntry::is_zeros);
+                    if start < stop && !reads_zero {
                         self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
                     }
                 }
@@ -95,6 +85,25 @@ impl Volume {
 }
 
 impl Inner {
+    /// Map each of `holes` (logical blocks of `ino` with no entry) to a zero block, holding
+    /// one SSD block for each. With `NoSpace` nothing changes; other errors may leave the
+    /// first records committed.
+    fn fill_with_zero_blocks(&self, ino: Ino, holes: &[u64]) -> Result<()> {
+        if !self.blocks.promise(holes.len() as u64) {
+            return Err(Error::NoSpace);
+        }
+        let mut unjournaled = holes.len() as u64;
+        for run in holes.chunks(MAP_OPS_PER_RECORD) {
+            let ops: Vec<Op> = run.iter().map(|&lblock| Op::Data(DataOp::Map { ino, lblock, entry: Some(BlockEntry::zeros()) })).collect();
+            if let Err(e) = self.commit(&ops) {
+                self.blocks.release_promises(unjournaled);
+                return Err(e);
+            }
+            unjournaled -= run.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
     /// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
     pub(crate) fn zero_beyond_eof(&self, inode: &Inode, size: u64) {
@@ -139,7 +148,8 @@ impl Inner {
         let mut fresh_units = (Vec::new(), Vec::new());
         let within = size % block;
         let tail = inode.map.lock().get(&(size / block)).cloned();
-        if let (true, Some(entry)) = (within != 0, tail) {
+        // A zero block needs no zeroed tail.
+        if let (true, Some(entry)) = (within != 0, tail.filter(|e| !e.is_zeros())) {
             let mut image = AlignedBuf::zeroed(block as usize);
             self.materialize(Some(&entry), &mut image)?;
             image[within as usize..].fill(0);
@@ -181,7 +191,7 @@ impl Inner {
     /// Write one block image to a freshly allocated SSD block (not yet referenced by any
     /// map; the allocation is undone if the write fails).
     pub(super) fn write_new_block(&self, image: AlignedBuf) -> Result<SsdBlock> {
-        let target = SsdBlock(self.blocks.allocate(1).ok_or(Error::NoSpace)?[0]);
+        let target = SsdBlock(self.blocks.allocate(1, 0).ok_or(Error::NoSpace)?[0]);
         let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * self.geometry.block(), buf: image };
         match self.submit_ssd(vec![write]).wait() {
             Ok(buffers) => {

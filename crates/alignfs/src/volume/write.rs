@@ -98,11 +98,13 @@ impl Inner {
             // block's lock when the write extends the file): keep those bytes zero.
             self.zero_beyond_eof(inode, old_size);
         }
-        let mut ops = result?;
+        let (mut ops, redeemed) = result?;
         if extend {
             ops.push(Op::Data(DataOp::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() }));
         }
-        let freed = self.commit(&ops)?;
+        let mut freed = self.commit(&ops)?;
+        // The zero blocks whose promises the allocation redeemed hold none any more.
+        freed.promises -= redeemed;
         self.release_freed(freed);
         Ok(())
     }
@@ -170,7 +172,8 @@ impl Inner {
         self.residue.allocate(requests)
     }
 
-    /// Run a plan's IOs and return its map edits. SSD writes are in flight while the
+    /// Run a plan's IOs and return its map edits, and how many of the SSD blocks it took
+    /// were promised to the zero blocks it replaces. SSD writes are in flight while the
     /// residue is copied into the residue store on this thread.
     pub(super) fn execute(
         &self,
@@ -179,16 +182,20 @@ impl Inner {
         pages: Vec<PageNo>,
         entries: &[Option<BlockEntry>],
         data: &[u8],
-    ) -> Result<Vec<Op>> {
+    ) -> Result<(Vec<Op>, u64)> {
         // Direct writes spread over the SSDs by logical block.
         let members: Vec<usize> =
             plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_count() as u64) as usize).collect();
-        let Some(new_blocks) = self.allocate_blocks(&members) else {
+        let redeem =
+            plan.blocks.iter().zip(entries).filter(|(b, e)| b.needs_ssd_block() && e.as_ref().is_some_and(BlockEntry::is_zeros)).count()
+                as u64;
+        let Some(new_blocks) = self.allocate_blocks(&members, redeem) else {
             self.release(&pages, &[]);
             return Err(Error::NoSpace);
         };
         let undo = |e: Error| {
             self.release(&pages, &new_blocks);
+            self.blocks.restore_promises(redeem);
             e
         };
         let in_flight = self.submit_block_images(plan, entries, &new_blocks, data).map_err(&undo)?;
@@ -217,7 +224,7 @@ impl Inner {
             .collect();
         full.dedup();
         self.policy.residue_stored(self, inode, plan, &full);
-        Ok(ops)
+        Ok((ops, redeem))
     }
 
     /// Build the SSD image of every block the plan sends to the SSD (whole blocks, and on

@@ -18,10 +18,12 @@ use crate::meta::{DataOp, Ino, Op};
 use crate::profile::Projection;
 use crate::volume::Inner;
 
-/// A block's entry as a crash leaves it: its SSD block without overlays, or a hole.
+/// A block's entry as a crash leaves it: its SSD block without overlays, a zero block
+/// (`fallocate`: no residue, so nothing to lose), or a hole.
 pub(super) fn durable_entry(entry: &BlockEntry) -> Option<BlockEntry> {
     match entry {
         BlockEntry::Ssd { block, shared, .. } => Some(BlockEntry::Ssd { block: *block, overlays: Vec::new(), shared: *shared }),
+        BlockEntry::Fast { .. } if entry.is_zeros() => Some(BlockEntry::zeros()),
         BlockEntry::Fast { .. } => None,
     }
 }
