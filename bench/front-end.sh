@@ -9,6 +9,7 @@
 # and the ratio to ext4. docs/FUSE.md quotes it.
 #
 # Environment: ROUNDS (3), RUNTIME seconds per fio cell (5), SIZE of the file (512m),
+# WORKLOADS to run, any of "fio metadata rocksdb" (default all),
 # SYSTEMS to compare, each MODE[@TRANSPORT][=BINARY] (default "direct reads"; e.g.
 # "reads@dev-fuse reads@io-uring", or "reads=/tmp/old/alignfs reads" to measure two builds
 # alternately), ALIGNFS (default target/release/alignfs, built).
@@ -33,6 +34,7 @@ fio_cell() { # dir, rw, extra args → MiB/s
         python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]; print(round((j["write"]["bw"]+j["read"]["bw"])/1024, 1))'
 }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+want() { [[ " ${WORKLOADS:-fio metadata rocksdb} " == *" $1 "* ]]; }
 metadata() { # dir → files created, stated and removed per second
     python3 - "$1/meta" <<'PY'
 import os, sys, time
@@ -70,23 +72,34 @@ for ((r = 0; r < rounds; r++)); do
                 --transport "$transport" "$work/mnt" >/dev/null
             dir=$work/mnt
         fi
-        fio --name=fill --directory="$dir" --filename=data --size="$size" --rw=write --bs=1m --end_fsync=1 --output-format=json >/dev/null
-        drop
-        echo "$system cold-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
-        cat "$dir/data" >/dev/null
-        echo "$system warm-4KiB-randread $(fio_cell "$dir" randread --bs=4k --readonly)" >>"$results"
-        echo "$system warm-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
-        echo "$system direct-4KiB-randread $(fio_cell "$dir" randread --bs=4k --direct=1 --readonly)" >>"$results"
-        echo "$system durable-4KiB-randwrite $(fio_cell "$dir" randwrite --bs=4k --fsync=1)" >>"$results"
-        echo "$system durable-4KiB-randwrite-x4 $(fio_cell "$dir" randwrite --bs=4k --fsync=1 --numjobs=4)" >>"$results"
-        echo "$system durable-1MiB-randwrite $(fio_cell "$dir" randwrite --bs=1m --fsync=1)" >>"$results"
-        echo "$system create-stat-unlink-ops/s $(metadata "$dir")" >>"$results"
-        read -r fill reads <<<"$(rocksdb "$dir" 200000)"
-        echo "$system rocksdb-fillrandom-sync-ops/s $fill" >>"$results"
-        echo "$system rocksdb-readrandom-ops/s $reads" >>"$results"
-        # One read per key, as bench/run.py does: most blocks are read for the first time.
-        read -r _ reads <<<"$(rocksdb "$dir" 20000)"
-        echo "$system rocksdb-readrandom-1x-ops/s $reads" >>"$results"
+        if want fio; then
+            fio --name=fill --directory="$dir" --filename=data --size="$size" --rw=write --bs=1m --end_fsync=1 \
+                --output-format=json >/dev/null
+            drop
+            echo "$system cold-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
+            cat "$dir/data" >/dev/null
+            echo "$system warm-4KiB-randread $(fio_cell "$dir" randread --bs=4k --readonly)" >>"$results"
+            echo "$system warm-1MiB-randread $(fio_cell "$dir" randread --bs=1m --readonly)" >>"$results"
+            echo "$system direct-4KiB-randread $(fio_cell "$dir" randread --bs=4k --direct=1 --readonly)" >>"$results"
+            echo "$system durable-4KiB-randwrite $(fio_cell "$dir" randwrite --bs=4k --fsync=1)" >>"$results"
+            echo "$system durable-4KiB-randwrite-x4 $(fio_cell "$dir" randwrite --bs=4k --fsync=1 --numjobs=4)" >>"$results"
+            echo "$system durable-1MiB-randwrite $(fio_cell "$dir" randwrite --bs=1m --fsync=1)" >>"$results"
+        fi
+        want metadata && echo "$system create-stat-unlink-ops/s $(metadata "$dir")" >>"$results"
+        if want rocksdb; then
+            ssd_written() { "$system_bin" stat "$work/mnt" | awk '$1 == "ssd_write_bytes" { print $2 }'; }
+            [[ $system == ext4 ]] || before=$(ssd_written)
+            read -r fill reads <<<"$(rocksdb "$dir" 200000)"
+            echo "$system rocksdb-fillrandom-sync-ops/s $fill" >>"$results"
+            echo "$system rocksdb-readrandom-ops/s $reads" >>"$results"
+            # One read per key, as bench/run.py does: most blocks are read for the first time.
+            read -r _ reads <<<"$(rocksdb "$dir" 20000)"
+            echo "$system rocksdb-readrandom-1x-ops/s $reads" >>"$results"
+            if [[ $system != ext4 ]]; then
+                # SSD bytes per put (two fills of 20,000 keys), from the engine's own count.
+                echo "$system rocksdb-ssd-KiB-per-put $(python3 -c "print(round(($(ssd_written) - $before) / 40000 / 1024, 2))")" >>"$results"
+            fi
+        fi
         rm -rf "${dir:?}"/*
         [[ $system == ext4 ]] || "$system_bin" umount "$work/mnt" >/dev/null
         echo "round $((r + 1))/$rounds: $system done" >&2
@@ -103,6 +116,8 @@ for w in workloads:
     med = {s: statistics.median([float(v) for s2, w2, v in rows if s2 == s and w2 == w] or [0]) for s in systems}
     for s in systems:
         vals = [float(v) for s2, w2, v in rows if s2 == s and w2 == w]
+        if not vals:  # a figure only some systems have (the engine's own counters)
+            continue
         ratio = med[s] / med["ext4"] if med["ext4"] else float("nan")
         print(f"{w:28} {s:{width}} {med[s]:10.1f} {f'[{min(vals):.1f}–{max(vals):.1f}]':>22} {ratio:7.2f}")
 EOF
