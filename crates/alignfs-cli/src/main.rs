@@ -253,6 +253,16 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
             bytesize::ByteSize(sb.layout.journal_bytes),
             bytesize::ByteSize(sb.layout.checkpoint_bytes)
         );
+        let full_map = alignfs::geometry::MetaLayout::full_map_bytes(sb.ssd_bytes, &geometry);
+        if profile.devices().fast_tier && sb.layout.checkpoint_bytes < full_map {
+            eprintln!(
+                "warning: the checkpoint slots hold the maps of about {} of the SSD's {}; past that, writes fail with \
+                 ENOSPC. A fast tier of {} or more (--fast PATH:SIZE), or larger blocks (--block-size), maps all of it.",
+                bytesize::ByteSize((u128::from(sb.ssd_bytes) * u128::from(sb.layout.checkpoint_bytes) / u128::from(full_map)) as u64),
+                bytesize::ByteSize(sb.ssd_bytes),
+                bytesize::ByteSize(4 * full_map)
+            );
+        }
     }
     if let Some(layout) = block {
         println!("  block volume: {} bytes ({}), {}-byte sectors", layout.size, bytesize::ByteSize(layout.size), layout.sector_bytes);

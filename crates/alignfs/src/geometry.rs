@@ -98,11 +98,30 @@ pub struct MetaLayout {
 }
 
 impl MetaLayout {
-    /// Carve a fast tier of `fast_bytes`: superblock, two checkpoint slots, journal, pages.
-    pub fn compute(fast_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+    /// Checkpoint bytes that the maps of an SSD of `ssd_bytes` take when every block is
+    /// mapped: `ssd/512` for the files, [`CHECKPOINT_BYTES_PER_BLOCK`] for each block.
+    pub fn full_map_bytes(ssd_bytes: u64, geometry: &Geometry) -> u64 {
+        ssd_bytes / 512 + ssd_bytes / geometry.block() * CHECKPOINT_BYTES_PER_BLOCK
+    }
+
+    /// Carve a fast tier of `fast_bytes` for an SSD of `ssd_bytes`: superblock, two
+    /// checkpoint slots, journal, pages. A slot is `fast/16` (64 KiB–256 MiB), or, when that
+    /// is too small for the maps of the full SSD, as large as they are if both slots still
+    /// fit in half the fast tier. Otherwise the slots stay at `fast/16` and the volume can
+    /// map only part of its SSD ([`MetaLayout::full_map_bytes`]; mkfs says so).
+    pub fn on_fast_tier(fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        MetaLayout::on_fast_tier_allowing(fast_bytes, ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
+    }
+
+    /// [`MetaLayout::on_fast_tier`]; volumes formatted before slots grew with the SSD have
+    /// `per_block` 0 (always `fast/16`).
+    fn on_fast_tier_allowing(fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
         let page = geometry.page().max(SUPERBLOCK_BYTES);
         let round = |x: u64| x.div_ceil(page) * page;
-        let checkpoint_bytes = round((fast_bytes / 16).clamp(64 * KIB, 256 * MIB));
+        let usual = (fast_bytes / 16).clamp(64 * KIB, 256 * MIB);
+        let full_map = MetaLayout::full_map_bytes(ssd_bytes, geometry);
+        let grown = per_block > 0 && full_map > usual && full_map <= fast_bytes / 4;
+        let checkpoint_bytes = round(if grown { full_map } else { usual });
         let journal_bytes = round((fast_bytes / 32).clamp(64 * KIB, 64 * MIB));
         let layout = MetaLayout::carve(round(SUPERBLOCK_BYTES), checkpoint_bytes, journal_bytes);
         let page_count = fast_bytes.saturating_sub(layout.pages_offset) / geometry.page();
@@ -202,7 +221,7 @@ impl MetaLayout {
     ) -> Result<MetaLayout> {
         let needs = profile.devices();
         if needs.fast_tier {
-            MetaLayout::compute(fast_bytes, geometry)
+            MetaLayout::on_fast_tier_allowing(fast_bytes, ssd_bytes, geometry, per_block)
         } else if needs.kv_store {
             MetaLayout::superblock_only(ssd_bytes, geometry)
         } else if needs.memory_semantic {
@@ -213,8 +232,8 @@ impl MetaLayout {
     }
 
     /// Whether `self` is a layout a volume of `profile` on these devices may have: the one
-    /// [`MetaLayout::for_profile`] computes, or, on an SSD, the one it computed before
-    /// checkpoint slots were sized per block (such volumes keep opening).
+    /// [`MetaLayout::for_profile`] computes, or the one it computed before checkpoint slots
+    /// were sized per block (such volumes keep opening).
     pub fn is_valid_for(&self, profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<bool> {
         for per_block in [CHECKPOINT_BYTES_PER_BLOCK, 0] {
             if *self == MetaLayout::for_profile_allowing(profile, fast_bytes, ssd_bytes, geometry, per_block)? {
@@ -320,12 +339,31 @@ mod tests {
         assert!(!old_style.is_valid_for(Profile::ORCH, GIB, 8 * GIB, &orch).unwrap(), "orch's layout is on its fast tier");
     }
 
+    /// A fast tier's checkpoint slots grow to hold the maps of a large SSD of small blocks
+    /// (`uhs`) when half the fast tier allows it; the defaults keep `fast/16`, and volumes
+    /// formatted with it keep opening.
+    #[test]
+    fn fast_tier_slots_grow_with_the_ssd() {
+        let uhs = Geometry::for_profile(Profile::UHS);
+        let usual = MetaLayout::on_fast_tier(GIB, 8 * GIB, &Geometry::default()).unwrap();
+        assert_eq!(usual.checkpoint_bytes, 64 * MIB);
+        let big = MetaLayout::on_fast_tier(GIB, 16 * GIB, &uhs).unwrap();
+        assert!(big.checkpoint_bytes >= MetaLayout::full_map_bytes(16 * GIB, &uhs), "{big:?}");
+        assert!(2 * big.checkpoint_bytes <= GIB / 2);
+        let before = MetaLayout::on_fast_tier_allowing(GIB, 16 * GIB, &uhs, 0).unwrap();
+        assert_eq!(before.checkpoint_bytes, 64 * MIB);
+        assert!(before.is_valid_for(Profile::UHS, GIB, 16 * GIB, &uhs).unwrap());
+        assert!(big.is_valid_for(Profile::UHS, GIB, 16 * GIB, &uhs).unwrap());
+        let too_big = MetaLayout::on_fast_tier(GIB, 1024 * GIB, &uhs).unwrap();
+        assert_eq!(too_big.checkpoint_bytes, 64 * MIB, "half the fast tier cannot hold them: the usual size");
+    }
+
     #[test]
     fn layout_fits() {
         let g = Geometry::default();
-        let l = MetaLayout::compute(GIB, &g).unwrap();
+        let l = MetaLayout::on_fast_tier(GIB, 8 * GIB, &g).unwrap();
         assert!(l.pages_offset + l.page_count * g.page() <= GIB);
-        assert!(MetaLayout::compute(64 * KIB, &g).is_err());
+        assert!(MetaLayout::on_fast_tier(64 * KIB, 8 * GIB, &g).is_err());
         let scrap = Geometry::for_profile(Profile::SCRAP);
         let l = MetaLayout::on_ssd(8 * GIB, &scrap).unwrap();
         assert_eq!(l.pages_offset % scrap.block(), 0);

@@ -52,3 +52,40 @@ fn a_checkpoint_of_a_nearly_full_volume_fits_in_what_its_slot_allows_per_block()
     volume.read(volume.lookup(Ino::ROOT, b"file-00003").unwrap().ino, 0, &mut out).unwrap();
     assert!(out.iter().all(|&b| b == 4));
 }
+
+/// A `uhs` volume of 4 KiB blocks maps every block of its SSD: the fast tier's checkpoint
+/// slots grow past `fast/16` to hold them. With `fast/16` alone (256 KiB here) the full
+/// volume's checkpoint (about 18 bytes per block) overflowed its slot, and writes failed
+/// with ENOSPC long before the SSD was full.
+#[test]
+fn a_full_uhs_volume_checkpoints_its_whole_map() {
+    use alignfs::device::{BlockDevice, PmemRegion, SimSsd};
+    use alignfs::personality::{BlockLayout, BlockVolume};
+    use std::sync::Arc;
+
+    let ssd = Arc::new(SimSsd::new(64 << 20)) as Arc<dyn BlockDevice>;
+    let devices = alignfs::Devices::new(Arc::new(PmemRegion::anonymous(4 << 20).unwrap()), ssd);
+    let format = alignfs::FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false };
+    let size = 60 << 20;
+    BlockVolume::format(&devices, &format, BlockLayout::new(size)).unwrap();
+    let options = VolumeOptions { background: false, ..VolumeOptions::default() };
+    let disk = BlockVolume::open(devices.clone(), options.clone()).unwrap();
+    let capacity = disk.volume().stats().usage.checkpoint_capacity_bytes;
+    assert!(capacity > 256 << 10, "slots of {capacity} bytes did not grow");
+    // Every block written, each by its own 4 KiB write (one map entry each).
+    let chunk: Vec<u8> = (0..1u64 << 20).map(|i| (i % 253) as u8 + 1).collect();
+    for offset in (0..size).step_by(chunk.len()) {
+        disk.write(offset, &chunk).unwrap();
+    }
+    disk.volume().migrate_all().unwrap();
+    disk.volume().checkpoint().unwrap();
+    let used = disk.volume().stats().usage.checkpoint_used_bytes;
+    let blocks = size / 4096;
+    eprintln!("uhs: {blocks} blocks mapped, checkpoint of {used} bytes in slots of {capacity}");
+    assert!(used > 256 << 10, "the map ({used} bytes) would not have fit the old slot: the test proves nothing");
+    drop(disk);
+    let disk = BlockVolume::open(devices, options).unwrap();
+    let mut out = vec![0u8; chunk.len()];
+    disk.read(size - chunk.len() as u64, &mut out).unwrap();
+    assert!(out == chunk);
+}

@@ -165,7 +165,7 @@ mod tests {
             geometry,
             fast_bytes: GIB,
             ssd_bytes: 8 * GIB,
-            layout: MetaLayout::compute(GIB, &geometry).unwrap(),
+            layout: MetaLayout::on_fast_tier(GIB, 8 * GIB, &geometry).unwrap(),
             created_unix_ns: 42,
             ssd_count: 1,
             ssd_index: 0,

@@ -423,7 +423,7 @@ fn format_with_fast_tier(fast: &Arc<dyn ByteTier>, ssd: &dyn BlockDevice, option
     if !options.force {
         refuse_existing(&[(read_fast_superblock(fast.as_ref()), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
     }
-    let layout = MetaLayout::compute(fast.len_bytes(), &geometry)?;
+    let layout = MetaLayout::on_fast_tier(fast.len_bytes(), ssd.len_bytes(), &geometry)?;
     let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
     // Invalidate what a previous volume left: its superblock first, so a crash during
     // format never leaves a half-new volume that opens.
