@@ -17,6 +17,9 @@ Each round runs every group once, and within a group every system takes its turn
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
   objects   nvstore against Ceph BlueStore and one file per object on ext4
             (bench/nvstore.py): NVStore's unaligned appends and overwrites
+  device    ByteFS's host-to-device write traffic (bench/byte.py): byte against the same
+            emulated SSD without its byte interface and ext4 on a loop device, on durable
+            metadata operations, varmail and RocksDB; bytes per operation, lower is better
 
 A profile that cannot run a group's front end shows "—" with the reason. Results go to
 bench/results/DATE-compare/ (report.md, results.json, PNG plots); `--doc` writes the
@@ -48,7 +51,10 @@ PY = "/usr/bin/python3"  # Debian's: python3-rados (BlueStore) imports only ther
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PROFILES = ["orch", "scrap", "uhs", "nvstore", "byte"]
 FILE_PROFILES = ["orch", "scrap", "byte"]
-GROUPS = ["engine", "files", "memlimit", "macro", "block", "objects"]
+GROUPS = ["engine", "files", "memlimit", "macro", "block", "objects", "device"]
+# Groups whose figure is a cost (bytes per operation): the smaller wins, and a ratio to a
+# peer is the peer's figure over the profile's, so that above 1 still means better.
+LOWER_IS_BETTER = {"device"}
 MAX_PAGES = Path("/proc/sys/fs/fuse/max_pages_limit")
 # What a scrap daemon holds besides its scrap memory: code, maps, and a FUSE request buffer
 # of 8 MiB per request thread (max_pages 2048); measured at 45–70 MiB, so 64 MiB with the cap.
@@ -69,11 +75,13 @@ ABSENT = {
               for p in ["orch", "scrap", "nvstore", "byte"]},
     "objects": {p: "`alignfs s3` serves object stores (nvstore); the same IO in-process is in `engine`"
                 for p in ["orch", "scrap", "uhs", "byte"]},
+    "device": {p: "no device with a byte interface: its SSD traffic per byte written is in the other groups' traffic tables"
+               for p in ["orch", "scrap", "uhs", "nvstore"]},
 }
 # The peer each group's ratios divide by, and the device limit where the group has one.
 BEST_PEER = "best disk peer"  # the fastest of a group's peers in each workload
 REFERENCE = {"engine": "ext4", "files": "ext4", "memlimit": "ext4", "macro": "ext4",
-             "block": BEST_PEER, "objects": "ext4-files"}
+             "block": BEST_PEER, "objects": "ext4-files", "device": "ext4"}
 LIMIT = {"engine": "limit", "files": "limit"}
 
 # The decision guide's "why" and "costs", per profile.
@@ -100,9 +108,11 @@ HEADLINES = [
     ("uhs", "block", "4k randwrite, flush each, 1 job, qd8", BEST_PEER, 4.20, "docs/UHS.md, bench/uhs.py"),
     ("nvstore", "objects", "append2k, 8 writers", "bluestore", 1.15, "docs/NVSTORE.md, bench/nvstore.py"),
     ("nvstore", "objects", "append2k, 1 writer", "bluestore", 2.51, "docs/NVSTORE.md, bench/nvstore.py"),
-    ("byte", "macro", "createfiles", "ext4", None,
-     "docs/BYTE.md measures host-to-device traffic instead (bench/byte.py): 389x less than ext4 on durable metadata operations, 3.7x on varmail"),
+    ("byte", "device", "create/mkdir/unlink/rmdir, durable", "ext4", 389, "docs/BYTE.md, bench/byte.py: host-to-device bytes"),
+    ("byte", "device", "varmail", "ext4", 3.7, "docs/BYTE.md, bench/byte.py: host-to-device bytes"),
 ]
+# bench/byte.py's workloads in the device group, and their names here.
+DEVICE_WORKLOADS = {"micro": "create/mkdir/unlink/rmdir, durable", "varmail": "varmail", "rocksdb": "RocksDB fillrandom sync=1"}
 
 
 log, run = mountbench.log, mountbench.run
@@ -413,6 +423,19 @@ class Compare:
                             round_no, {"value": c["bytes"] / c["seconds"] / MIB, "unit": "MiB/s", "p99_us": 0.0}, t)
         shutil.rmtree(out, ignore_errors=True)
 
+    # device: byte.py, one round (its in-process cells measure speed, not traffic: left out)
+    def device(self, round_no: int) -> None:
+        out = self.work / f"device-{round_no}"
+        args = ["--quick"] if self.args.quick else ["--rounds", "1"]
+        run([PY, REPO / "bench" / "byte.py", "--workloads", ",".join(DEVICE_WORKLOADS), "--out", out, *args])
+        for c in json.loads((out / "results.json").read_text())["cells"]:
+            if c["system"] not in ("byte", "block-only", "ext4") or not c.get("ops"):
+                continue
+            self.record("device", DEVICE_WORKLOADS[c["workload"]], c["system"], round_no,
+                        {"value": c["host_write"] / c["ops"], "unit": "host-to-device bytes per operation, lower is better",
+                         "p99_us": 0.0})
+        shutil.rmtree(out, ignore_errors=True)
+
     def setup(self, groups: list) -> None:
         for d in [self.ext4, self.limit]:
             d.mkdir(parents=True, exist_ok=True)
@@ -496,13 +519,18 @@ def fmt(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
-def ratio(cells: dict, system: str, peer: str) -> float:
+def ratio(cells: dict, system: str, peer: str, group: str) -> float:
+    """How much better `system` does than `peer`: throughput over the peer's, or, in a
+    group whose figure is a cost, the peer's cost over the system's."""
+    lower = group in LOWER_IS_BETTER
     a = cells.get(system)
     if peer == BEST_PEER:
         peers = [c["median"] for s, c in cells.items() if s not in PROFILES and s != "limit"]
-        b = {"median": max(peers)} if peers else None
+        b = {"median": (min if lower else max)(peers)} if peers else None
     else:
         b = cells.get(peer)
+    if lower:
+        a, b = b, a
     return a["median"] / b["median"] if a and b and b["median"] else float("nan")
 
 
@@ -533,13 +561,16 @@ def report(summary: dict, meta: dict, records: list) -> str:
         for peer in [p for p in [ref, lim] if p]:
             lines += ["", f"Ratio to {peer}:", "", "| workload | " + " | ".join(measured) + " |", "|---" * (len(measured) + 1) + "|"]
             for workload, cells in table.items():
-                lines.append(f"| {workload} | " + " | ".join(fmt(ratio(cells, s, peer)) + "×" for s in measured) + " |")
-        lines += ["", "p99 latency, µs (per operation: the write and its fsync, or one macro flow):", "",
-                  "| workload | " + " | ".join(s for s in systems if s not in ABSENT[group]) + " |",
-                  "|---" * (len([s for s in systems if s not in ABSENT[group]]) + 1) + "|"]
-        for workload, cells in table.items():
-            lines.append(f"| {workload} | " + " | ".join(fmt(cells[s]["p99_us"]) if s in cells else "—"
-                                                         for s in systems if s not in ABSENT[group]) + " |")
+                lines.append(f"| {workload} | " + " | ".join(fmt(ratio(cells, s, peer, group)) + "×" for s in measured) + " |")
+        if group in LOWER_IS_BETTER:
+            lines += ["", f"(A ratio is {ref}'s figure over the profile's: above 1, the profile costs less.)"]
+        elif any(c.get("p99_us") for cells in table.values() for c in cells.values()):
+            lines += ["", "p99 latency, µs (per operation: the write and its fsync, or one macro flow):", "",
+                      "| workload | " + " | ".join(s for s in systems if s not in ABSENT[group]) + " |",
+                      "|---" * (len([s for s in systems if s not in ABSENT[group]]) + 1) + "|"]
+            for workload, cells in table.items():
+                lines.append(f"| {workload} | " + " | ".join(fmt(cells[s]["p99_us"]) if s in cells else "—"
+                                                             for s in systems if s not in ABSENT[group]) + " |")
         with_traffic = [(w, s, c["traffic"]) for w, cells in table.items() for s, c in cells.items() if c.get("traffic")]
         with_traffic += matrix_traffic(records, group)
         if with_traffic:
@@ -567,7 +598,7 @@ def headline_lines(summary: dict) -> list:
              "| profile | group | workload | ratio to | this run | its own benchmark | reached |", "|---|---|---|---|---|---|---|"]
     for profile, group, workload, peer, measured, where in HEADLINES:
         cells = summary.get(group, {}).get(workload, {})
-        r = ratio(cells, profile, peer)
+        r = ratio(cells, profile, peer, group)
         own = f"{measured:.2f}× ({where})" if measured else where
         reached = "—" if measured is None or r != r else ("yes" if r >= measured else "**no**")
         lines.append(f"| {profile} | {group} | {workload} | {peer} | {fmt(r)}× | {own} | {reached} |")
@@ -586,15 +617,22 @@ def plot(out: Path, summary: dict, records: list) -> list:
         ref = REFERENCE[group]
         systems = [s for s in systems_of(group, table) if s not in ABSENT[group]]
         workloads = list(table)
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(10, 2.2 * len(workloads) + 4), 4.5))
+        # A group of costs (bytes) has no latency: one panel.
+        with_p99 = group not in LOWER_IS_BETTER
+        fig, axes = plt.subplots(1, 2 if with_p99 else 1, figsize=(max(10 if with_p99 else 6, 2.2 * len(workloads) + 4), 4.5),
+                                 squeeze=False)
+        ax1, ax2 = axes[0][0], axes[0][1] if with_p99 else None
         width = 0.8 / max(len(systems), 1)
         for i, s in enumerate(systems):
             xs = [k + i * width for k in range(len(workloads))]
-            ratios = [ratio(table[w], s, ref) for w in workloads]
+            ratios = [ratio(table[w], s, ref, group) for w in workloads]
             ax1.bar(xs, [r if r == r else 0 for r in ratios], width, label=s, color=colors.get(s))
-            p99 = [table[w][s]["p99_us"] if s in table[w] else 0 for w in workloads]
-            ax2.bar(xs, [v if v > 0 else float("nan") for v in p99], width, label=s, color=colors.get(s))
-        for ax, title in [(ax1, f"throughput ÷ {ref} (log)"), (ax2, "p99 latency, µs (log)")]:
+            if ax2 is not None:
+                p99 = [table[w][s]["p99_us"] if s in table[w] else 0 for w in workloads]
+                ax2.bar(xs, [v if v > 0 else float("nan") for v in p99], width, label=s, color=colors.get(s))
+        first = f"{ref}'s bytes ÷ the system's (log)" if group in LOWER_IS_BETTER else f"throughput ÷ {ref} (log)"
+        panels = [(ax1, first)] + ([(ax2, "p99 latency, µs (log)")] if ax2 is not None else [])
+        for ax, title in panels:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -652,16 +690,22 @@ def decision_guide(summary: dict, results_dir: str) -> str:
              "| group | workload | best profile | ÷ the best other system | ÷ the next profile | why |", "|---|---|---|---|---|---|"]
     for group in GROUPS:
         for workload, cells in summary.get(group, {}).items():
-            ranked = sorted(((c["median"], s) for s, c in cells.items() if s in PROFILES), reverse=True)
-            peers = sorted(((c["median"], s) for s, c in cells.items() if s not in PROFILES and s != "limit"), reverse=True)
+            lower = group in LOWER_IS_BETTER
+            # Best first; `better(a, b)` is how many times a beats b.
+            ranked = sorted(((c["median"], s) for s, c in cells.items() if s in PROFILES), reverse=not lower)
+            peers = sorted(((c["median"], s) for s, c in cells.items() if s not in PROFILES and s != "limit"), reverse=not lower)
             if not ranked:
                 continue
+
+            def better(a: float, b: float) -> float:
+                return (b / a if a else float("nan")) if lower else (a / b if b else float("nan"))
+
             best_v, best = ranked[0]
-            nxt = f"{best_v / ranked[1][0]:.2f}× {ranked[1][1]}" if len(ranked) > 1 and ranked[1][0] else "— (the only one)"
+            nxt = f"{better(best_v, ranked[1][0]):.2f}× {ranked[1][1]}" if len(ranked) > 1 and ranked[1][0] else "— (the only one)"
             vs_peer, why = "—", MECHANISM[best]
             if peers and peers[0][0]:
-                vs_peer = f"{best_v / peers[0][0]:.2f}× {peers[0][1]}"
-                if best_v < peers[0][0]:
+                vs_peer = f"{better(best_v, peers[0][0]):.2f}× {peers[0][1]}"
+                if better(best_v, peers[0][0]) < 1:
                     why = f"no profile beats {peers[0][1]} here" + (f"; {best} comes closest" if len(ranked) > 1 else "")
             lines.append(f"| {group} | {workload} | **{best}** | {vs_peer} | {nxt} | {why} |")
     lines += ["", "## What each costs", "", "| profile | needs, and when a write is durable |", "|---|---|"]
@@ -670,6 +714,8 @@ def decision_guide(summary: dict, results_dir: str) -> str:
               "- `engine` runs every profile without its front end, so it isolates the design; the other groups add "
               "the front end a user would run (FUSE, NBD, S3 semantics) and that front end's own cost.",
               "- A profile absent from a group has no front end for that workload (the report says why).",
+              "- `device` counts bytes, not speed: its ratios are the peer's bytes over the profile's, so above 1 "
+              "the profile sends less to the device.",
               "- Ratios near 1 are within this machine's noise (single cells vary by ±20 %); the report gives every "
               "cell's spread over rounds.", ""]
     lines += headline_lines(summary)
