@@ -357,6 +357,11 @@ fn deleting_files_works_when_metadata_is_full() {
     devices.format(Geometry::default());
     let volume = devices.open(quiet()).unwrap();
     let chunk = vec![9u8; 1 << 20];
+    // A preallocated file: once metadata is full, a write that would map its zero blocks
+    // fails, and they keep the SSD blocks promised to them.
+    let held = volume.create_file(Ino::ROOT, b"held", 0o644, 0, 0).unwrap().ino;
+    volume.fallocate(held, 0, chunk.len() as u64, FallocateMode::Allocate { keep_size: false }).unwrap();
+    let promised = volume.stats().usage.ssd_blocks_promised;
     let mut files = Vec::new();
     let full = 'fill: loop {
         let ino = volume.create_file(Ino::ROOT, format!("f{}", files.len()).as_bytes(), 0o644, 0, 0);
@@ -373,6 +378,10 @@ fn deleting_files_works_when_metadata_is_full() {
     };
     assert!(matches!(full, Error::MetadataFull(_)), "{full}");
     assert!(files.len() > 2);
+    let refused = volume.write(held, 0, &chunk);
+    assert!(matches!(refused, Err(Error::MetadataFull(_))), "{refused:?}");
+    assert_eq!(volume.stats().usage.ssd_blocks_promised, promised, "the refused write's promises are back");
+    assert_eq!(volume.check(), []);
     for i in 1..files.len() {
         volume.unlink(Ino::ROOT, format!("f{i}").as_bytes()).unwrap_or_else(|e| panic!("unlink {i} of a full volume: {e}"));
     }

@@ -51,7 +51,7 @@ impl Volume {
                     let map = inode.map.lock();
                     (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
                 };
-                self.inner.fill_with_zero_blocks(ino, &holes)?;
+                self.inner.fill_with_zero_blocks(&inode, &holes)?;
                 if !keep_size && end > size {
                     self.inner.release_freed(self.inner.commit(&[Op::Data(DataOp::Extend { ino, size: end, mtime: now_ns() })])?);
                 }
@@ -88,18 +88,22 @@ impl Inner {
     /// Map each of `holes` (logical blocks of `ino` with no entry) to a zero block, holding
     /// one SSD block for each. With `NoSpace` nothing changes; other errors may leave the
     /// first records committed.
-    fn fill_with_zero_blocks(&self, ino: Ino, holes: &[u64]) -> Result<()> {
+    fn fill_with_zero_blocks(&self, inode: &Inode, holes: &[u64]) -> Result<()> {
         if !self.blocks.promise(holes.len() as u64) {
             return Err(Error::NoSpace);
         }
-        let mut unjournaled = holes.len() as u64;
+        let ino = inode.ino;
+        let mut unmapped = holes.len() as u64;
         for run in holes.chunks(MAP_OPS_PER_RECORD) {
             let ops: Vec<Op> = run.iter().map(|&lblock| Op::Data(DataOp::Map { ino, lblock, entry: Some(BlockEntry::zeros()) })).collect();
             if let Err(e) = self.commit(&ops) {
-                self.blocks.release_promises(unjournaled);
+                // A commit can fail after applying its edits (its sync): those keep theirs.
+                let map = inode.map.lock();
+                let applied = run.iter().filter(|lb| map.get(lb).is_some_and(BlockEntry::is_zeros)).count() as u64;
+                self.blocks.release_promises(unmapped - applied);
                 return Err(e);
             }
-            unjournaled -= run.len() as u64;
+            unmapped -= run.len() as u64;
         }
         Ok(())
     }

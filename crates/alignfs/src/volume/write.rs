@@ -102,7 +102,16 @@ impl Inner {
         if extend {
             ops.push(Op::Data(DataOp::Extend { ino: inode.ino, size: plan.new_size, mtime: now_ns() }));
         }
-        let mut freed = self.commit(&ops)?;
+        let mut freed = match self.commit(&ops) {
+            Ok(freed) => freed,
+            Err(e) => {
+                // Zero blocks the commit did not replace keep the promises redeemed for them.
+                let map = inode.map.lock();
+                let kept = plan.blocks.iter().filter(|b| b.needs_ssd_block() && map.get(&b.lblock).is_some_and(BlockEntry::is_zeros));
+                self.blocks.restore_promises(kept.count() as u64);
+                return Err(e);
+            }
+        };
         // The zero blocks whose promises the allocation redeemed hold none any more.
         freed.promises -= redeemed;
         self.release_freed(freed);
