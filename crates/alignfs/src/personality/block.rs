@@ -51,7 +51,8 @@ impl BlockVolume {
             (None, _) => return Err(Error::WrongDevices("NVM ranges need a fast tier (--fast) to hold them".into())),
             (Some(fast), _) if fast.len_bytes() <= zone_bytes => {
                 return Err(Error::WrongDevices(format!(
-                    "the NVM ranges take {zone_bytes} bytes; the fast tier holds only {}",
+                    "the NVM ranges take {zone_bytes} bytes and the fast tier holds {}: it must also hold the \
+                     volume's metadata and NVM buffer, so make it larger than the ranges (--fast PATH:SIZE)",
                     fast.len_bytes()
                 )))
             }
