@@ -138,8 +138,9 @@ impl BitmapAllocator {
         true
     }
 
-    /// Promises rebuilt at open from the maps that hold them: made when there was room, so
-    /// not checked again.
+    /// Promises made earlier, taken up again without a check: rebuilt at open from the maps
+    /// that hold them, or given back to zero blocks whose write failed after redeeming
+    /// them.
     pub fn restore_promises(&self, n: u64) {
         self.bits.lock().promised += n;
     }

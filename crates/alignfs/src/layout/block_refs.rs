@@ -58,7 +58,8 @@ impl BlockRefs {
         self.bitmap.promise(n)
     }
 
-    /// Promises the maps hold, counted at open.
+    /// Promises made earlier: counted at open from the maps, or put back for zero blocks
+    /// whose write failed after redeeming them.
     pub fn restore_promises(&self, n: u64) {
         self.bitmap.restore_promises(n)
     }
