@@ -156,6 +156,11 @@ impl BitmapAllocator {
         self.bits.lock().promised
     }
 
+    /// Free units no promise holds: what a new allocation may take.
+    pub fn available_count(&self) -> u64 {
+        self.bits.lock().available(0)
+    }
+
     pub fn free(&self, ids: impl IntoIterator<Item = u64>) {
         let mut bits = self.bits.lock();
         for id in ids {

@@ -73,6 +73,11 @@ impl BlockRefs {
         self.bitmap.promised_count()
     }
 
+    /// Free blocks no promise holds.
+    pub fn available_count(&self) -> u64 {
+        self.bitmap.available_count()
+    }
+
     /// One more reference to an allocated block (a clone).
     pub fn share(&self, id: u64) {
         *self.counts.lock().shared.entry(id).or_insert(0) += 1;

@@ -514,7 +514,7 @@ impl Volume {
         StatFs {
             block_bytes: inner.geometry.block(),
             blocks_total: inner.blocks.capacity() - 1,
-            blocks_free: inner.blocks.free_count().saturating_sub(inner.blocks.promised_count()),
+            blocks_free: inner.blocks.available_count(),
             fast_pages_total: inner.residue.capacity_units(),
             fast_pages_free: inner.residue.capacity_units() - inner.residue.used_units(),
             inodes: inner.meta.inodes.read().len() as u64,
