@@ -260,7 +260,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
                  ENOSPC. A fast tier of {} or more (--fast PATH:SIZE), or larger blocks (--block-size), maps all of it.",
                 bytesize::ByteSize((u128::from(sb.ssd_bytes) * u128::from(sb.layout.checkpoint_bytes) / u128::from(full_map)) as u64),
                 bytesize::ByteSize(sb.ssd_bytes),
-                bytesize::ByteSize(4 * full_map)
+                bytesize::ByteSize(alignfs::geometry::MetaLayout::fast_bytes_for_full_map(sb.ssd_bytes, &geometry))
             );
         }
     }

@@ -104,6 +104,12 @@ impl MetaLayout {
         ssd_bytes / 512 + ssd_bytes / geometry.block() * CHECKPOINT_BYTES_PER_BLOCK
     }
 
+    /// The smallest fast tier whose checkpoint slots hold the maps of the full SSD: both
+    /// slots may take half of it.
+    pub fn fast_bytes_for_full_map(ssd_bytes: u64, geometry: &Geometry) -> u64 {
+        4 * MetaLayout::full_map_bytes(ssd_bytes, geometry)
+    }
+
     /// Carve a fast tier of `fast_bytes` for an SSD of `ssd_bytes`: superblock, two
     /// checkpoint slots, journal, pages. A slot is `fast/16` (64 KiB–256 MiB), or, when that
     /// is too small for the maps of the full SSD, as large as they are if both slots still
@@ -120,7 +126,7 @@ impl MetaLayout {
         let round = |x: u64| x.div_ceil(page) * page;
         let usual = (fast_bytes / 16).clamp(64 * KIB, 256 * MIB);
         let full_map = MetaLayout::full_map_bytes(ssd_bytes, geometry);
-        let grown = per_block > 0 && full_map > usual && full_map <= fast_bytes / 4;
+        let grown = per_block > 0 && full_map > usual && fast_bytes >= MetaLayout::fast_bytes_for_full_map(ssd_bytes, geometry);
         let checkpoint_bytes = round(if grown { full_map } else { usual });
         let journal_bytes = round((fast_bytes / 32).clamp(64 * KIB, 64 * MIB));
         let layout = MetaLayout::carve(round(SUPERBLOCK_BYTES), checkpoint_bytes, journal_bytes);
