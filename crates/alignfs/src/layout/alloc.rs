@@ -1,7 +1,17 @@
-//! A bitmap allocator of numbered units (SSD blocks, fast pages), next-fit so consecutive
-//! allocations tend to be contiguous. Not persisted: rebuilt from the maps at open.
+//! A bitmap allocator of numbered units (SSD blocks, fast pages): next-fit, so consecutive
+//! allocations tend to be contiguous, and a multi-unit allocation looks for long free runs.
+//! Not persisted: rebuilt from the maps at open.
 
 use parking_lot::Mutex;
+
+/// Free runs this long (or as long as the whole allocation, if shorter) are what a
+/// multi-unit allocation looks for: 256 KiB of 4 KiB blocks, a full IO.
+const RUN_GOAL: u64 = 64;
+
+/// Shorter free runs an allocation passes over before it takes whatever is free: on a
+/// volume whose free space is all in short runs, each allocation costs at most this many
+/// steps more than plain next-fit.
+const SHORT_RUNS_SKIPPED: u32 = 256;
 
 struct Bits {
     words: Vec<u64>,
@@ -24,6 +34,34 @@ impl Bits {
         assert!(redeem <= self.promised, "redeeming {redeem} of {} promises", self.promised);
         self.free.saturating_sub(self.promised - redeem)
     }
+    /// The first run of free units at or after `from` (not wrapping), as (start, length),
+    /// its length capped at `cap` (which also bounds the search for its end).
+    fn free_run_from(&self, from: u64, cap: u64) -> Option<(u64, u64)> {
+        let start = self.next_where(from, self.capacity, |word| !word)?;
+        let until = start.saturating_add(cap).min(self.capacity);
+        let end = self.next_where(start, until, |word| word).unwrap_or(until);
+        Some((start, end - start))
+    }
+
+    /// The first unit in `from..until` whose bit is set in `view` of its word (the word
+    /// itself for a used unit, its complement for a free one).
+    fn next_where(&self, from: u64, until: u64, view: impl Fn(u64) -> u64) -> Option<u64> {
+        if from >= until {
+            return None;
+        }
+        let mut word = from / 64;
+        let mut bits = view(self.words[word as usize]) & (u64::MAX << (from % 64));
+        while word * 64 < until {
+            if bits != 0 {
+                let id = word * 64 + u64::from(bits.trailing_zeros());
+                return (id < until).then_some(id);
+            }
+            word += 1;
+            bits = self.words.get(word as usize).map_or(0, |&w| view(w));
+        }
+        None
+    }
+
     fn set(&mut self, id: u64, used: bool) {
         let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
         if used {
@@ -72,6 +110,12 @@ impl BitmapAllocator {
 
     /// `n` free units, `redeem` of them taken from promises the caller holds (and which it
     /// gives up), or `None` and nothing taken.
+    ///
+    /// Next-fit from a cursor, taking free runs of at least `min(n, RUN_GOAL)` units: the
+    /// caller writes consecutive units with one IO, so a large allocation on a volume
+    /// fragmented by small out-of-place writes skips the holes those left (small
+    /// allocations fill them). After `SHORT_RUNS_SKIPPED` shorter runs, or once its search
+    /// has reached the end a second time, it takes any free unit.
     pub fn allocate_redeeming(&self, n: usize, redeem: u64) -> Option<Vec<u64>> {
         let mut bits = self.bits.lock();
         if (n as u64) > bits.available(redeem) {
@@ -79,21 +123,29 @@ impl BitmapAllocator {
         }
         bits.promised -= redeem;
         let mut out = Vec::with_capacity(n);
-        let mut id = bits.cursor;
+        let mut goal = (n as u64).min(RUN_GOAL);
+        let (mut id, mut skipped, mut wrapped) = (bits.cursor, 0u32, false);
         while out.len() < n {
-            if id >= bits.capacity {
-                id = 0;
-            }
-            let word = bits.words[(id / 64) as usize];
-            if id % 64 == 0 && word == u64::MAX {
-                id += 64;
+            let wanted = (n - out.len()) as u64;
+            let Some((start, len)) = bits.free_run_from(id, wanted) else {
+                if wrapped {
+                    goal = 1;
+                }
+                (id, wrapped) = (0, true);
                 continue;
+            };
+            if len >= goal.min(wanted) {
+                for unit in start..start + len {
+                    bits.set(unit, true);
+                    out.push(unit);
+                }
+            } else {
+                skipped += 1;
+                if skipped >= SHORT_RUNS_SKIPPED {
+                    goal = 1;
+                }
             }
-            if !bits.used(id) {
-                bits.set(id, true);
-                out.push(id);
-            }
-            id += 1;
+            id = start + len;
         }
         bits.free -= n as u64;
         bits.cursor = id;
@@ -236,5 +288,45 @@ mod tests {
         assert_eq!((a.free_count(), a.promised_count()), (3, 3));
         a.release_promises(3);
         assert_eq!(a.allocate(3).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn multi_unit_allocations_take_long_runs_and_single_units_fill_holes() {
+        let a = BitmapAllocator::new(1000, &[]);
+        let all = a.allocate(1000).unwrap();
+        assert_eq!(all, (0..1000).collect::<Vec<_>>());
+        // Holes of one unit in 0..400, a run of 100 at 500, then holes again.
+        a.free((0..400).step_by(2));
+        a.free(500..600);
+        a.free((700..1000).step_by(3));
+        let large = a.allocate(80).unwrap();
+        assert_eq!(large, (500..580).collect::<Vec<_>>(), "the first run of 64 or more, whole");
+        assert_eq!(a.allocate(20).unwrap(), (580..600).collect::<Vec<_>>(), "the rest of that run");
+        assert_eq!(a.allocate(1).unwrap(), vec![700], "a single unit takes the next hole");
+        // No run of 64 is left: a large allocation takes holes rather than fail.
+        let scattered = a.allocate(150).unwrap();
+        assert_eq!(scattered.len(), 150);
+        assert!(scattered.iter().all(|&u| u % 2 == 0 || (700..1000).contains(&u)));
+        assert_eq!(a.free_count(), 400 - 80 - 20 - 1 - 150);
+    }
+
+    #[test]
+    fn a_search_through_many_short_runs_is_bounded() {
+        let capacity = 64 * 64;
+        let a = BitmapAllocator::new(capacity, &[]);
+        a.allocate(capacity as usize).unwrap();
+        // More short runs than the search passes over, then a long run at the end.
+        let short_runs = u64::from(SHORT_RUNS_SKIPPED) + 10;
+        a.free((0..short_runs).map(|k| k * 3));
+        a.free(capacity - 100..capacity);
+        let taken = a.allocate(64).unwrap();
+        assert!(taken[0] < capacity - 100, "gave up the search and took short runs: {taken:?}");
+        assert_eq!(taken.len(), 64);
+        // Units past the capacity in the last word never count as free.
+        let b = BitmapAllocator::new(70, &[]);
+        assert_eq!(b.allocate(70).unwrap().len(), 70);
+        assert!(b.allocate(1).is_none());
+        b.free([69]);
+        assert_eq!(b.allocate(1).unwrap(), vec![69]);
     }
 }
