@@ -2,7 +2,8 @@
 # Two builds of `alignfs nbd`, measured alternately in one session (a refactor's A/B):
 # each round formats a fresh 256 MiB uhs volume per build, fills 64 MiB, and runs fio's
 # nbd engine on 4 KiB writes (flushed or not, queue depth 1 and 8), mixed 4k+64k flushed
-# writes at depth 8 and 4 KiB reads at depth 8. Prints each cell, then medians and ratios.
+# writes at depth 8, mixed 4k+1m flushed writes at depth 1 (after the random writes have
+# scattered the free space) and 4 KiB reads at depth 8. Prints each cell, then medians and ratios.
 #
 #   bench/nbd-ab.sh OLD_ALIGNFS NEW_ALIGNFS [ROUNDS=4] [SECONDS=5]
 #   TRANSPORT=unix|tcp (default unix); OLD_ARGS / NEW_ARGS: extra `alignfs nbd` options,
@@ -23,6 +24,7 @@ workloads=(
     "--bs=4k --rw=randwrite --iodepth=1"
     "--bs=4k --rw=randwrite --iodepth=8"
     "--bssplit=4k/50:64k/50 --rw=randwrite --fsync=1 --iodepth=8"
+    "--bssplit=4k/50:1m/50 --rw=randwrite --fsync=1 --iodepth=1"
     "--bs=4k --rw=randread --iodepth=8 --size=64M"
 )
 mib_s='import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; s=j["write"] if j["write"]["io_bytes"] else j["read"]; print(round(s["bw"]/1024,1))'

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use alignfs::device::{BlockDevice, FaultPlan, FaultyDevice};
 use alignfs::stats::Counter;
 use alignfs::volume::FallocateMode;
-use alignfs::{Error, Geometry, Ino, Volume, VolumeOptions};
+use alignfs::{Error, Geometry, Ino, Profile, Volume, VolumeOptions};
 use common::Devices;
 
 fn quiet() -> VolumeOptions {
@@ -395,3 +395,53 @@ fn deleting_files_works_when_metadata_is_full() {
     assert_eq!(volume.read(g, 0, &mut out).unwrap(), chunk.len());
     assert!(out == chunk);
 }
+
+/// Large writes mixed with small ones (UHS's 4 KiB + 1 MiB workload) keep going out in
+/// few large IOs: the allocator gives a multi-block write long free runs, so the one-block
+/// holes that merged small writes leave behind do not scatter it. Migration writes the
+/// blocks it merges in runs too. Before, on this volume, a 1 MiB write took 6.5 IOs (5.6
+/// now, 5 on a fresh volume) and migration wrote one block per IO (31 now).
+#[test]
+fn large_writes_and_merges_go_out_in_long_runs() {
+    let mut devices = Devices::new(64 << 20, 256 << 20);
+    devices.profile = Profile::UHS;
+    devices.format(Geometry::for_profile(Profile::UHS));
+    let volume = devices.open(quiet()).unwrap();
+    let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let size = 128u64 << 20;
+    for offset in (0..size).step_by(1 << 20) {
+        volume.write(ino, offset, &[7u8; 1 << 20]).unwrap();
+    }
+    let mut random = 42u64;
+    let mut next = move |bound: u64| {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        random % bound
+    };
+    let (mut large_writes, mut large_ios, mut migration_ios, mut migrated_bytes) = (0u64, 0u64, 0u64, 0u64);
+    for k in 0..ROUNDS {
+        volume.write(ino, next(size - 4096) & !4095, &[k as u8; 4096]).unwrap();
+        let before = volume.stats().get(Counter::ssd_write_ios);
+        volume.write(ino, next(size - (1 << 20)) & !4095, &vec![k as u8; 1 << 20]).unwrap();
+        if k >= ROUNDS / 2 {
+            large_writes += 1;
+            large_ios += volume.stats().get(Counter::ssd_write_ios) - before;
+        }
+        if k % 64 == 63 {
+            let before = volume.stats();
+            volume.migrate_all().unwrap();
+            let after = volume.stats();
+            migration_ios += after.get(Counter::ssd_write_ios) - before.get(Counter::ssd_write_ios);
+            migrated_bytes += after.get(Counter::migration_write_bytes) - before.get(Counter::migration_write_bytes);
+        }
+    }
+    let ios = large_ios as f64 / large_writes as f64;
+    let blocks_per_migration_io = migrated_bytes as f64 / 4096.0 / migration_ios as f64;
+    eprintln!("{ios:.1} SSD write IOs per 1 MiB write, {blocks_per_migration_io:.1} blocks per migration IO");
+    assert!(ios <= 6.0, "{ios:.1} IOs per 1 MiB write: the allocator scattered it");
+    assert!(blocks_per_migration_io >= 8.0, "migration wrote {blocks_per_migration_io:.1} blocks per IO");
+    assert!(volume.check().is_empty());
+}
+
+const ROUNDS: u32 = 1000;

@@ -228,25 +228,52 @@ impl Inner {
             self.buffers.give(images);
             return Err(Error::NoSpace);
         };
-        let writes =
-            images.into_iter().zip(&targets).map(|(buf, t)| IoRequest { op: IoOp::Write, offset_bytes: t.0 * block, buf }).collect();
+        let writes = self.coalesce_writes(images, &targets);
         match self.submit_ssd(writes).wait() {
-            Ok(buffers) => self.buffers.give(buffers),
+            Ok(buffers) => {
+                buffers.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
+                self.buffers.give(buffers);
+            }
             Err(e) => {
                 self.release(&[], &targets);
                 return Err(e);
             }
         }
         self.ssd_written();
-        for _ in &targets {
-            self.stats.ssd_write(block);
-        }
         self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
         if let Err(e) = self.flush_ssd() {
             self.release(&[], &targets);
             return Err(e);
         }
         Ok(targets)
+    }
+
+    /// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
+    /// allocator hands a batch long free runs, so a batch of small blocks goes out in a
+    /// few large IOs rather than one IO per block.
+    fn coalesce_writes(&self, images: Vec<AlignedBuf>, targets: &[SsdBlock]) -> Vec<IoRequest> {
+        let block = self.geometry.block() as usize;
+        let indexed: Vec<(SsdBlock, usize)> = targets.iter().copied().zip(0..).collect();
+        let mut images: Vec<Option<AlignedBuf>> = images.into_iter().map(Some).collect();
+        let writes = self
+            .runs(&indexed)
+            .into_iter()
+            .map(|run| {
+                let buf = match run[..] {
+                    [&(_, i)] => images[i].take().expect("each image goes out once"),
+                    _ => {
+                        let mut buf = self.buffers.take(run.len() * block);
+                        for (k, &&(_, i)) in run.iter().enumerate() {
+                            buf[k * block..(k + 1) * block].copy_from_slice(images[i].as_ref().expect("each image goes out once"));
+                        }
+                        buf
+                    }
+                };
+                IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block as u64, buf }
+            })
+            .collect();
+        self.buffers.give(images.into_iter().flatten());
+        writes
     }
 
     /// Journal the staged blocks as moved to `targets` (one record) and free their
