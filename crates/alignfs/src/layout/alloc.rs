@@ -8,10 +8,12 @@ use parking_lot::Mutex;
 /// multi-unit allocation looks for: 256 KiB of 4 KiB blocks, a full IO.
 const RUN_GOAL: u64 = 64;
 
-/// Shorter free runs an allocation passes over before it takes whatever is free: on a
-/// volume whose free space is all in short runs, each allocation costs at most this many
-/// steps more than plain next-fit.
+/// How far an allocation searches for such runs before it takes whatever is free: at most
+/// this many shorter runs passed over, and units searched (one pass over a volume of up to
+/// 4 GiB of 4 KiB blocks), so that on a volume whose free space is all in short runs an
+/// allocation costs little more than plain next-fit.
 const SHORT_RUNS_SKIPPED: u32 = 256;
+const UNITS_SEARCHED: u64 = 1 << 20;
 
 struct Bits {
     words: Vec<u64>,
@@ -114,8 +116,8 @@ impl BitmapAllocator {
     /// Next-fit from a cursor, taking free runs of at least `min(n, RUN_GOAL)` units: the
     /// caller writes consecutive units with one IO, so a large allocation on a volume
     /// fragmented by small out-of-place writes skips the holes those left (small
-    /// allocations fill them). After `SHORT_RUNS_SKIPPED` shorter runs, or once its search
-    /// has reached the end a second time, it takes any free unit.
+    /// allocations fill them). After `SHORT_RUNS_SKIPPED` shorter runs, or a whole pass
+    /// (at most `UNITS_SEARCHED` units), it takes any free unit.
     pub fn allocate_redeeming(&self, n: usize, redeem: u64) -> Option<Vec<u64>> {
         let mut bits = self.bits.lock();
         if (n as u64) > bits.available(redeem) {
@@ -124,28 +126,31 @@ impl BitmapAllocator {
         bits.promised -= redeem;
         let mut out = Vec::with_capacity(n);
         let mut goal = (n as u64).min(RUN_GOAL);
-        let (mut id, mut skipped, mut wrapped) = (bits.cursor, 0u32, false);
+        let search_limit = UNITS_SEARCHED.min(bits.capacity);
+        let (mut id, mut skipped, mut searched) = (bits.cursor, 0u32, 0u64);
         while out.len() < n {
             let wanted = (n - out.len()) as u64;
-            let Some((start, len)) = bits.free_run_from(id, wanted) else {
-                if wrapped {
-                    goal = 1;
+            match bits.free_run_from(id, wanted) {
+                None => {
+                    searched += bits.capacity - id;
+                    id = 0;
                 }
-                (id, wrapped) = (0, true);
-                continue;
-            };
-            if len >= goal.min(wanted) {
-                for unit in start..start + len {
-                    bits.set(unit, true);
-                    out.push(unit);
-                }
-            } else {
-                skipped += 1;
-                if skipped >= SHORT_RUNS_SKIPPED {
-                    goal = 1;
+                Some((start, len)) => {
+                    if len >= goal.min(wanted) {
+                        for unit in start..start + len {
+                            bits.set(unit, true);
+                            out.push(unit);
+                        }
+                    } else {
+                        skipped += 1;
+                    }
+                    searched += start + len - id;
+                    id = start + len;
                 }
             }
-            id = start + len;
+            if skipped >= SHORT_RUNS_SKIPPED || searched >= search_limit {
+                goal = 1;
+            }
         }
         bits.free -= n as u64;
         bits.cursor = id;
