@@ -10,8 +10,9 @@ Each round runs every group once, and within a group every system takes its turn
             and the device limit: fio random overwrites of a prefilled file, fsync after each
   memlimit  WSBuffer's partial-page writes under a memory limit: scrap's daemon and ext4's
             writer in a memory cgroup capped at 70 % and 100 % of the bytes written
-            (--scrap-mem = the cap less the daemon's own), and without a cap; each cell
-            ends with an fsync, and uncapped once more without; caches dropped first
+            (--scrap-mem = the cap less the daemon's own), and without a cap (4 GiB of
+            scrap memory); each cell ends with an fsync, and uncapped once more without;
+            caches dropped first; a 4 GiB file (--partial-file-size), as bench/scrap.py
   macro     filebench's varmail, fileserver and createfiles (alignfs-macro) on the mounts
             and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
@@ -56,9 +57,15 @@ GROUPS = ["engine", "files", "memlimit", "macro", "block", "objects", "device"]
 # peer is the peer's figure over the profile's, so that above 1 still means better.
 LOWER_IS_BETTER = {"device"}
 MAX_PAGES = Path("/proc/sys/fs/fuse/max_pages_limit")
-# What a scrap daemon holds besides its scrap memory: code, maps, and a FUSE request buffer
-# of 8 MiB per request thread (max_pages 2048); measured at 45–70 MiB, so 64 MiB with the cap.
-DAEMON_BYTES = 64 * MIB
+# What a scrap daemon holds besides its scrap memory: code, maps, IO buffers and the FUSE
+# request buffers. Its peak was 68 MiB after 1 MiB writes to a 1 GiB file and 73 MiB to a
+# 4 GiB one (--scrap-mem 8 MiB); with 64 MiB allowed, the cap killed it at 4 GiB. So 96 MiB.
+DAEMON_BYTES = 96 * MIB
+# Without a cap, scrap memory as bench/scrap.py gives it (the reference for scrap's headline):
+# a 64 KiB write at any offset fills parts of up to three 32 KiB scrap pages, so a cell's
+# pages outgrow its bytes, and with 1 GiB the cell ran at 260–406 MiB/s against 586–889.
+# Memory is backed as it is touched, so the size costs nothing until used.
+UNCAPPED_SCRAP_BYTES = 4 * GIB
 
 # Why a profile has no row in a group: its front end cannot run the workload at all.
 NO_FILES = {
@@ -104,7 +111,7 @@ COSTS = {
 # profile's own benchmark measured against that peer, and where).
 HEADLINES = [
     ("orch", "files", "4KiB±10%, fsync each", "ext4", 3.91, "docs/BENCHMARKS.md, bench/run.py"),
-    ("scrap", "memlimit", "64KiB±10% partial, no cap, no fsync", "ext4", 8.85, "docs/SCRAP.md, bench/scrap.py: 4 GiB file"),
+    ("scrap", "memlimit", "64KiB±10% partial, no cap, no fsync", "ext4", 7.23, "docs/SCRAP.md, bench/scrap.py: 4 GiB file"),
     ("uhs", "block", "4k randwrite, flush each, 1 job, qd8", BEST_PEER, 4.20, "docs/UHS.md, bench/uhs.py"),
     ("nvstore", "objects", "append2k, 8 writers", "bluestore", 1.15, "docs/NVSTORE.md, bench/nvstore.py"),
     ("nvstore", "objects", "append2k, 1 writer", "bluestore", 2.51, "docs/NVSTORE.md, bench/nvstore.py"),
@@ -166,7 +173,7 @@ class MemoryCap:
 class Mounts:
     """orch, scrap and byte volumes, each mounted (or not yet) under `work`."""
 
-    def __init__(self, work: Path, shm: Path, ssd_bytes: int, fast_bytes: int, scrap_mem: int):
+    def __init__(self, work: Path, shm: Path, ssd_bytes: int, fast_bytes: int, scrap_mem: int, scrap_ssd_bytes: int):
         self.work, self.shm, self.scrap_mem = work, shm, scrap_mem
         self.devices = {
             "orch": ["--fast", shm / "orch-fast", "--ssd", work / "orch.img"],
@@ -175,7 +182,7 @@ class Mounts:
         }
         self.mkfs = {
             "orch": ["--fast", f"{shm / 'orch-fast'}:{fast_bytes}", "--ssd", f"{work / 'orch.img'}:{ssd_bytes}"],
-            "scrap": ["--profile", "scrap", "--ssd", f"{work / 'scrap.img'}:{ssd_bytes}"],
+            "scrap": ["--profile", "scrap", "--ssd", f"{work / 'scrap.img'}:{scrap_ssd_bytes}"],
             "byte": ["--profile", "byte", "--fast", shm / "byte-dram", "--ssd", f"{work / 'byte.img'}:{ssd_bytes}"],
         }
 
@@ -251,8 +258,10 @@ class Compare:
         self.seconds = 1.0 if q else args.seconds
         self.file_bytes = 64 * MIB if q else args.file_size
         self.cap_written = 128 * MIB if q else 384 * MIB  # bytes one memlimit cell writes
+        self.partial_bytes = 64 * MIB if q else args.partial_file_size  # the file memlimit writes into
         ssd_bytes = max(4 * self.file_bytes, self.file_bytes + GIB)
-        self.mounts = Mounts(self.work, self.shm, ssd_bytes, 256 * MIB if q else GIB, 256 * MIB if q else GIB)
+        self.mounts = Mounts(self.work, self.shm, ssd_bytes, 256 * MIB if q else GIB, 256 * MIB if q else GIB,
+                             ssd_bytes + self.partial_bytes)
         self.ext4 = self.work / "ext4"
         self.limit = self.work / "limit"
 
@@ -329,7 +338,7 @@ class Compare:
                 try:
                     if system == "scrap":
                         # The daemon's own memory (code, maps, FUSE buffers) is charged too.
-                        scrap_mem = max(cap_bytes - DAEMON_BYTES, 8 * MIB) if cap_bytes else None
+                        scrap_mem = max(cap_bytes - DAEMON_BYTES, 8 * MIB) if cap_bytes else UNCAPPED_SCRAP_BYTES
                         target = self.mounts.mount("scrap", scrap_mem=scrap_mem, cap=cap) / file
                     else:
                         target = self.ext4 / file
@@ -342,7 +351,7 @@ class Compare:
                         before = self.mounts.counters("scrap") if system == "scrap" else None
                         cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
                                "--rw=randwrite", "--invalidate=0", "--randrepeat=1", f"--randseed={7 + round_no}",
-                               f"--size={self.file_bytes}", f"--io_size={self.cap_written}", f"--bsrange={lo}-{hi}",
+                               f"--size={self.partial_bytes}", f"--io_size={self.cap_written}", f"--bsrange={lo}-{hi}",
                                "--bs_unaligned=1", f"--end_fsync={int(durable)}"]
                         # The cap holds what keeps the written data in memory: ext4's writer
                         # (its page cache is charged to it), scrap's daemon (its scrap pages).
@@ -446,8 +455,10 @@ class Compare:
             log(f"prefilling {self.file_bytes // MIB} MiB files")
             for target in [self.mounts.mnt(p) for p in FILE_PROFILES] + [self.ext4]:
                 scrapbench.prefill(target / "overwrite", self.file_bytes)
-            scrapbench.prefill(self.mounts.mnt("scrap") / "partial", self.file_bytes)
-            scrapbench.prefill(self.ext4 / "partial", self.file_bytes)
+            if "memlimit" in groups:
+                log(f"prefilling {self.partial_bytes // MIB} MiB files for memlimit")
+                scrapbench.prefill(self.mounts.mnt("scrap") / "partial", self.partial_bytes)
+                scrapbench.prefill(self.ext4 / "partial", self.partial_bytes)
             # The limit writes with O_DIRECT into a preallocated file.
             run(["fallocate", "-l", str(self.file_bytes), self.limit / "overwrite"])
 
@@ -536,7 +547,8 @@ def ratio(cells: dict, system: str, peer: str, group: str) -> float:
 
 def report(summary: dict, meta: dict, records: list) -> str:
     lines = ["# Five designs, one table", "",
-             f"{meta['rounds']} round(s); {meta['seconds']} s cells; {meta['file_bytes'] // MIB} MiB files; "
+             f"{meta['rounds']} round(s); {meta['seconds']} s cells; {meta['file_bytes'] // MIB} MiB files"
+             + (f" ({meta['partial_bytes'] // MIB} MiB in memlimit)" if meta.get("partial_bytes") else "") + "; "
              f"seed 42 (+ round); {meta['date']}; `{meta['command']}`.",
              "Each cell: median over rounds [min–max]. Ratios divide medians from this run. "
              "\"—\": the profile's front end cannot run the workload (the reason is under the table).", ""]
@@ -730,7 +742,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round, 1 s cells, small files (CI runs it)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=4.0, help="seconds per cell")
-    p.add_argument("--file-size", type=mountbench.parse_size, default=GIB, help="the overwritten file (files, memlimit)")
+    p.add_argument("--file-size", type=mountbench.parse_size, default=GIB, help="the overwritten file (files)")
+    p.add_argument("--partial-file-size", type=mountbench.parse_size, default=4 * GIB,
+                   help="the file memlimit writes into (4 GiB, as bench/scrap.py, the reference for scrap's headline)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated, from {','.join(GROUPS)}")
     p.add_argument("--work", type=Path, default=Path("/var/tmp"), help="directory on the disk under test")
     p.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/DATE-compare)")
@@ -762,6 +776,7 @@ def main() -> int:
         def save(rounds_done: int) -> dict:
             # After every group, so that a run cut short keeps what it measured.
             meta = {"date": stamp, "rounds": rounds_done, "seconds": cmp.seconds, "file_bytes": cmp.file_bytes,
+                    "partial_bytes": cmp.partial_bytes,
                     "groups": groups, "minutes": round((time.monotonic() - started) / 60, 1), "failures": failures,
                     "command": " ".join(["bench/compare.py", *sys.argv[1:]])}
             data = {"meta": meta, "records": cmp.records}
