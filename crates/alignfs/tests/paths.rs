@@ -419,6 +419,7 @@ fn large_writes_and_merges_go_out_in_long_runs() {
         random ^= random << 17;
         random % bound
     };
+    const ROUNDS: u32 = 1000;
     let (mut large_writes, mut large_ios, mut migration_ios, mut migrated_bytes) = (0u64, 0u64, 0u64, 0u64);
     for k in 0..ROUNDS {
         volume.write(ino, next(size - 4096) & !4095, &[k as u8; 4096]).unwrap();
@@ -443,5 +444,3 @@ fn large_writes_and_merges_go_out_in_long_runs() {
     assert!(blocks_per_migration_io >= 8.0, "migration wrote {blocks_per_migration_io:.1} blocks per IO");
     assert!(volume.check().is_empty());
 }
-
-const ROUNDS: u32 = 1000;

@@ -165,23 +165,12 @@ impl BitmapAllocator {
         if bits.available(u64::from(redeem)) == 0 {
             return None;
         }
-        let end = range.end.min(bits.capacity);
-        let mut id = range.start;
-        while id < end {
-            if id % 64 == 0 && bits.words[(id / 64) as usize] == u64::MAX {
-                id += 64;
-                continue;
-            }
-            if !bits.used(id) {
-                bits.set(id, true);
-                bits.free -= 1;
-                bits.promised -= u64::from(redeem);
-                bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
-                return Some(id);
-            }
-            id += 1;
-        }
-        None
+        let id = bits.next_where(range.start, range.end.min(bits.capacity), |word| !word)?;
+        bits.set(id, true);
+        bits.free -= 1;
+        bits.promised -= u64::from(redeem);
+        bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
+        Some(id)
     }
 
     /// Promise `n` free units to a holder that takes them later. `false`, and nothing
