@@ -2,9 +2,10 @@
 """The `scrap` profile against ext4's buffered I/O, same disk, same run (WSBuffer §4.2, §4.6).
 
 A scrap volume (an SSD image on the host disk, residue in DRAM scrap pages) is mounted
-next to a directory of the host's ext4. Both hold a prefilled file. Each cell drops the
-kernel's caches (so ext4 must read a partly written page before writing it, and alignfs
-starts with an empty scrap buffer), then fio writes a fixed amount at random offsets
+next to a directory of the host's ext4. Both hold a prefilled file. Each cell first makes
+every file of both systems durable (so neither writes back the last cell's data during
+this one), drops the kernel's caches (so ext4 must read a partly written page before
+writing it, and alignfs starts with an empty scrap buffer), then fio writes a fixed amount at random offsets
 with one thread, no fsync:
 
   - full-page writes: exact sizes, offsets on scrap-page (256 KiB) boundaries;
@@ -145,7 +146,11 @@ def main() -> int:
         for rnd in range(rounds):
             for kind, name, lo, hi, threads in plan:
                 for system, d in dirs.items():
-                    fsync_tree(d)
+                    # Both systems start idle: without the fsync of the other one, ext4's
+                    # cell ran while scrap's flusher merged the last cell's residue on the
+                    # same disk (os.sync in drop_caches does not reach the FUSE daemon).
+                    for other in dirs.values():
+                        fsync_tree(other)
                     drop_caches()
                     before = counters(mnt) if system == "alignfs" else None
                     files = [d / "main"] if kind != "threads" else [d / f"t{t}" for t in range(threads)]
