@@ -148,16 +148,18 @@ impl AlignFs {
         Ok((req.uid(), gid, perm))
     }
 
-    /// What a write by a process without CAP_FSETID does to a file (the kernel marks such
-    /// writes FUSE_WRITE_KILL_SUIDGID and leaves it to us), as the kernel does it for local
-    /// file systems: drop set-user-ID; drop set-group-ID where group execute is set, or
-    /// where the writer is not in the file's group (without group execute the bit marks
-    /// mandatory locking, which a member may keep); drop file capabilities. Costs nothing
-    /// but a lookup when there is nothing to drop.
-    fn drop_set_id_bits(&self, req: &Request, ino: Ino) -> Result<(), Error> {
+    /// What a write or truncate by a process without CAP_FSETID, or a chown, does to a
+    /// file (the kernel marks them FUSE_WRITE_KILL_SUIDGID or FATTR_KILL_SUIDGID and leaves
+    /// it to us under FUSE_HANDLE_KILLPRIV_V2), as the kernel does it for local file
+    /// systems: drop set-user-ID; drop set-group-ID where group execute is set, or where
+    /// the caller is neither in the file's group nor `privileged` (without group execute
+    /// the bit marks mandatory locking, which a member may keep); drop file capabilities.
+    /// Costs nothing but a lookup when there is nothing to drop.
+    fn drop_set_id_bits(&self, req: &Request, ino: Ino, privileged: bool) -> Result<(), Error> {
         let attr = self.volume.getattr(ino)?;
         let mut perm = attr.perm & !(libc::S_ISUID as u16);
-        if perm & libc::S_ISGID as u16 != 0 && (perm & libc::S_IXGRP as u16 != 0 || !in_group(req, attr.gid)) {
+        let keeps_sgid = privileged || in_group(req, attr.gid);
+        if perm & libc::S_ISGID as u16 != 0 && (perm & libc::S_IXGRP as u16 != 0 || !keeps_sgid) {
             perm &= !(libc::S_ISGID as u16);
         }
         if perm != attr.perm {
@@ -248,6 +250,11 @@ pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.add_capabilities(fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO);
     // One large direct write goes to the daemon as several requests at once, not one by one.
     let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
+    // Dropping set-ID bits and file capabilities on write, truncate and chown is ours
+    // (`drop_set_id_bits`), so the kernel need not ask for `security.capability` before
+    // each write through the page cache: a GETXATTR round trip per write under
+    // `--cache all` without it.
+    let _ = config.add_capabilities(fuser::InitFlags::FUSE_HANDLE_KILLPRIV_V2);
     let _ = config.set_max_background(64);
     let _ = config.set_congestion_threshold(48);
 }
@@ -284,7 +291,7 @@ impl Filesystem for AlignFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -298,8 +305,15 @@ impl Filesystem for AlignFs {
         _chgtime: Option<std::time::SystemTime>,
         _bkuptime: Option<std::time::SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
+        if kill_suidgid {
+            // The kernel asks for a truncate only when the caller lacks CAP_FSETID, but for
+            // every chown of a file; a chown by root keeps what CAP_FSETID keeps.
+            let chown_by_root = (uid.is_some() || gid.is_some()) && req.uid() == 0;
+            try_or_reply!(reply, self.drop_set_id_bits(req, Self::ino(ino), chown_by_root));
+        }
         let request =
             SetAttrRequest { perm: mode.map(|m| (m & 0o7777) as u16), uid, gid, size, atime: set_time(atime), mtime: set_time(mtime) };
         let attr = try_or_reply!(reply, self.volume.setattr(Self::ino(ino), &request));
@@ -414,7 +428,7 @@ impl Filesystem for AlignFs {
         reply: ReplyWrite,
     ) {
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            try_or_reply!(reply, self.drop_set_id_bits(req, Self::ino(ino)));
+            try_or_reply!(reply, self.drop_set_id_bits(req, Self::ino(ino), false));
         }
         let n = try_or_reply!(reply, self.volume.write(Self::ino(ino), offset, data));
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);

@@ -460,6 +460,8 @@ pub trait Filesystem: Send + Sync + 'static {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         flags: Option<BsdFileFlags>,
+        // alignfs: FATTR_KILL_SUIDGID (see `ll::request::SetAttr::kill_suidgid`).
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         warn!(

@@ -180,6 +180,8 @@ impl<'a> RequestWithSender<'a> {
                     x.chgtime(),
                     x.bkuptime(),
                     x.flags(),
+                    // alignfs: FATTR_KILL_SUIDGID, which fuser 0.18 does not pass on.
+                    x.kill_suidgid(),
                     self.reply(),
                 );
             }

@@ -213,6 +213,9 @@ impl Filesystem for Passthrough {
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
+        // Never set: this file system does not offer FUSE_HANDLE_KILLPRIV_V2, so the kernel
+        // drops set-ID bits itself.
+        _kill_suidgid: bool,
         reply: ReplyAttr,
     ) {
         let path = try_io!(reply, self.path(ino));

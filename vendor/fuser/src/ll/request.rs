@@ -472,6 +472,11 @@ mod op {
             #[cfg(not(target_os = "macos"))]
             None
         }
+        /// alignfs: the kernel asks the file system to drop set-ID bits and file capabilities
+        /// (a truncate by a caller without CAP_FSETID, or a chown; FUSE_HANDLE_KILLPRIV_V2).
+        pub(crate) fn kill_suidgid(&self) -> bool {
+            self.valid().contains(FattrFlags::FATTR_KILL_SUIDGID)
+        }
         pub(crate) fn flags(&self) -> Option<BsdFileFlags> {
             #[cfg(target_os = "macos")]
             if self.valid().contains(FattrFlags::FATTR_FLAGS) {
