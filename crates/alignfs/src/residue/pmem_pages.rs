@@ -18,8 +18,19 @@ pub struct PmemPages {
 
 impl PmemPages {
     pub fn new(region: Arc<dyn ByteTier>, zone_offset: u64, page_count: u64, page_bytes: u32) -> PmemPages {
-        assert!(zone_offset + page_count * u64::from(page_bytes) <= region.len_bytes(), "page zone fits the region");
-        PmemPages { region, zone_offset, page_bytes, allocator: BitmapAllocator::new(page_count, &[]) }
+        PmemPages::with_allocator(region, zone_offset, page_bytes, BitmapAllocator::new(page_count, &[]))
+    }
+
+    /// Pages in memory the kernel backs on first touch, taken warm first
+    /// ([`BitmapAllocator::warm_first`]).
+    pub fn warm_first(region: Arc<dyn ByteTier>, zone_offset: u64, page_count: u64, page_bytes: u32) -> PmemPages {
+        PmemPages::with_allocator(region, zone_offset, page_bytes, BitmapAllocator::warm_first(page_count))
+    }
+
+    fn with_allocator(region: Arc<dyn ByteTier>, zone_offset: u64, page_bytes: u32, allocator: BitmapAllocator) -> PmemPages {
+        let end = zone_offset + allocator.capacity() * u64::from(page_bytes);
+        assert!(end <= region.len_bytes(), "page zone fits the region");
+        PmemPages { region, zone_offset, page_bytes, allocator }
     }
 
     /// Memory reads cannot fail: [`ResidueStore::read`] without the `Result`.

@@ -28,7 +28,7 @@ impl ScrapPages {
             )));
         }
         let region = Arc::new(PmemRegion::anonymous(count * u64::from(page_bytes))?);
-        Ok(ScrapPages { zones: PmemPages::new(region, 0, count, page_bytes) })
+        Ok(ScrapPages { zones: PmemPages::warm_first(region, 0, count, page_bytes) })
     }
 }
 
