@@ -97,9 +97,8 @@ impl BitmapAllocator {
     /// `capacity` units of memory that the kernel backs on first touch (anonymous DRAM, a
     /// tmpfs file): next-fit, but a freed unit below the cursor brings the cursor back to
     /// it. Units used before are taken again before units never touched, each of which
-    /// costs a page fault and grows the resident set. Without it, a `scrap` daemon's
-    /// resident memory grew by each cell's bytes until it reached `--scrap-mem`, and 64 KiB
-    /// writes ran at half speed until then.
+    /// costs page faults and grows the resident set; so resident memory follows the most
+    /// units ever in use, not every unit the cursor has passed over.
     pub fn warm_first(capacity: u64) -> BitmapAllocator {
         let allocator = BitmapAllocator::new(capacity, &[]);
         allocator.bits.lock().rewind_on_free = true;
