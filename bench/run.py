@@ -116,6 +116,7 @@ class Systems:
     fast: Path
     fast_size: int
     ssd_size: int
+    cache: str = "reads"
     dirs: dict = field(default_factory=dict)
 
     def start(self) -> None:
@@ -132,7 +133,8 @@ class Systems:
             "ALIGNFS_FAST": str(preload_fast),
             "ALIGNFS_SSD": str(preload_ssd),
         }
-        run([str(ALIGNFS), "mount", "--fast", str(self.fast), "--ssd", str(ssd), "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
+        run([str(ALIGNFS), "mount", "--fast", str(self.fast), "--ssd", str(ssd), "--cache", self.cache,
+             "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
         with open(self.work / "passthrough.log", "w") as log_file:
             subprocess.Popen(
                 [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), str(self.work / "mnt/passthrough")],
@@ -702,6 +704,8 @@ def main() -> int:
     p.add_argument("--size", type=parse_size, default=GIB, help="file size per workload (default 1G)")
     p.add_argument("--fast-size", type=parse_size, default=GIB, help="alignfs fast tier (default 1G, in /dev/shm)")
     p.add_argument("--ssd-size", type=parse_size, default=8 * GIB, help="alignfs SSD image (default 8G)")
+    p.add_argument("--cache", choices=["reads", "direct", "all"], default="reads",
+                   help="the alignfs mount's page-cache mode (alignfs mount --cache; default reads)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
     p.add_argument("--out", type=Path, help="result directory (default bench/results/<date>)")
     p.add_argument("--work", type=Path, help="scratch directory on the disk under test (default /var/tmp)")
@@ -732,7 +736,7 @@ def main() -> int:
         build()
     work = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir=args.work or "/var/tmp"))
     fast = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir="/dev/shm")) / "fast"
-    systems = Systems(work, fast, args.fast_size, args.ssd_size)
+    systems = Systems(work, fast, args.fast_size, args.ssd_size, args.cache)
     bench = Bench(args, systems)
     log(f"scratch in {work}, fast tier {fast}; results to {out}")
     try:
