@@ -59,9 +59,9 @@ pub struct MountArgs {
     attr_ttl: f64,
     /// Which opens use the kernel page cache: `reads` (read-only opens read through it;
     /// opens that can write bypass it, and every write keeps it current), `direct` (no open
-    /// uses it) or `all` (writes too go through it, write-through: what a database that
-    /// reads back what it wrote, such as RocksDB, wants; large writes pay a copy).
-    /// docs/FUSE.md.
+    /// uses it) or `all` (writes too go through it, write-through: reads of what was
+    /// written through the mount, such as RocksDB's, find it cached, but a write crossing
+    /// an uncached page costs two requests and a large one a copy). docs/FUSE.md.
     #[arg(long, value_name = "MODE", default_value = "reads")]
     cache: CacheMode,
     /// Leave `fs.fuse.max_pages_limit` as it is. By default a mount run as root raises it
