@@ -4,9 +4,9 @@
 A scrap volume (an SSD image on the host disk, residue in DRAM scrap pages) is mounted
 next to a directory of the host's ext4. Both hold a prefilled file. Each cell first makes
 every file of both systems durable (so neither writes back the last cell's data during
-this one), drops the kernel's caches (so ext4 must read a partly written page before
-writing it, and alignfs starts with an empty scrap buffer), then fio writes a fixed amount at random offsets
-with one thread, no fsync:
+this one) and drops the kernel's caches (so ext4 must read a partly written page before
+writing it, and alignfs starts with an empty scrap buffer). Then fio writes a fixed
+amount at random offsets with one thread, no fsync:
 
   - full-page writes: exact sizes, offsets on scrap-page (256 KiB) boundaries;
   - partial-page writes: sizes ±10 %, offsets at any byte;
