@@ -57,6 +57,8 @@ tiny_devices=(--fast "$shm/tiny-fast" --ssd "$work/tiny-ssd.img")
 # A fast tier of 2 MiB keeps migration and the fast-tier-full path running all the time.
 "$bin" mkfs --fast "$shm/tiny-fast:2M" --ssd "$work/tiny-ssd.img:512M" >/dev/null || exit 1
 mount_main() { "$bin" mount "${main_devices[@]}" --log "$work/mount.log" -o allow_other "$mnt"; }
+# The tiny volume stays on /dev/fuse with no page cache, so that mode runs the suites too.
+mount_tiny() { "$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny"; }
 mount_main || { cat "$work/mount.log"; exit 1; }
 
 passed=0
@@ -80,7 +82,7 @@ uring_off() {
     return $status
 }
 check "io_uring off: --transport io-uring refuses to mount, auto falls back and says why" uring_off
-"$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny" || exit 1
+mount_tiny || exit 1
 
 # --- pjdfstest ---------------------------------------------------------------------------
 # Failures must be listed in tests/suites/pjdfstest-expected-failures.txt with a reason;
@@ -219,7 +221,7 @@ cache_all_set_id_bits() {
     local status=0
     set_id_bits_all "$tiny" || status=1
     "$bin" umount "$tiny" >/dev/null || status=1
-    "$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" --cache direct --transport dev-fuse -o allow_other "$tiny" || exit 1
+    mount_tiny || exit 1
     return $status
 }
 check "writes, truncates and chowns drop set-ID bits (--cache all)" cache_all_set_id_bits
