@@ -108,13 +108,18 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--work", type=Path, default=Path("/var/tmp"), help="where the SSD image and the ext4 files go")
+    p.add_argument("--alignfs", type=Path, default=None, help="run this alignfs binary instead of building the tree's (old/new A/B runs)")
     args = p.parse_args()
+    global ALIGNFS
     if os.geteuid() != 0:
         raise SystemExit("bench/scrap.py: run as root (it mounts and drops caches)")
     for tool, pkg in [("fio", "fio"), ("fusermount3", "fuse3")]:
         if not shutil.which(tool):
             run(["apt-get", "install", "-y", "-qq", pkg])
-    run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli"], check=True)
+    if args.alignfs:
+        ALIGNFS = args.alignfs.resolve()
+    else:
+        run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli"], check=True)
     rounds = args.rounds or (1 if args.quick else 3)
     file_size = 64 * MIB if args.quick else 4 * GIB
     io_size = 8 * MIB if args.quick else 512 * MIB
@@ -168,7 +173,8 @@ def main() -> int:
         final = counters(mnt)
         meta = {"date": stamp, "rounds": rounds, "file_bytes": file_size, "cell_bytes": io_size, "thread_cell_bytes": thread_io,
                 "scrap_mem_bytes": scrap_mem, "scrap_pages_peak": final["fast_pages_peak"], "scrap_pages_total": final["fast_pages_total"],
-                "fuse_max_pages_limit": 2048 if pages_before is not None else None, "counters": final}
+                "fuse_max_pages_limit": 2048 if pages_before is not None else None, "counters": final,
+                "alignfs": str(ALIGNFS)}
     finally:
         if mnt.exists() and os.path.ismount(mnt):
             run([ALIGNFS, "umount", mnt], check=False)

@@ -66,6 +66,7 @@ counters! {
     kv_name_bytes: "name records written (nvstore)",
     kv_batches: "KV batches committed, one per metadata commit (nvstore)",
     kv_syncs: "KV journal syncs; fewer than kv_batches when commits shared one (nvstore: group commit, staged objects)",
+    ssd_overwrites_in_place: "whole blocks a write replaced where they were, flushed by the next fsync (scrap: durable on sync)",
 }
 
 /// What opening the volume took.

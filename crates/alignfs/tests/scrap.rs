@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, DeviceSet, SimSsd};
+use alignfs::stats::Counter;
 use alignfs::test_support::seed;
 use alignfs::{Devices, Error, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
 use rand::rngs::StdRng;
@@ -64,4 +65,57 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
         Err(e) => assert!(e.to_string().contains("SSD 2 of 3"), "{e}"),
         Ok(_) => panic!("a blank member must be refused"),
     }
+}
+
+/// Durable only on sync, a write replaces the whole blocks a file owns where they are:
+/// no new block, no journal record, no flush until the file's fsync. A block shared with
+/// a clone is still written out of place, and the clone keeps its bytes.
+#[test]
+fn overwrites_of_owned_blocks_go_in_place_and_fsync_flushes_them() {
+    let ssd = Arc::new(SimSsd::new(MEMBER));
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
+    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let counter = |c: Counter| volume.stats().get(c);
+    let fill = |byte: u8| vec![byte; 2 << 20];
+    volume.write(f, 0, &fill(1)).unwrap();
+    volume.fsync(f).unwrap();
+
+    let (records, flushes, in_place) =
+        (counter(Counter::journal_records), ssd.flushes.load(Ordering::SeqCst), counter(Counter::ssd_overwrites_in_place));
+    volume.write(f, 0, &fill(2)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32, "every block of the 2 MiB overwrite went in place");
+    assert_eq!(counter(Counter::journal_records), records, "an overwrite in place changes no metadata");
+    assert_eq!(ssd.flushes.load(Ordering::SeqCst), flushes, "nor flushes the SSD");
+    volume.fsync(f).unwrap();
+    assert!(ssd.flushes.load(Ordering::SeqCst) > flushes, "the file's fsync flushed its overwrites");
+    let flushed = ssd.flushes.load(Ordering::SeqCst);
+    volume.fsync(f).unwrap();
+    assert_eq!(ssd.flushes.load(Ordering::SeqCst), flushed, "a second fsync has nothing to flush");
+
+    // A clone shares the blocks: the next overwrite of either goes out of place.
+    let g = volume.create_file(Ino::ROOT, b"g", 0o644, 0, 0).unwrap().ino;
+    volume.clone_file(f, g).unwrap();
+    let in_place = counter(Counter::ssd_overwrites_in_place);
+    volume.write(f, 0, &fill(3)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place), in_place, "shared blocks are never written in place");
+    volume.fsync(f).unwrap();
+    let mut out = vec![0u8; 2 << 20];
+    volume.read(g, 0, &mut out).unwrap();
+    assert!(out == fill(2), "the clone kept the bytes it shared");
+    // The overwrite gave f blocks of its own again.
+    volume.write(f, 0, &fill(4)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32);
+    volume.fsync(f).unwrap();
+    assert!(volume.check().is_empty());
+    volume.simulate_crash();
+
+    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    for (ino, byte) in [(f, 4), (g, 2)] {
+        volume.read(ino, 0, &mut out).unwrap();
+        assert!(out == fill(byte), "what fsync made durable survived a crash");
+    }
+    assert!(volume.check().is_empty());
 }

@@ -116,6 +116,11 @@ impl BlockRefs {
         *self.counts.lock().pinned.entry(id).or_insert(0) += 1;
     }
 
+    /// Whether a merge is reading the block without its file's lock: nothing may write it.
+    pub fn is_pinned(&self, id: u64) -> bool {
+        self.counts.lock().pinned.contains_key(&id)
+    }
+
     /// Undo one [`BlockRefs::pin`] of each block, freeing those no entry references any more.
     pub fn unpin(&self, ids: impl IntoIterator<Item = u64>) {
         let mut counts = self.counts.lock();

@@ -107,8 +107,9 @@ pub enum BlockEntry {
     Fast { pages: Vec<(u8, PageNo)> },
     /// An SSD block plus newer overlays, sorted by page index within the block. `shared`
     /// marks a block a clone made: other entries may reference it too (the allocator
-    /// counts them), and every entry that does is marked. Writes never change a block in
-    /// place, so sharing needs nothing more.
+    /// counts them), and every entry that does is marked. No write changes a shared block
+    /// in place (only an unshared one, where writes are durable on sync), so sharing needs
+    /// nothing more.
     Ssd { block: SsdBlock, overlays: Vec<(u8, Overlay)>, shared: bool },
 }
 

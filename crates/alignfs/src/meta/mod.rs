@@ -108,6 +108,9 @@ pub struct Inode {
     /// Created in the volume's scratch directory and named nowhere else (live only):
     /// a crash may lose any change to it (see `Volume::set_scratch_dir`).
     pub scratch: AtomicBool,
+    /// Holds an SSD block overwritten in place that no flush has covered yet (profiles
+    /// durable on sync): the file's next fsync flushes the SSD (live only).
+    pub unflushed_overwrite: AtomicBool,
 }
 
 /// Per-object IO counters: what a personality's callers read and wrote.
@@ -148,6 +151,7 @@ impl Inode {
             opens: AtomicU32::new(0),
             io: ObjectIo::default(),
             scratch: AtomicBool::new(false),
+            unflushed_overwrite: AtomicBool::new(false),
         }
     }
 

@@ -73,7 +73,8 @@ pub(crate) struct InFlight<'a> {
     ranges: (&'a InFlightRanges, u64),
 }
 
-/// The SSD ranges of the batches in flight, by batch. Blocks are written out of place and
+/// The SSD ranges of the batches in flight, by batch. Blocks are written out of place, or
+/// in place only under their file's lock and never while a merge has them pinned, and
 /// freed only after their last reader is gone, so no write may overlap another IO in
 /// flight; the IO engine relies on that (it keeps no order between IOs).
 #[cfg(debug_assertions)]

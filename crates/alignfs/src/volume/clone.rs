@@ -3,8 +3,8 @@
 //!
 //! The source's residue is merged into whole blocks first, since residue units belong to
 //! one map entry; then every block is marked shared in both maps and counted once more in
-//! the allocator. Writes never change a block in place, so either file's next write to a
-//! shared block goes to a new block and drops one reference.
+//! the allocator. No write changes a shared block in place, so either file's next write
+//! to a shared block goes to a new block and drops one reference.
 
 use std::sync::Arc;
 

@@ -39,14 +39,17 @@ impl Volume {
     /// only retries a flush that failed. Where writes are durable on fsync (`scrap`), the
     /// profile first writes the file's residue to the SSD and journals its size.
     ///
-    /// It does not flush SSD writes nobody acknowledged yet: fsync would then wait for
-    /// background migration's writes and flush.
+    /// It flushes the SSD only for the file's own blocks overwritten in place, not for SSD
+    /// writes nobody acknowledged yet: fsync would then wait for background migration's
+    /// writes and flush.
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         let inode = self.inner.get(ino)?;
         if inode.kind == FileKind::File && !self.inner.options.read_only {
             self.inner.policy.fsync(&self.inner, &inode)?;
         }
-        if self.inner.ssd_flush_failed.load(Ordering::SeqCst) {
+        if inode.unflushed_overwrite.swap(false, Ordering::SeqCst) {
+            self.inner.flush_ssd().inspect_err(|_| inode.unflushed_overwrite.store(true, Ordering::SeqCst))
+        } else if self.inner.ssd_flush_failed.load(Ordering::SeqCst) {
             self.inner.flush_ssd()
         } else {
             self.inner.stats.add(Counter::ssd_flushes_skipped, 1);
@@ -192,9 +195,30 @@ impl Inner {
         entries: &[Option<BlockEntry>],
         data: &[u8],
     ) -> Result<(Vec<Op>, u64)> {
-        // Direct writes spread over the SSDs by logical block.
-        let members: Vec<usize> =
-            plan.blocks.iter().filter(|b| b.needs_ssd_block()).map(|b| (b.lblock % self.ssd_count() as u64) as usize).collect();
+        // Where a write need only be durable after a sync, a block the file owns alone is
+        // overwritten where it is: a crash may then leave any mix of its old and new bytes,
+        // which that promise allows, and the map, the journal and the flush are spared. Not
+        // a block a merge is still reading (pinned after it dropped the lock we now hold).
+        let in_place = !self.durable_when_written();
+        let homes: Vec<Option<SsdBlock>> = plan
+            .blocks
+            .iter()
+            .zip(entries)
+            .filter(|(b, _)| b.needs_ssd_block())
+            .map(|(_, e)| match e {
+                Some(BlockEntry::Ssd { block, shared: false, .. }) if in_place && !self.blocks.is_pinned(block.0) => Some(*block),
+                _ => None,
+            })
+            .collect();
+        // New blocks spread over the SSDs by logical block.
+        let members: Vec<usize> = plan
+            .blocks
+            .iter()
+            .filter(|b| b.needs_ssd_block())
+            .zip(&homes)
+            .filter(|(_, home)| home.is_none())
+            .map(|(b, _)| (b.lblock % self.ssd_count() as u64) as usize)
+            .collect();
         let redeem =
             plan.blocks.iter().zip(entries).filter(|(b, e)| b.needs_ssd_block() && e.as_ref().is_some_and(BlockEntry::is_zeros)).count()
                 as u64;
@@ -207,18 +231,29 @@ impl Inner {
             self.blocks.restore_promises(redeem);
             e
         };
-        let in_flight = self.submit_block_images(plan, entries, &new_blocks, data).map_err(&undo)?;
+        let targets: Vec<SsdBlock> = {
+            let mut next_new = new_blocks.iter();
+            homes.iter().map(|home| home.unwrap_or_else(|| *next_new.next().expect("a new block for every homeless one"))).collect()
+        };
+        let in_flight = self.submit_block_images(plan, entries, &targets, data).map_err(&undo)?;
         let (bound_pages, mut full) = self.store_plan_residue(plan, &pages, data);
         if !in_flight.is_empty() {
             let written = wait_all(in_flight).map_err(&undo)?;
             self.ssd_written();
             written.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
             self.buffers.give(written);
-            // Data before metadata: the map edit must not outlive a power cut that the
-            // blocks it points at did not.
-            self.flush_ssd().map_err(&undo)?;
+            if new_blocks.is_empty() {
+                // Only overwrites in place: the next fsync of the file flushes them.
+                inode.unflushed_overwrite.store(true, Ordering::SeqCst);
+                self.stats.add(Counter::ssd_overwrites_in_place, targets.len() as u64);
+            } else {
+                // Data before metadata: the map edit must not outlive a power cut that the
+                // blocks it points at did not.
+                self.flush_ssd().map_err(&undo)?;
+                self.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - new_blocks.len()) as u64);
+            }
         }
-        let mut next_block = new_blocks.iter();
+        let mut next_block = targets.iter();
         let ops = plan
             .blocks
             .iter()
@@ -237,19 +272,20 @@ impl Inner {
     }
 
     /// Build the SSD image of every block the plan sends to the SSD (whole blocks, and on
-    /// the slow path merged partial ones) straight into IO-sized runs of consecutive new
-    /// blocks, and submit each run as soon as it is filled, so the device works on it while
-    /// the next is copied. On error nothing is left in flight.
+    /// the slow path merged partial ones) straight into IO-sized runs of consecutive target
+    /// blocks (`targets`, in plan order: new blocks, or blocks overwritten in place), and
+    /// submit each run as soon as it is filled, so the device works on it while the next
+    /// is copied. On error nothing is left in flight.
     fn submit_block_images(
         &self,
         plan: &Plan,
         entries: &[Option<BlockEntry>],
-        new_blocks: &[SsdBlock],
+        targets: &[SsdBlock],
         data: &[u8],
     ) -> Result<Vec<InFlight<'_>>> {
         let block = self.geometry.block() as usize;
         let targets: Vec<(SsdBlock, usize)> = {
-            let mut next_block = new_blocks.iter();
+            let mut next_block = targets.iter();
             plan.blocks
                 .iter()
                 .enumerate()
