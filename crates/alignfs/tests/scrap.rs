@@ -119,3 +119,41 @@ fn overwrites_of_owned_blocks_go_in_place_and_fsync_flushes_them() {
     }
     assert!(volume.check().is_empty());
 }
+
+/// An overwrite whose blocks merges have moved apart would take more IOs in place than a
+/// run of new blocks: it goes out of place, and the range is one run again.
+#[test]
+fn an_overwrite_of_scattered_blocks_takes_a_new_run() {
+    let ssd = Arc::new(SimSsd::new(MEMBER));
+    // Scrap pages of 64 KiB, IOs of up to 256 KiB: a run of four blocks is one IO.
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 256 << 10, io_workers: 1 };
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
+    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let counter = |c: Counter| volume.stats().get(c);
+    let fill = |byte: u8| vec![byte; 2 << 20];
+    volume.write(f, 0, &fill(1)).unwrap();
+    volume.fsync(f).unwrap();
+    // In order: in place.
+    let in_place = counter(Counter::ssd_overwrites_in_place);
+    volume.write(f, 0, &fill(2)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32);
+    // A small write to every other block; fsync merges each into a new block elsewhere.
+    for k in (0..32u64).step_by(2) {
+        volume.write(f, k * (64 << 10) + 100, b"moved").unwrap();
+    }
+    volume.fsync(f).unwrap();
+    let (in_place, ios) = (counter(Counter::ssd_overwrites_in_place), counter(Counter::ssd_write_ios));
+    volume.write(f, 0, &fill(3)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place), in_place, "scattered blocks are not rewritten in place");
+    assert!(counter(Counter::ssd_write_ios) - ios <= 9, "the overwrite went out in long runs");
+    // Now in order again: the next overwrite goes in place.
+    volume.write(f, 0, &fill(4)).unwrap();
+    assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32);
+    volume.fsync(f).unwrap();
+    let mut out = vec![0u8; 2 << 20];
+    volume.read(f, 0, &mut out).unwrap();
+    assert!(out == fill(4));
+    assert!(volume.check().is_empty());
+}

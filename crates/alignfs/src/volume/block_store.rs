@@ -49,7 +49,7 @@ impl Inner {
     /// `split_bytes` that do not cross a split boundary (so each run still belongs to one
     /// IO worker): fewer, larger IOs, as many in flight as before.
     pub(super) fn runs<'t, T>(&self, targets: &'t [(SsdBlock, T)]) -> Vec<Vec<&'t (SsdBlock, T)>> {
-        let per_run = (u64::from(self.geometry.split_bytes) / self.geometry.block()).max(1);
+        let per_run = self.blocks_per_run();
         let mut sorted: Vec<&(SsdBlock, T)> = targets.iter().collect();
         sorted.sort_by_key(|(b, _)| *b);
         let mut runs: Vec<Vec<&(SsdBlock, T)>> = Vec::new();
@@ -60,6 +60,16 @@ impl Inner {
             }
         }
         runs
+    }
+
+    /// The runs that `blocks` blocks take when they are consecutive: as many as split
+    /// units they fill, one more where they start inside one.
+    pub(super) fn runs_when_consecutive(&self, blocks: usize) -> usize {
+        blocks.div_ceil(self.blocks_per_run() as usize) + 1
+    }
+
+    fn blocks_per_run(&self) -> u64 {
+        (u64::from(self.geometry.split_bytes) / self.geometry.block()).max(1)
     }
 }
 

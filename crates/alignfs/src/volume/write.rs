@@ -197,10 +197,11 @@ impl Inner {
     ) -> Result<(Vec<Op>, u64)> {
         // Where a write need only be durable after a sync, a block the file owns alone is
         // overwritten where it is: a crash may then leave any mix of its old and new bytes,
-        // which that promise allows, and the map, the journal and the flush are spared. Not
-        // a block a merge is still reading (pinned after it dropped the lock we now hold).
+        // which that promise allows, and the map edit, its journal record and the flush are
+        // spared. Not a block a merge is still reading (pinned after it dropped the lock we
+        // hold).
         let in_place = !self.durable_when_written();
-        let homes: Vec<Option<SsdBlock>> = plan
+        let mut homes: Vec<Option<SsdBlock>> = plan
             .blocks
             .iter()
             .zip(entries)
@@ -210,6 +211,12 @@ impl Inner {
                 _ => None,
             })
             .collect();
+        // Blocks that earlier merges moved elsewhere would cut the write into many small
+        // IOs: then it takes a long run of new blocks instead, as out of place always does.
+        let placed: Vec<(SsdBlock, ())> = homes.iter().flatten().map(|&b| (b, ())).collect();
+        if placed.len() > 1 && self.runs(&placed).len() > self.runs_when_consecutive(placed.len()) {
+            homes.iter_mut().for_each(|home| *home = None);
+        }
         // New blocks spread over the SSDs by logical block.
         let members: Vec<usize> = plan
             .blocks
@@ -243,15 +250,14 @@ impl Inner {
             written.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
             self.buffers.give(written);
             if new_blocks.is_empty() {
-                // Only overwrites in place: the next fsync of the file flushes them.
+                // Only overwrites in place: the file's next fsync flushes them.
                 inode.unflushed_overwrite.store(true, Ordering::SeqCst);
-                self.stats.add(Counter::ssd_overwrites_in_place, targets.len() as u64);
             } else {
                 // Data before metadata: the map edit must not outlive a power cut that the
                 // blocks it points at did not.
                 self.flush_ssd().map_err(&undo)?;
-                self.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - new_blocks.len()) as u64);
             }
+            self.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - new_blocks.len()) as u64);
         }
         let mut next_block = targets.iter();
         let ops = plan
