@@ -430,8 +430,15 @@ impl Filesystem for AlignFs {
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             try_or_reply!(reply, self.drop_set_id_bits(req, Self::ino(ino), false));
         }
-        let n = try_or_reply!(reply, self.volume.write(Self::ino(ino), offset, data));
+        // Pages the kernel's cache writes back go by modified ratio where the profile
+        // chooses so (`byte`); every other write reaches the engine as it came.
         let from_page_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        let written = if from_page_cache {
+            self.volume.write_back(Self::ino(ino), offset, data)
+        } else {
+            self.volume.write(Self::ino(ino), offset, data)
+        };
+        let n = try_or_reply!(reply, written);
         self.coherence.written(ino.0, offset, u32::try_from(n).unwrap_or(u32::MAX), from_page_cache, reply);
     }
 

@@ -67,6 +67,8 @@ counters! {
     kv_batches: "KV batches committed, one per metadata commit (nvstore)",
     kv_syncs: "KV journal syncs; fewer than kv_batches when commits shared one (nvstore: group commit, staged objects)",
     ssd_overwrites_in_place: "whole blocks a write replaced where they were, flushed by the next fsync (scrap: durable on sync)",
+    write_back_blocks_by_line: "blocks a page cache wrote back with few 64-byte lines changed: only those lines were written (byte: modified ratio <= 1/8)",
+    write_back_blocks_unchanged: "blocks a page cache wrote back unchanged: nothing was written (byte)",
 }
 
 /// What opening the volume took.

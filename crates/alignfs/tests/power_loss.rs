@@ -575,9 +575,6 @@ fn random_workloads_survive_every_power_loss_image() {
     }
 }
 
-/// The operations the enumeration draws from, ACE's set on a small volume: writes that
-/// are aligned, unaligned, appending and block-crossing; truncates down and up; and the
-/// namespace operations, over two files that exist beforehand and one that does not.
 /// `scrap` overwrites a file's own blocks in place and flushes them at its fsync: a
 /// crash before the fsync may leave any mix of old and new bytes, one after it the new.
 #[test]
@@ -602,6 +599,9 @@ fn overwrites_in_place_survive_power_loss_once_synced() {
     assert!(tally.images > 0);
 }
 
+/// The operations the enumeration draws from, ACE's set on a small volume: writes that
+/// are aligned, unaligned, appending and block-crossing; truncates down and up; and the
+/// namespace operations, over two files that exist beforehand and one that does not.
 fn alphabet() -> Vec<Op> {
     vec![
         Op::Write { name: "a", offset: 100, len: 5000, salt: 1 },

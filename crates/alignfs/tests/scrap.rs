@@ -67,16 +67,21 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
     }
 }
 
+/// A fresh `scrap` volume of 64 KiB scrap pages on one SSD, with SSD IOs of up to `split_bytes`.
+fn one_ssd_volume(ssd: &Arc<SimSsd>, split_bytes: u32) -> Volume {
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes, io_workers: 1 };
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    Volume::format(&Devices::ssd_only(Arc::clone(ssd) as Arc<dyn BlockDevice>), &format).unwrap();
+    Volume::open(Devices::ssd_only(Arc::clone(ssd) as Arc<dyn BlockDevice>), options()).unwrap()
+}
+
 /// Durable only on sync, a write replaces the whole blocks a file owns where they are:
 /// no new block, no journal record, no flush until the file's fsync. A block shared with
 /// a clone is still written out of place, and the clone keeps its bytes.
 #[test]
 fn overwrites_of_owned_blocks_go_in_place_and_fsync_flushes_them() {
     let ssd = Arc::new(SimSsd::new(MEMBER));
-    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
-    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
-    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    let volume = one_ssd_volume(&ssd, 64 << 10);
     let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let counter = |c: Counter| volume.stats().get(c);
     let fill = |byte: u8| vec![byte; 2 << 20];
@@ -125,11 +130,8 @@ fn overwrites_of_owned_blocks_go_in_place_and_fsync_flushes_them() {
 #[test]
 fn an_overwrite_of_scattered_blocks_takes_a_new_run() {
     let ssd = Arc::new(SimSsd::new(MEMBER));
-    // Scrap pages of 64 KiB, IOs of up to 256 KiB: a run of four blocks is one IO.
-    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 256 << 10, io_workers: 1 };
-    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
-    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
-    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    // IOs of up to 256 KiB: a run of four blocks is one IO.
+    let volume = one_ssd_volume(&ssd, 256 << 10);
     let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let counter = |c: Counter| volume.stats().get(c);
     let fill = |byte: u8| vec![byte; 2 << 20];

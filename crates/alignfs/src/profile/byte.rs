@@ -23,6 +23,11 @@ impl Profile {
 /// direct-access rule: below it, cache-line stores beat persisting a whole 4 KiB page).
 pub const BYTE_WRITE_MAX: u64 = 512;
 
+/// A page written back with at most this share of its 64-byte lines changed sends just
+/// those lines through the byte interface; more, and it goes whole through the block
+/// interface (ByteFS's buffered-I/O rule: a modified ratio of 1/8, 512 bytes of 4 KiB).
+pub const MODIFIED_RATIO_MAX: f64 = 1.0 / 8.0;
+
 pub(super) struct Byte;
 
 impl ProfileSpec for Byte {
@@ -86,6 +91,10 @@ impl Policy for BytePolicy {
             (true, false) => Residue::Partial,
         };
         Rules { residue, max_segments: UPAGE_MAX_CHUNKS }
+    }
+
+    fn write_back_line_share(&self) -> Option<f64> {
+        self.byte_interface.then_some(MODIFIED_RATIO_MAX)
     }
 
     /// Watermark migration and checkpoints; the device cleans its own log.

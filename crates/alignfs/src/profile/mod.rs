@@ -279,6 +279,14 @@ pub(crate) trait Policy: Send + Sync {
         false
     }
 
+    /// For blocks a page cache writes back whole: the share of their 64-byte lines at or
+    /// below which only the changed lines are written, each run a small write (ByteFS's
+    /// write-back by modified ratio), the change found against the block as the volume
+    /// holds it. `None`: such blocks are written whole, as any write.
+    fn write_back_line_share(&self) -> Option<f64> {
+        None
+    }
+
     /// Whether the volume keeps copies of SSD blocks in DRAM (NVStore's clean pages:
     /// reads hit them, an unaligned write turns one into a dirty page).
     fn keeps_clean_pages(&self) -> bool {

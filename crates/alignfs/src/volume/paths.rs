@@ -468,6 +468,56 @@ mod tests {
         assert!(matches!(format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None), Err(Error::AlreadyFormatted { .. })));
     }
 
+    /// ByteFS's write-back by modified ratio: a page written back with at most 1/8 of its
+    /// 64-byte lines changed sends those lines through the byte interface and no block;
+    /// an unchanged page sends nothing; a page changed more goes whole through the block
+    /// interface. Block-only, every page goes whole.
+    #[test]
+    fn byte_writes_back_pages_by_their_modified_ratio() {
+        let (dir, shm, _, _) = scratch_devices();
+        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
+        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
+        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let mut pages: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 251) as u8).collect();
+        volume.write(f, 0, &pages).unwrap();
+        let device = |volume: &Volume, name: &str| volume.device_counters().iter().find(|c| c.name == name).unwrap().value;
+        let counter = |volume: &Volume, c: crate::stats::Counter| volume.stats().get(c);
+        let (blocks, stores) = (device(&volume, "block_write_bytes"), device(&volume, "byte_store_payload"));
+        // Two lines of page 1 change (128 bytes), the other pages not at all.
+        pages[4096 + 100] ^= 0xff;
+        pages[4096 + 3000] ^= 0xff;
+        volume.write_back(f, 0, &pages).unwrap();
+        assert_eq!(device(&volume, "block_write_bytes"), blocks, "no block went through the block interface");
+        let stored = device(&volume, "byte_store_payload") - stores;
+        assert!((128..1024).contains(&stored), "the two changed lines and their records went as byte stores ({stored} bytes)");
+        assert_eq!(counter(&volume, crate::stats::Counter::write_back_blocks_by_line), 1);
+        assert_eq!(counter(&volume, crate::stats::Counter::write_back_blocks_unchanged), 3);
+        // Half of page 2 changes: whole, through the block interface.
+        pages[8192..8192 + 2048].fill(7);
+        volume.write_back(f, 0, &pages).unwrap();
+        assert!(device(&volume, "block_write_bytes") >= blocks + 4096, "a page changed more went whole");
+        let mut out = vec![0u8; pages.len()];
+        volume.read(f, 0, &mut out).unwrap();
+        assert!(out == pages);
+        volume.close().unwrap();
+        // Block-only: the same write-back goes whole.
+        let block_only = VolumeOptions { byte_interface: false, ..VolumeOptions::default() };
+        let volume = open_paths(&dram.path, &ssd.path, block_only.clone(), None).unwrap();
+        volume.read(f, 0, &mut out).unwrap();
+        assert!(out == pages);
+        pages[100] ^= 0xff;
+        let blocks = device(&volume, "block_write_bytes");
+        volume.write_back(f, 0, &pages).unwrap();
+        assert!(device(&volume, "block_write_bytes") >= blocks + 4 * 4096, "block-only writes back every page whole");
+        volume.close().unwrap();
+        let volume = open_paths(&dram.path, &ssd.path, VolumeOptions::default(), None).unwrap();
+        volume.read(f, 0, &mut out).unwrap();
+        assert!(out == pages, "read back after reopening");
+        assert!(volume.check().is_empty());
+    }
+
     #[test]
     fn one_writer_or_many_readers() {
         let (_dir, _shm, fast, ssd) = scratch_devices();

@@ -27,6 +27,21 @@ impl Volume {
         self.inner.write_object(&inode, offset, data, true)
     }
 
+    /// Write back pages a page cache held (FUSE's write-back of cached pages, a shared
+    /// mapping's stores). Where the profile picks the interface by a page's modified ratio
+    /// (`byte`: [`crate::profile::Policy::write_back_line_share`]), each whole block inside
+    /// the file is compared, 64 bytes at a time, with the block as the volume holds it:
+    /// an unchanged block is not written, one with few changed lines sends each run of
+    /// them as a small write, and the rest go whole. Otherwise the same as
+    /// [`Volume::write`].
+    pub fn write_back(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        match self.inner.policy.write_back_line_share() {
+            Some(share) => self.inner.write_back_by_lines(&inode, offset, data, share),
+            None => self.inner.write_object(&inode, offset, data, true),
+        }
+    }
+
     /// Whether every write is durable when it returns, so that an fsync after it has
     /// nothing to add (`orch`, and every profile whose promise is
     /// [`crate::profile::Promise::OnWrite`]).
@@ -88,6 +103,64 @@ impl Inner {
             self.stats.add(Counter::app_write_bytes, data.len() as u64);
             return Ok(data.len());
         }
+    }
+
+    /// [`Volume::write_back`] where the profile writes back by modified ratio: whole
+    /// blocks inside the file, under their range lock, by line; anything else (a partial
+    /// block, a page past the end) as an ordinary write.
+    fn write_back_by_lines(&self, inode: &Arc<Inode>, offset: u64, data: &[u8], share: f64) -> Result<usize> {
+        self.check_writable()?;
+        let block = self.geometry.block();
+        let end = offset.checked_add(data.len() as u64).ok_or(Error::FileTooLarge)?;
+        if data.is_empty() || offset % block != 0 || end % block != 0 {
+            return self.write_object(inode, offset, data, true);
+        }
+        let guard = inode.range.write(offset / block, (end - 1) / block);
+        if end > inode.size() {
+            drop(guard);
+            return self.write_object(inode, offset, data, true);
+        }
+        let block_bytes = block as usize;
+        let most_lines = ((block_bytes / WRITE_BACK_LINE) as f64 * share) as usize;
+        let mut current = vec![0u8; block_bytes];
+        // Consecutive blocks that go whole are written together.
+        let mut whole: Option<std::ops::Range<usize>> = None;
+        for (i, page) in data.chunks(block_bytes).enumerate() {
+            let entry = inode.map.lock().get(&(offset / block + i as u64)).cloned();
+            self.materialize(entry.as_ref(), &mut current)?;
+            let changed = changed_line_runs(&current, page);
+            let lines: usize = changed.iter().map(|run| run.len() / WRITE_BACK_LINE).sum();
+            if lines > most_lines {
+                whole = Some(whole.map_or(i..i + 1, |run| run.start..i + 1));
+                continue;
+            }
+            if let Some(run) = whole.take() {
+                self.write_locked(
+                    inode,
+                    offset + (run.start * block_bytes) as u64,
+                    &data[run.start * block_bytes..run.end * block_bytes],
+                    true,
+                )?;
+            }
+            let at = offset + (i * block_bytes) as u64;
+            for run in &changed {
+                self.write_locked(inode, at + run.start as u64, &page[run.clone()], true)?;
+            }
+            let counter = if changed.is_empty() { Counter::write_back_blocks_unchanged } else { Counter::write_back_blocks_by_line };
+            self.stats.add(counter, 1);
+        }
+        if let Some(run) = whole {
+            self.write_locked(
+                inode,
+                offset + (run.start * block_bytes) as u64,
+                &data[run.start * block_bytes..run.end * block_bytes],
+                true,
+            )?;
+        }
+        inode.io.wrote(data.len() as u64);
+        self.stats.add(Counter::app_writes, 1);
+        self.stats.add(Counter::app_write_bytes, data.len() as u64);
+        Ok(data.len())
     }
 
     /// The write path. The caller holds the range lock over the written blocks (and the
@@ -384,6 +457,26 @@ impl Inner {
             self.residue.persist(unit, start, bytes.len() as u32);
         }
     }
+}
+
+/// The cache line: the unit in which a page written back is compared and sent.
+const WRITE_BACK_LINE: usize = 64;
+
+/// The byte ranges of `new` that differ from `old`, in whole 64-byte lines, adjacent
+/// changed lines joined into one range.
+fn changed_line_runs(old: &[u8], new: &[u8]) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for (k, (a, b)) in old.chunks(WRITE_BACK_LINE).zip(new.chunks(WRITE_BACK_LINE)).enumerate() {
+        if a == b {
+            continue;
+        }
+        let line = k * WRITE_BACK_LINE..k * WRITE_BACK_LINE + b.len();
+        match runs.last_mut() {
+            Some(run) if run.end == line.start => run.end = line.end,
+            _ => runs.push(line),
+        }
+    }
+    runs
 }
 
 /// The new units a plan binds, in the order the write path fills them: a whole page for a
