@@ -125,6 +125,10 @@ impl Inner {
         let mut current = vec![0u8; block_bytes];
         // Consecutive blocks that go whole are written together.
         let mut whole: Option<std::ops::Range<usize>> = None;
+        let write_whole = |blocks: std::ops::Range<usize>| {
+            let bytes = blocks.start * block_bytes..blocks.end * block_bytes;
+            self.write_locked(inode, offset + bytes.start as u64, &data[bytes], true)
+        };
         for (i, page) in data.chunks(block_bytes).enumerate() {
             let entry = inode.map.lock().get(&(offset / block + i as u64)).cloned();
             self.materialize(entry.as_ref(), &mut current)?;
@@ -134,13 +138,8 @@ impl Inner {
                 whole = Some(whole.map_or(i..i + 1, |run| run.start..i + 1));
                 continue;
             }
-            if let Some(run) = whole.take() {
-                self.write_locked(
-                    inode,
-                    offset + (run.start * block_bytes) as u64,
-                    &data[run.start * block_bytes..run.end * block_bytes],
-                    true,
-                )?;
+            if let Some(blocks) = whole.take() {
+                write_whole(blocks)?;
             }
             let at = offset + (i * block_bytes) as u64;
             for run in &changed {
@@ -149,13 +148,8 @@ impl Inner {
             let counter = if changed.is_empty() { Counter::write_back_blocks_unchanged } else { Counter::write_back_blocks_by_line };
             self.stats.add(counter, 1);
         }
-        if let Some(run) = whole {
-            self.write_locked(
-                inode,
-                offset + (run.start * block_bytes) as u64,
-                &data[run.start * block_bytes..run.end * block_bytes],
-                true,
-            )?;
+        if let Some(blocks) = whole {
+            write_whole(blocks)?;
         }
         inode.io.wrote(data.len() as u64);
         self.stats.add(Counter::app_writes, 1);
