@@ -98,9 +98,7 @@ impl Inner {
                 continue;
             }
             self.write_locked(inode, offset, data, extend)?;
-            inode.io.wrote(data.len() as u64);
-            self.stats.add(Counter::app_writes, 1);
-            self.stats.add(Counter::app_write_bytes, data.len() as u64);
+            self.count_app_write(inode, data.len());
             return Ok(data.len());
         }
     }
@@ -151,10 +149,15 @@ impl Inner {
         if let Some(blocks) = whole {
             write_whole(blocks)?;
         }
-        inode.io.wrote(data.len() as u64);
-        self.stats.add(Counter::app_writes, 1);
-        self.stats.add(Counter::app_write_bytes, data.len() as u64);
+        self.count_app_write(inode, data.len());
         Ok(data.len())
+    }
+
+    /// One write the application made, of `bytes`, in the volume's and the object's counters.
+    fn count_app_write(&self, inode: &Inode, bytes: usize) {
+        inode.io.wrote(bytes as u64);
+        self.stats.add(Counter::app_writes, 1);
+        self.stats.add(Counter::app_write_bytes, bytes as u64);
     }
 
     /// The write path. The caller holds the range lock over the written blocks (and the
