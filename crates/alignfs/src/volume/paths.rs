@@ -501,6 +501,10 @@ mod tests {
         let mut out = vec![0u8; pages.len()];
         volume.read(f, 0, &mut out).unwrap();
         assert!(out == pages);
+        // Past the largest file, or past the end of the offset space: refused, nothing written.
+        assert!(matches!(volume.write_back(f, 1 << 60, &pages[..4096]), Err(Error::FileTooLarge)));
+        assert!(matches!(volume.write_back(f, u64::MAX - 4095, &pages[..4096]), Err(Error::FileTooLarge)));
+        assert_eq!(volume.getattr(f).unwrap().size, pages.len() as u64);
         volume.close().unwrap();
         // Block-only: the same write-back goes whole.
         let block_only = VolumeOptions { byte_interface: false, ..VolumeOptions::default() };
