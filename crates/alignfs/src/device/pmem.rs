@@ -91,6 +91,18 @@ impl PmemRegion {
         Ok(PmemRegion::new(Mapping::Raw(MmapRaw::from(map)), len, PersistMode::Volatile, "anonymous".into()))
     }
 
+    /// Back `len` bytes at `offset` with memory now, as writes to them would (anonymous
+    /// memory reads as zeros either way; bytes already written are kept). The caller
+    /// touches ahead of where it will write, so that its writes do not take the page
+    /// faults. Fails where the kernel lacks `MADV_POPULATE_WRITE` (before 5.14).
+    pub fn prefault(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        assert!(offset + len <= self.len as u64, "prefault inside the region");
+        match &self.mapping {
+            Mapping::Raw(raw) => raw.advise_range(memmap2::Advice::PopulateWrite, offset as usize, len as usize),
+            Mapping::Sync { .. } => Ok(()),
+        }
+    }
+
     /// Anonymous memory whose stores and persists are recorded in `log`, in the same order
     /// as the SSD's writes and flushes, for power-loss simulation.
     pub fn recorded(len_bytes: u64, log: Arc<PowerLog>) -> Result<PmemRegion> {
