@@ -17,6 +17,9 @@ Each round runs every group once, and within a group every system takes its turn
   macro     filebench's varmail, fileserver and createfiles (alignfs-macro) on the mounts
             and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
+  blockfs   ext4 on the block volume (bench/uhs.py: nbdfuse + a loop device, uhs keeping
+            ext4's packed metadata in its NVM zone) under varmail and fileserver, against
+            ext4 on qemu-nbd and nbdkit
   objects   nvstore against Ceph BlueStore and one file per object on ext4
             (bench/nvstore.py): NVStore's unaligned appends and overwrites
   device    ByteFS's host-to-device write traffic (bench/byte.py): byte against the same
@@ -53,7 +56,7 @@ PY = "/usr/bin/python3"  # Debian's: python3-rados (BlueStore) imports only ther
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 PROFILES = ["orch", "scrap", "uhs", "nvstore", "byte"]
 FILE_PROFILES = ["orch", "scrap", "byte"]
-GROUPS = ["engine", "files", "memlimit", "macro", "block", "objects", "device"]
+GROUPS = ["engine", "files", "memlimit", "macro", "block", "blockfs", "objects", "device"]
 # Groups whose figure is a cost (bytes per operation): the smaller wins, and a ratio to a
 # peer is the peer's figure over the profile's, so that above 1 still means better.
 LOWER_IS_BETTER = {"device"}
@@ -65,7 +68,7 @@ DAEMON_BYTES = 96 * MIB
 # Without a cap, scrap memory as bench/scrap.py gives it (the reference for scrap's headline):
 # a 64 KiB write at any offset fills parts of up to three 32 KiB scrap pages, so a cell's
 # pages outgrow its bytes, and with 1 GiB the cell ran at 260–406 MiB/s against 586–889.
-# Memory is backed as it is touched, so the size costs nothing until used.
+# Memory is backed as it is used (plus the warmer's window), so the size costs nothing until then.
 UNCAPPED_SCRAP_BYTES = 4 * GIB
 
 # Why a profile has no row in a group: its front end cannot run the workload at all.
@@ -81,6 +84,8 @@ ABSENT = {
                      byte="its residue is in the device's DRAM, not the host's: nothing to cap"),
     "block": {p: "`alignfs nbd` serves block volumes (uhs); the same IO in-process is in `engine`"
               for p in ["orch", "scrap", "nvstore", "byte"]},
+    "blockfs": dict({p: "a file system of its own, not a block volume: the same workloads on it are in `macro`"
+                     for p in ["orch", "scrap", "byte"]}, nvstore="an object store, not a block volume"),
     "objects": {p: "`alignfs s3` serves object stores (nvstore); the same IO in-process is in `engine`"
                 for p in ["orch", "scrap", "uhs", "byte"]},
     "device": {p: "no device with a byte interface: its SSD traffic per byte written is in the other groups' traffic tables"
@@ -89,7 +94,7 @@ ABSENT = {
 # The peer each group's ratios divide by, and the device limit where the group has one.
 BEST_PEER = "best disk peer"  # the fastest of a group's peers in each workload
 REFERENCE = {"engine": "ext4", "files": "ext4", "memlimit": "ext4", "macro": "ext4",
-             "block": BEST_PEER, "objects": "ext4-files", "device": "ext4"}
+             "block": BEST_PEER, "blockfs": BEST_PEER, "objects": "ext4-files", "device": "ext4"}
 LIMIT = {"engine": "limit", "files": "limit"}
 
 # The decision guide's "why" and "costs", per profile.
@@ -451,6 +456,21 @@ class Compare:
         if counters[0]:
             self.records.append({"group": "block", "workload": "all cells above", "system": "uhs", "round": round_no,
                                  "traffic_only": True, "traffic": traffic({}, dict(counters[0]))})
+        shutil.rmtree(out, ignore_errors=True)
+
+    # blockfs: ext4 on the volume, bench/uhs.py, one round
+    def blockfs(self, round_no: int) -> None:
+        out = self.work / f"blockfs-{round_no}"
+        q = self.args.quick
+        args = ["--seconds", "1", "--volume-mib", "256"] if q else ["--seconds", str(int(self.seconds))]
+        run([PY, REPO / "bench" / "uhs.py", "--transport", "unix", "--rounds", "1", "--no-fio", "--no-thresholds", "--no-migration",
+             "--ext4-workloads", "varmail" if q else "varmail,fileserver",
+             "--systems", "uhs+nbdkit file cache=none" if q else "uhs+qemu-nbd cache=none+nbdkit file cache=none",
+             "--out", out, *args])
+        for workload, by_system in json.loads((out / "results.json").read_text())["ext4"].items():
+            for system, r in by_system.items():
+                self.record("blockfs", f"{workload}, ext4 on the volume", system, round_no,
+                            {"value": r["ops_per_s"], "unit": "ops/s", "p99_us": r["flow_p99_us"]})
         shutil.rmtree(out, ignore_errors=True)
 
     # objects: nvstore.py, one round

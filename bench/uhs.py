@@ -18,7 +18,8 @@ The full run adds, after the fio matrix:
   - migration time against NVM buffer size (target/release/alignfs-uhs-migrate).
 
   bench/uhs.py [--quick] [--rounds N] [--seconds S] [--transport tcp|unix] [--out DIR]
-               [--no-ext4] [--no-thresholds] [--no-migration]
+               [--no-ext4] [--no-thresholds] [--no-migration] [--no-fio]
+               [--ext4-workloads LIST] [--systems A+B] [--volume-mib N]
 """
 import argparse
 import json
@@ -232,7 +233,7 @@ class Bench:
             run(["fio", "--name=warm", "--ioengine=nbd", f"--uri={uri}", "--rw=read", "--bs=1m",
                  f"--size={self.size // 4}", "--iodepth=4"])
 
-    def ext4(self, systems, results):
+    def ext4(self, systems, results, workloads):
         """ext4 on each block system through nbdfuse and a loop device."""
         fuse, mnt = os.path.join(self.work, "fuse"), os.path.join(self.work, "ext4")
         os.makedirs(fuse, exist_ok=True)
@@ -250,7 +251,8 @@ class Bench:
                 loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
                 run(["mkfs.ext4", "-q", "-F", "-E", "packed_meta_blocks=1,lazy_itable_init=0,lazy_journal_init=0", loop])
                 run(["mount", loop, mnt])
-                for workload, files in MACRO_FILES.items():
+                for workload in workloads:
+                    files = MACRO_FILES[workload]
                     d = os.path.join(mnt, workload)
                     common = ["--workload", workload, "--dir", d, "--files", str(files), "--seed", "7"]
                     run([MACRO, "prepare"] + common)
@@ -365,6 +367,13 @@ def plot(out, cells, systems, results, ext4):
 
     names = [s.name for s in systems]
     labels = [c for c, _ in cells]
+    if names:
+        plot_fio(out, plt, names, labels, results)
+    if ext4:
+        plot_ext4(out, plt, ext4)
+
+
+def plot_fio(out, plt, names, labels, results):
     fig, axes = plt.subplots(1, 2, figsize=(16, 6))
     width = 0.8 / len(names)
     for i, n in enumerate(names):
@@ -397,9 +406,11 @@ def plot(out, cells, systems, results, ext4):
         fig.savefig(os.path.join(out, "threads.png"), dpi=110)
         plt.close(fig)
 
-    if ext4:
-        workloads = list(ext4)
-        ext4_names = [n for n in names if all(n in ext4[w] for w in workloads)]
+
+def plot_ext4(out, plt, ext4):
+    workloads = list(ext4)
+    ext4_names = [n for n in ext4[workloads[0]] if all(n in ext4[w] for w in workloads)]
+    if ext4_names:
         fig, ax = plt.subplots(figsize=(7, 4))
         width = 0.8 / len(ext4_names)
         for i, n in enumerate(ext4_names):
@@ -433,15 +444,19 @@ def main():
     ap.add_argument("--no-ext4", action="store_true")
     ap.add_argument("--no-thresholds", action="store_true")
     ap.add_argument("--no-migration", action="store_true")
+    ap.add_argument("--volume-mib", type=int, default=None, help="size of every volume (default 1024; 256 with --quick)")
+    ap.add_argument("--no-fio", action="store_true", help="skip the fio matrix (bench/compare.py's ext4-on-the-volume group)")
+    ap.add_argument("--ext4-workloads", default=",".join(MACRO_FILES),
+                    help=f"comma-separated alignfs-macro workloads for ext4 on the volume, from {','.join(MACRO_FILES)}")
     ap.add_argument("--cells", default=None, help="only fio cells whose name contains one of these comma-separated words (e.g. randread)")
     ap.add_argument("--cell", action="append", default=[], help="only this fio cell, by its full name (repeatable; bench/compare.py)")
-    ap.add_argument("--systems", default=None, help="only these systems of the fio matrix, by name, separated by '+' (bench/compare.py)")
+    ap.add_argument("--systems", default=None, help="only these systems (fio matrix and ext4), by name, separated by '+' (bench/compare.py)")
     ap.add_argument("--out", default=None, help="report directory (default: bench/results/DATE-uhs; none with --quick)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.seconds = 1, 2
         args.no_ext4 = args.no_thresholds = args.no_migration = True
-    args.size = (256 if args.quick else 1024) << 20
+    args.size = (args.volume_mib or (256 if args.quick else 1024)) << 20
     if args.out is None and not args.quick:
         args.out = os.path.join(REPO, "bench", "results", time.strftime("%Y-%m-%d-%H%M") + "-uhs")
     if args.out:
@@ -458,21 +473,28 @@ def main():
     bench = Bench(args)
     results, counters, ext4, thresholds = {}, {}, {}, {}
     systems = [bench.uhs("uhs", []), bench.uhs("UHS-NB", ["--no-nvm-buffer"])] + bench.peers()
+    ext4_systems = [bench.uhs("uhs", [], "0-64M"), bench.uhs("UHS-NB", ["--no-nvm-buffer"], "0-64M")] + bench.peers(with_floor=False)
     if args.systems:
         wanted = args.systems.split("+")
         unknown = [name for name in wanted if name not in {s.name for s in systems}]
         if unknown:
             sys.exit(f"unknown system(s) {unknown}; known: {[s.name for s in systems]}")
         systems = [s for s in systems if s.name in wanted]
+        ext4_systems = [s for s in ext4_systems if s.name in wanted]
+    ext4_workloads = args.ext4_workloads.split(",")
+    unknown = [w for w in ext4_workloads if w not in MACRO_FILES]
+    if unknown:
+        sys.exit(f"unknown ext4 workload(s) {unknown}; known: {list(MACRO_FILES)}")
+    if args.no_fio:
+        systems = []
     threshold_systems = [bench.uhs(f"uhs threshold {t}", ["--request-threshold", t]) for t in ("4k", "8k", "16k", "64k", "128k")]
-    ext4_systems = [bench.uhs("uhs", [], "0-64M"), bench.uhs("UHS-NB", ["--no-nvm-buffer"], "0-64M")] + bench.peers(with_floor=False)
     migration = ""
     try:
         bench.fio_matrix(systems, cells, args.rounds, results, counters)
         if not args.no_thresholds:
             bench.fio_matrix(threshold_systems, THRESHOLD_CELLS, args.rounds, thresholds, {})
         if not args.no_ext4:
-            bench.ext4(ext4_systems, ext4)
+            bench.ext4(ext4_systems, ext4, ext4_workloads)
         if not args.no_migration:
             migration = run([MIGRATE, "--buffers", "16,64,256", "--volume", "1024", "--dir", bench.work,
                              "--fast-dir", bench.shm]).stdout
@@ -483,7 +505,8 @@ def main():
     lines = [f"# uhs over NBD vs its peers", "",
              f"{args.rounds} round(s) of {args.seconds} s cells, {args.size >> 20} MiB volumes, fio's nbd engine over {transport}; "
              "one job is one connection.", ""]
-    lines += fio_report("fio", cells, systems, results)
+    if systems:
+        lines += fio_report("fio", cells, systems, results)
     if counters:
         lines += [""] + counter_report(counters)
     if thresholds:
