@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -345,11 +346,17 @@ class BlueStore:
         self.db = Loop(os.path.join(work, "ceph-db.img"), size // 2)
         self.conf = os.path.join(self.dir, "ceph.conf")
         fsid = str(uuid.uuid4())
+        # A port of its own for each run's monitor: on a fixed port, a monitor left from
+        # an earlier run would answer this run's OSD and refuse it with "wrong fsid" (seen
+        # once in a bench/compare.py run, round 2 of 3).
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            mon = f"127.0.0.1:{probe.getsockname()[1]}"
         d = self.dir
         with open(self.conf, "w") as f:
             f.write(f"""[global]
 fsid = {fsid}
-mon host = v1:127.0.0.1:16789
+mon host = v1:{mon}
 mon initial members = a
 auth cluster required = none
 auth service required = none
@@ -374,7 +381,7 @@ osd data = {d}/osd
 bluestore block path = {self.block.dev}
 bluestore block db path = {self.db.dev}
 """)
-        run(["monmaptool", "--create", "--addv", "a", "[v1:127.0.0.1:16789]", "--fsid", fsid, os.path.join(d, "monmap")])
+        run(["monmaptool", "--create", "--addv", "a", f"[v1:{mon}]", "--fsid", fsid, os.path.join(d, "monmap")])
         run(["ceph-authtool", "--create-keyring", os.path.join(d, "keyring"), "--gen-key", "-n", "mon.", "--cap", "mon", "allow *"])
         os.makedirs(os.path.join(d, "mon"), exist_ok=True)
         os.makedirs(os.path.join(d, "osd"), exist_ok=True)
