@@ -660,7 +660,10 @@ def main():
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="which systems, comma-separated")
     ap.add_argument("--device-size", default="6G", help="each data device (metadata devices are half)")
     ap.add_argument("--out", default=None, help="report directory (default: bench/results/DATE-nvstore; none with --quick)")
+    ap.add_argument("--alignfs", default=None, help="run this alignfs binary instead of the tree's (old/new A/B runs)")
     args = ap.parse_args()
+    global BIN
+    BIN = args.alignfs or BIN
     if os.geteuid() != 0:
         sys.exit("bench/nvstore.py needs root (loop devices, mounts, a Ceph OSD)")
     install_missing({"ceph-mon": "ceph-mon", "ceph-osd": "ceph-osd", "ceph": "ceph-common", "mkfs.xfs": "xfsprogs",

