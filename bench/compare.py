@@ -476,9 +476,7 @@ class Compare:
     # objects: nvstore.py, one round
     def objects(self, round_no: int) -> None:
         out = self.work / f"objects-{round_no}"
-        # Cells of at least 8 s, as nvstore.py's own (the headline's reference). BlueStore
-        # stages small writes in its WAL and applies them later: in 4 s cells it ran
-        # 8-writer appends at 8.1–8.3 MiB/s, in 8 s cells at 6.5–6.7.
+        # Cells of at least 8 s, as nvstore.py's own (the headline's reference).
         seconds = max(self.seconds, 8.0)
         args = ["--quick"] if self.args.quick else ["--rounds", "1", "--seconds", str(seconds), "--device-size", "3G"]
         run([PY, REPO / "bench" / "nvstore.py", "--patterns", "append2k,random", "--jobs", "1,8", "--work", self.work / "nvstore",
