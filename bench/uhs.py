@@ -514,13 +514,18 @@ def main():
                                    with_ratios=False)
     if ext4:
         ext4_names = [s.name for s in ext4_systems]
+        peers = [n for n in ext4_names if n not in UHS]
+        # `--systems` may leave out uhs or every peer: then there is no ratio to give.
+        ratio = "uhs" in ext4_names and peers
         lines += ["", "### ext4 on the volume (nbdfuse + loop, packed_meta_blocks; uhs maps the first 64 MiB to NVM): ops/s (flow p99 ms)", "",
-                  "| workload | " + " | ".join(ext4_names) + " | uhs / best disk peer |", "|---" * (len(ext4_names) + 2) + "|"]
+                  "| workload | " + " | ".join(ext4_names) + (" | uhs / best disk peer |" if ratio else " |"),
+                  "|---" * (len(ext4_names) + 1 + bool(ratio)) + "|"]
         for w, by in ext4.items():
-            peers = [n for n in ext4_names if n not in UHS]
-            best = max(peers, key=lambda n: by[n]["ops_per_s"])
-            lines.append(f"| {w} | " + " | ".join(f"{by[n]['ops_per_s']:.0f} ({by[n]['flow_p99_us'] / 1000:.1f})" for n in ext4_names)
-                         + f" | {by['uhs']['ops_per_s'] / by[best]['ops_per_s']:.2f}x ({best}) |")
+            row = f"| {w} | " + " | ".join(f"{by[n]['ops_per_s']:.0f} ({by[n]['flow_p99_us'] / 1000:.1f})" for n in ext4_names) + " |"
+            if ratio:
+                best = max(peers, key=lambda n: by[n]["ops_per_s"])
+                row += f" {by['uhs']['ops_per_s'] / by[best]['ops_per_s']:.2f}x ({best}) |"
+            lines.append(row)
     if migration:
         lines += ["", "### Migration time against NVM buffer size (in-process, alignfs-uhs-migrate)", "", migration.strip()]
     report = "\n".join(lines)
