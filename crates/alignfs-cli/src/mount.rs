@@ -64,6 +64,12 @@ pub struct MountArgs {
     /// an uncached page costs two requests and a large one a copy). docs/FUSE.md.
     #[arg(long, value_name = "MODE", default_value = "reads")]
     cache: CacheMode,
+    /// Under `--cache reads`, after the last close of a file written through the mount over
+    /// at most SIZE bytes, read those bytes back into the kernel's page cache, as a kernel
+    /// file system's writes leave them (RocksDB then reads its new tables from memory).
+    /// `0` turns it off. docs/FUSE.md.
+    #[arg(long, value_name = "SIZE", default_value = "64M")]
+    fill_on_close: String,
     /// Leave `fs.fuse.max_pages_limit` as it is. By default a mount run as root raises it
     /// to 8 MiB worth of pages, so that writes of up to 8 MiB reach the engine whole.
     #[arg(long)]
@@ -270,6 +276,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     }
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
     let faults = args.inject_faults.then(|| Arc::new(FaultPlan::default()));
+    let fill_on_close = alignfs::geometry::parse_size(&args.fill_on_close).context("--fill-on-close")?;
     let defaults = VolumeOptions::default();
     let size = |given: &Option<String>, flag: &str, default: u64| -> Result<u64> {
         given.as_deref().map_or(Ok(default), |text| alignfs::geometry::parse_size(text).with_context(|| format!("--{flag}")))
@@ -316,6 +323,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         transport: args.transport,
         mountpoint: std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.clone()),
         faults,
+        fill_on_close,
     };
     let mut config = Config::default();
     config.mount_options = parsed.mount.clone();

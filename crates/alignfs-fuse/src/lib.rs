@@ -5,6 +5,7 @@
 //! their measurements are in `docs/FUSE.md`.
 
 mod attr;
+mod fill_on_close;
 mod handles;
 mod page_cache;
 mod transport;
@@ -27,6 +28,7 @@ use fuser::{
 };
 
 use attr::{file_attr, kind_from_mode, time_ns};
+use fill_on_close::FillOnClose;
 use handles::Handles;
 pub use page_cache::{CacheMode, Coherence};
 pub use transport::Transport;
@@ -62,13 +64,17 @@ pub struct FuseOptions {
     pub mountpoint: PathBuf,
     /// The SSD's fault injector, when the mount was started with one.
     pub faults: Option<Arc<FaultPlan>>,
+    /// After the last close of a file written over at most this many bytes, put them in
+    /// the kernel's page cache (`reads` mode only; 0: never).
+    pub fill_on_close: u64,
 }
 
 pub struct AlignFs {
-    volume: Volume,
+    volume: Arc<Volume>,
     options: FuseOptions,
     handles: Handles,
     coherence: Coherence,
+    fills: FillOnClose,
     session: Arc<OnceLock<Arc<TransportStats>>>,
     started: Instant,
 }
@@ -116,7 +122,14 @@ fn name_bytes(name: &OsStr) -> &[u8] {
 impl AlignFs {
     pub fn new(volume: Volume, options: FuseOptions) -> AlignFs {
         let coherence = Coherence::new(options.cache, options.threads);
-        AlignFs { volume, options, handles: Handles::default(), coherence, session: Arc::default(), started: Instant::now() }
+        let volume = Arc::new(volume);
+        // Under `all` the writes themselves fill the cache; under `direct` nothing reads it.
+        let limit = if options.cache == CacheMode::Reads { options.fill_on_close } else { 0 };
+        let fills = FillOnClose::start(limit, Arc::clone(&volume), coherence.clone()).unwrap_or_else(|e| {
+            tracing::error!("cannot start the page-cache fill thread, files are not cached after they are written: {e}");
+            FillOnClose::off()
+        });
+        AlignFs { volume, options, handles: Handles::default(), coherence, fills, session: Arc::default(), started: Instant::now() }
     }
 
     /// Attach the session to it once mounted.
@@ -180,7 +193,7 @@ impl AlignFs {
             pid: std::process::id(),
             mountpoint: self.options.mountpoint.display().to_string(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            front_end: format!("page cache: {}, {} request threads", self.options.cache, self.options.threads),
+            front_end: format!("page cache: {}{}, {} request threads", self.options.cache, self.fills.describe(), self.options.threads),
             transport: transport.map(|t| t.summary()).unwrap_or_default(),
             io_uring_requests: transport.map_or(0, |t| t.ring_requests()),
             dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
@@ -266,7 +279,13 @@ impl Filesystem for AlignFs {
     }
 
     fn destroy(&mut self) {
-        match self.volume.close_in_place() {
+        // The fill thread holds the volume; it stops first.
+        self.fills.stop();
+        let Some(volume) = Arc::get_mut(&mut self.volume) else {
+            tracing::error!("closing the volume: still in use; its next open recovers it");
+            return;
+        };
+        match volume.close_in_place() {
             Ok(()) => {
                 let usage = self.volume.stats().usage;
                 tracing::info!(
@@ -316,6 +335,9 @@ impl Filesystem for AlignFs {
         }
         let request =
             SetAttrRequest { perm: mode.map(|m| (m & 0o7777) as u16), uid, gid, size, atime: set_time(atime), mtime: set_time(mtime) };
+        if size.is_some() {
+            self.fills.changing(ino.0);
+        }
         let attr = try_or_reply!(reply, self.volume.setattr(Self::ino(ino), &request));
         reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
     }
@@ -394,7 +416,14 @@ impl Filesystem for AlignFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let attr = try_or_reply!(reply, self.volume.open_handle(Self::ino(ino)));
+        self.fills.opening(ino.0, flags.0 & libc::O_ACCMODE != libc::O_RDONLY);
+        let attr = match self.volume.open_handle(Self::ino(ino)) {
+            Ok(attr) => attr,
+            Err(e) => {
+                self.fills.closed(ino.0);
+                try_or_reply!(reply, Err(e))
+            }
+        };
         reply.opened(FileHandle(attr.ino.0), self.options.cache.fopen_flags(flags.0));
     }
 
@@ -439,6 +468,7 @@ impl Filesystem for AlignFs {
             self.volume.write(Self::ino(ino), offset, data)
         };
         let n = try_or_reply!(reply, written);
+        self.fills.wrote(ino.0, offset, n as u64);
         self.coherence.written(ino.0, offset, u32::try_from(n).unwrap_or(u32::MAX), from_page_cache, reply);
     }
 
@@ -460,7 +490,9 @@ impl Filesystem for AlignFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        try_or_reply!(reply, self.volume.release_handle(Self::ino(ino)));
+        let released = self.volume.release_handle(Self::ino(ino));
+        self.fills.closed(ino.0);
+        try_or_reply!(reply, released);
         reply.ok();
     }
 
@@ -604,7 +636,14 @@ impl Filesystem for AlignFs {
         let parent = Self::ino(parent);
         let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, false));
         let attr = try_or_reply!(reply, self.volume.create_file(parent, name_bytes(name), perm, uid, gid));
-        let attr = try_or_reply!(reply, self.volume.open_handle(attr.ino));
+        self.fills.opening(attr.ino.0, true);
+        let attr = match self.volume.open_handle(attr.ino) {
+            Ok(attr) => attr,
+            Err(e) => {
+                self.fills.closed(attr.ino.0);
+                try_or_reply!(reply, Err(e))
+            }
+        };
         reply.created(
             &self.options.ttl,
             &file_attr(&attr, self.volume.geometry().block()),
@@ -624,6 +663,7 @@ impl Filesystem for AlignFs {
                 return;
             }
         };
+        self.fills.changing(ino.0);
         try_or_reply!(reply, self.volume.fallocate(Self::ino(ino), offset, length, mode));
         reply.ok();
     }

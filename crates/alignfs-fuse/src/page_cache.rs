@@ -149,6 +149,18 @@ impl Coherence {
         let _ = self.inner.notifier.set(notifier);
     }
 
+    /// The session's notifier, once mounted.
+    pub fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier.get()
+    }
+
+    /// The daemon put pages of `ino` in the kernel's cache itself (`FUSE_NOTIFY_STORE`).
+    pub fn cached(&self, ino: u64) {
+        if self.inner.enabled {
+            self.inner.filled.lock().insert(ino);
+        }
+    }
+
     /// Called before the engine serves a READ.
     pub fn reading(&self, ino: u64, offset: u64, size: u32) {
         if self.inner.enabled && offset % PAGE == 0 && u64::from(size) % PAGE == 0 {

@@ -69,6 +69,7 @@ counters! {
     ssd_overwrites_in_place: "whole blocks a write replaced where they were, flushed by the next fsync (scrap: durable on sync)",
     write_back_blocks_by_line: "blocks a page cache wrote back with few 64-byte lines changed: only those lines were written (byte: modified ratio <= 1/8)",
     write_back_blocks_unchanged: "blocks a page cache wrote back unchanged: nothing was written (byte)",
+    page_cache_fill_bytes: "bytes read back after a file's last close to put in the kernel's page cache (mount --fill-on-close)",
 }
 
 /// What opening the volume took.

@@ -12,6 +12,10 @@
 //!   region. After each write returns, the writer reads the range back through the cached
 //!   open and through a mapping; a reader's refill that raced the write and was kept shows
 //!   up as old bytes there.
+//! - `close`: the file is closed by every open again and again, which lets the mount put
+//!   what was written back into the page cache (`--fill-on-close`) while the next open
+//!   writes, truncates or maps it. Each round reads the whole file through a fresh
+//!   read-only open and compares it with the model.
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -42,6 +46,9 @@ struct Args {
     /// File size in bytes.
     #[arg(long, default_value_t = 2 << 20)]
     size: usize,
+    /// Rounds of the close check.
+    #[arg(long, default_value_t = 1500)]
+    close_rounds: u64,
     /// Seed (default: random, printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -260,6 +267,78 @@ fn race_check(args: &Args, rng: &mut StdRng) -> Result<u64> {
     Ok(refills.load(Ordering::Relaxed))
 }
 
+/// Each round: open the file one way, change it and close it; then either change it again
+/// at once (a fill of what was written may be reading), or wait a moment or not and read
+/// it whole through a fresh read-only open.
+fn close_check(args: &Args, rng: &mut StdRng) -> Result<u64> {
+    // Files of up to `--size`: a fill of more than one chunk (1 MiB) checks between chunks.
+    let max = args.size;
+    let mut model = vec![0u8; rng.random_range(1..=max)];
+    rng.fill_bytes(&mut model);
+    std::fs::write(&args.file, &model).context("create the file")?;
+    let mut compared = 0;
+    for round in 0..args.close_rounds {
+        match rng.random_range(0..100) {
+            0..50 => {
+                // Writes through a read-write open, the file perhaps growing.
+                let rw = OpenOptions::new().write(true).open(&args.file).context("open read-write")?;
+                for _ in 0..rng.random_range(1..=4) {
+                    let len = rng.random_range(1..=64 << 10);
+                    let offset = rng.random_range(0..=model.len().min(max - len));
+                    let mut data = vec![0; len];
+                    rng.fill_bytes(&mut data);
+                    rw.write_all_at(&data, offset as u64).context("pwrite")?;
+                    if offset + len > model.len() {
+                        model.resize(offset + len, 0);
+                    }
+                    model[offset..offset + len].copy_from_slice(&data);
+                }
+            }
+            50..70 => {
+                // Stores through a shared mapping, written back when it is unmapped.
+                let rw = OpenOptions::new().read(true).write(true).open(&args.file).context("open read-write")?;
+                let map = Mapping::new(&rw, model.len(), true)?;
+                for _ in 0..rng.random_range(1..=4) {
+                    let len = rng.random_range(1..=model.len().min(16 << 10));
+                    let offset = rng.random_range(0..=model.len() - len);
+                    let mut data = vec![0; len];
+                    rng.fill_bytes(&mut data);
+                    map.write(offset, &data);
+                    model[offset..offset + len].copy_from_slice(&data);
+                }
+            }
+            70..85 => {
+                // Truncated by path, without an open.
+                let len = rng.random_range(1..=max);
+                std::fs::File::options().write(true).open(&args.file).and_then(|f| f.set_len(len as u64)).context("truncate")?;
+                model.resize(len, 0);
+            }
+            _ => {
+                // Rewritten whole through a new open that truncates.
+                model = vec![0; rng.random_range(1..=max)];
+                rng.fill_bytes(&mut model);
+                std::fs::write(&args.file, &model).context("rewrite")?;
+            }
+        }
+        // Often the next change follows the close at once, while its fill may be reading.
+        if rng.random_bool(0.5) {
+            continue;
+        }
+        if rng.random_bool(0.5) {
+            std::thread::sleep(std::time::Duration::from_micros(rng.random_range(0..2000)));
+        }
+        let got = std::fs::read(&args.file).context("read back")?;
+        if got.len() != model.len() {
+            bail!("close check, round {round}: the file reads {} bytes long, expected {}", got.len(), model.len());
+        }
+        if let Some(m) = mismatch("a fresh read-only open (page cache)", 0, &got, &model) {
+            bail!("close check, round {round}: {m}");
+        }
+        compared += 1;
+    }
+    Ok(compared)
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     if args.size < 64 << 10 || args.size % PAGE != 0 {
@@ -268,15 +347,20 @@ fn main() -> Result<()> {
     let seed = args.seed.unwrap_or_else(rand::random);
     println!("seed {seed}");
     let mut rng = StdRng::seed_from_u64(seed);
-    let outcome = model_check(&args, &mut rng).and_then(|reads| {
-        println!("model check: {} operations, {reads} reads through 4 views each, all current", args.ops);
-        race_check(&args, &mut rng)
-    });
+    let outcome = model_check(&args, &mut rng)
+        .and_then(|reads| {
+            println!("model check: {} operations, {reads} reads through 4 views each, all current", args.ops);
+            race_check(&args, &mut rng)
+        })
+        .and_then(|refills| {
+            println!(
+                "race check: {} writes read back through the page cache and a mapping while {} readers refilled it ({refills} reads), all current",
+                args.race_writes, args.readers
+            );
+            close_check(&args, &mut rng)
+        });
     let _ = std::fs::remove_file(&args.file);
-    let refills = outcome?;
-    println!(
-        "race check: {} writes read back through the page cache and a mapping while {} readers refilled it ({refills} reads), all current",
-        args.race_writes, args.readers
-    );
+    let read_backs = outcome?;
+    println!("close check: {} rounds of change and close, {read_backs} read back whole, all current", args.close_rounds);
     Ok(())
 }

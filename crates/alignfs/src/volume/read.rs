@@ -73,6 +73,15 @@ impl Volume {
         self.read_with(ino, offset, buf, Wait::Never)
     }
 
+    /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
+    /// kernel's page cache, counted apart from the application's reads.
+    pub fn read_for_page_cache(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.inner.file(ino)?;
+        let n = self.inner.read_file(&inode, offset, buf, Wait::ForDevice)?;
+        self.inner.stats.add(Counter::page_cache_fill_bytes, n as u64);
+        Ok(n)
+    }
+
     fn read_with(&self, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
         let inode = self.inner.file(ino)?;
         let n = self.inner.read_file(&inode, offset, buf, wait)?;
