@@ -7,9 +7,11 @@
 //! only while the file has no open at all: no write can arrive, no shared mapping can
 //! dirty a page (a mapping holds its open), and no READ holds a page locked (a READ needs
 //! an open), so a store never waits for a request thread. Opens and truncates that arrive
-//! while a fill runs wait for it; that is what keeps it alone. A fill still queued when
-//! the file is opened again is run by a read-only open before it is answered (the open is
-//! then the only one, and not yet usable), and dropped by an open that can write.
+//! while a fill runs wait for it; that is what keeps it alone. A read-only open waits for
+//! the whole fill, which it will read; an open that can write, or a truncate, waits only
+//! for the chunk being stored and stops the rest. A fill still queued when the file is
+//! opened again is run by a read-only open before it is answered (the open is then the
+//! only one, and not yet usable), and dropped by an open that can write.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Sender};
@@ -36,8 +38,11 @@ enum FillState {
         start: u64,
         end: u64,
     },
-    /// Storing: opens and truncates of the file wait.
-    Running,
+    /// Storing: opens and truncates of the file wait; `cut_short` asks it to stop after
+    /// the chunk being stored.
+    Running {
+        cut_short: bool,
+    },
 }
 
 /// What the mount knows about one file's opens and unfilled writes.
@@ -75,7 +80,19 @@ impl Files {
     }
 
     fn filling(&self, ino: u64) -> bool {
-        self.by_ino.get(&ino).is_some_and(|s| s.fill == FillState::Running)
+        self.by_ino.get(&ino).is_some_and(|s| matches!(s.fill, FillState::Running { .. }))
+    }
+
+    /// A running fill of `ino` stops after its current chunk: what is about to change the
+    /// file would make the rest useless, and should not wait for it.
+    fn cut_short(&mut self, ino: u64) {
+        if let Some(FileState { fill: FillState::Running { cut_short }, .. }) = self.by_ino.get_mut(&ino) {
+            *cut_short = true;
+        }
+    }
+
+    fn cut_short_asked(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|s| s.fill == FillState::Running { cut_short: true })
     }
 
     /// An open arrives (no fill running): the span a read-only open must fill first, the
@@ -88,7 +105,7 @@ impl Files {
         };
         state.opens += 1;
         if take.is_some() {
-            state.fill = FillState::Running;
+            state.fill = FillState::Running { cut_short: false };
         }
         take
     }
@@ -130,7 +147,7 @@ impl Files {
         let state = self.by_ino.get_mut(&ino)?;
         match state.fill {
             FillState::Queued { id: queued, start, end } if queued == id && state.opens == 0 => {
-                state.fill = FillState::Running;
+                state.fill = FillState::Running { cut_short: false };
                 Some((start, end))
             }
             _ => None,
@@ -188,12 +205,16 @@ impl FillOnClose {
         Ok(FillOnClose { filler: Some(filler), limit, queue: Some(queue), thread: Some(thread) })
     }
 
-    /// An open of `ino` is being served; `writable` if it can write. Waits for a running
-    /// fill; a queued one is run here first by a read-only open and dropped by one that can
-    /// write. Pair with [`FillOnClose::closed`], also when the open fails.
+    /// An open of `ino` is being served; `writable` if it can write. A read-only open waits
+    /// for a running fill, and runs a queued one first; an open that can write cuts a
+    /// running fill short (waiting for its current chunk) and drops a queued one. Pair
+    /// with [`FillOnClose::closed`], also when the open fails.
     pub fn opening(&self, ino: u64, writable: bool) {
         let Some(filler) = &self.filler else { return };
         let mut files = filler.files.lock();
+        if writable {
+            files.cut_short(ino);
+        }
         filler.wait_for_fill(&mut files, ino);
         if let Some((start, end)) = files.open(ino, writable) {
             drop(files);
@@ -202,10 +223,11 @@ impl FillOnClose {
     }
 
     /// The file's size or holes are about to change other than by a write (truncate,
-    /// fallocate): waits for a running fill and drops a queued one.
+    /// fallocate): cuts a running fill short and drops a queued one.
     pub fn changing(&self, ino: u64) {
         let Some(filler) = &self.filler else { return };
         let mut files = filler.files.lock();
+        files.cut_short(ino);
         filler.wait_for_fill(&mut files, ino);
         files.change(ino);
     }
@@ -298,6 +320,9 @@ impl Filler {
                     at += n as u64;
                 }
             }
+            if self.files.lock().cut_short_asked(ino) {
+                return Ok(());
+            }
         }
         Ok(())
     }
@@ -351,6 +376,22 @@ mod tests {
         assert_eq!(files.start(5, id), None);
         files.close(5, LIMIT);
         assert!(files.by_ino.is_empty());
+    }
+
+    #[test]
+    fn an_open_that_can_write_or_a_truncate_cuts_a_running_fill_short() {
+        let mut files = Files::default();
+        files.open(5, true);
+        files.wrote(5, 0, 4 * CHUNK);
+        let id = files.close(5, 8 * CHUNK).unwrap();
+        assert_eq!(files.start(5, id), Some((0, 4 * CHUNK)));
+        assert!(!files.cut_short_asked(5));
+        files.cut_short(5);
+        assert!(files.cut_short_asked(5) && files.filling(5), "it still runs until its chunk is stored");
+        files.finish(5);
+        assert!(!files.filling(5) && !files.cut_short_asked(5));
+        files.cut_short(5);
+        assert!(!files.cut_short_asked(5), "nothing runs, nothing to cut");
     }
 
     #[test]
