@@ -638,6 +638,10 @@ def report(results, jobs_list, out):
     lines += ["", "Targets on unaligned writes: alignfs's metadata traffic <= 10 % of BlueStore's (the paper's measure: "
               "metadata records, logical bytes), total device traffic <= 60 %, bandwidth >= 2x. The metadata "
               "device's bytes are given too.", ""]
+    if not all(results.get((p, j, s)) for p, j, *_ in verdicts for s in ("alignfs", "bluestore")):
+        # A ratio needs both systems (--systems left one out, or it failed): no verdict.
+        lines.append("- Not judged: the targets compare alignfs with BlueStore, and this run lacks one of them.")
+        verdicts = []
     for pattern, jobs, bw, meta_device, total in verdicts:
         meta = logical.get((pattern, jobs), float("nan"))
         ok = lambda c: "met" if c else "missed"
