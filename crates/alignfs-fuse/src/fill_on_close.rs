@@ -29,34 +29,24 @@ use crate::page_cache::Coherence;
 const CHUNK: u64 = 1 << 20;
 const PAGE: u64 = 4096;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum FillState {
+    #[default]
     None,
     /// Waiting for the fill thread, or for the next open to take it.
-    Queued {
-        id: u64,
-        start: u64,
-        end: u64,
-    },
+    Queued { id: u64, start: u64, end: u64 },
     /// Storing: opens and truncates of the file wait; `cut_short` asks it to stop after
     /// the chunk being stored.
-    Running {
-        cut_short: bool,
-    },
+    Running { cut_short: bool },
 }
 
 /// What the mount knows about one file's opens and unfilled writes.
+#[derive(Default)]
 struct FileState {
     opens: u32,
     /// The span written since the file was last closed by every open.
     written: Option<(u64, u64)>,
     fill: FillState,
-}
-
-impl Default for FileState {
-    fn default() -> FileState {
-        FileState { opens: 0, written: None, fill: FillState::None }
-    }
 }
 
 impl FileState {
@@ -125,14 +115,14 @@ impl Files {
 
     /// An open is released: after the last one, the number of the fill to queue.
     fn close(&mut self, ino: u64, limit: u64) -> Option<u64> {
-        self.fills_queued += 1;
-        let id = self.fills_queued;
         let state = self.by_ino.get_mut(&ino)?;
         state.opens = state.opens.saturating_sub(1);
         let mut queued = None;
         if state.opens == 0 {
             if let Some((start, end)) = state.written.take() {
                 if end - start <= limit {
+                    self.fills_queued += 1;
+                    let id = self.fills_queued;
                     state.fill = FillState::Queued { id, start, end };
                     queued = Some(id);
                 }

@@ -141,6 +141,13 @@ impl AlignFs {
         Ino(ino.0)
     }
 
+    /// Count an open of `ino` in the engine and in the page-cache fills (`writable` if it
+    /// can write); a refused open is counted in neither.
+    fn open_handle(&self, ino: Ino, writable: bool) -> Result<alignfs::Attr, Error> {
+        self.fills.opening(ino.0, writable);
+        self.volume.open_handle(ino).inspect_err(|_| self.fills.closed(ino.0))
+    }
+
     fn reply_entry(&self, reply: ReplyEntry, attr: &alignfs::Attr) {
         reply.entry(&self.options.ttl, &file_attr(attr, self.volume.geometry().block()), Generation(0));
     }
@@ -416,14 +423,7 @@ impl Filesystem for AlignFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.fills.opening(ino.0, flags.0 & libc::O_ACCMODE != libc::O_RDONLY);
-        let attr = match self.volume.open_handle(Self::ino(ino)) {
-            Ok(attr) => attr,
-            Err(e) => {
-                self.fills.closed(ino.0);
-                try_or_reply!(reply, Err(e))
-            }
-        };
+        let attr = try_or_reply!(reply, self.open_handle(Self::ino(ino), flags.0 & libc::O_ACCMODE != libc::O_RDONLY));
         reply.opened(FileHandle(attr.ino.0), self.options.cache.fopen_flags(flags.0));
     }
 
@@ -636,14 +636,7 @@ impl Filesystem for AlignFs {
         let parent = Self::ino(parent);
         let (uid, gid, perm) = try_or_reply!(reply, self.new_owner(req, parent, mode, false));
         let attr = try_or_reply!(reply, self.volume.create_file(parent, name_bytes(name), perm, uid, gid));
-        self.fills.opening(attr.ino.0, true);
-        let attr = match self.volume.open_handle(attr.ino) {
-            Ok(attr) => attr,
-            Err(e) => {
-                self.fills.closed(attr.ino.0);
-                try_or_reply!(reply, Err(e))
-            }
-        };
+        let attr = try_or_reply!(reply, self.open_handle(attr.ino, true));
         reply.created(
             &self.options.ttl,
             &file_attr(&attr, self.volume.geometry().block()),

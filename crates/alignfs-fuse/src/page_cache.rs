@@ -154,7 +154,8 @@ impl Coherence {
         self.inner.notifier.get()
     }
 
-    /// The daemon put pages of `ino` in the kernel's cache itself (`FUSE_NOTIFY_STORE`).
+    /// The kernel may hold pages of `ino` from now on: it sent a page-aligned READ, or the
+    /// daemon stored pages itself (`FUSE_NOTIFY_STORE`).
     pub fn cached(&self, ino: u64) {
         if self.inner.enabled {
             self.inner.filled.lock().insert(ino);
@@ -163,8 +164,8 @@ impl Coherence {
 
     /// Called before the engine serves a READ.
     pub fn reading(&self, ino: u64, offset: u64, size: u32) {
-        if self.inner.enabled && offset % PAGE == 0 && u64::from(size) % PAGE == 0 {
-            self.inner.filled.lock().insert(ino);
+        if offset % PAGE == 0 && u64::from(size) % PAGE == 0 {
+            self.cached(ino);
         }
     }
 
