@@ -16,6 +16,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ $(id -u) == 0 ]] || { echo "run as root: it drops the page cache" >&2; exit 1; }
+missing=()
+for tool in fio:fio db_bench:rocksdb-tools fusermount3:fuse3; do
+    command -v "${tool%%:*}" >/dev/null || missing+=("${tool#*:}")
+done
+if ((${#missing[@]})); then
+    echo "installing ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 rounds=${ROUNDS:-3}
 runtime=${RUNTIME:-5}
 size=${SIZE:-512m}
