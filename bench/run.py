@@ -734,6 +734,9 @@ def main() -> int:
     ensure_tools()
     if not args.no_build:
         build()
+    missing = [str(path) for path in (ALIGNFS, PASSTHROUGH, MACRO, PRELOAD) if not path.exists()]
+    if missing:
+        raise SystemExit(f"bench: {', '.join(missing)} not built; run without --no-build")
     work = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir=args.work or "/var/tmp"))
     fast = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir="/dev/shm")) / "fast"
     systems = Systems(work, fast, args.fast_size, args.ssd_size, args.cache)
