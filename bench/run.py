@@ -117,6 +117,7 @@ class Systems:
     fast_size: int
     ssd_size: int
     cache: str = "reads"
+    ring_threads: str = "pinned"
     dirs: dict = field(default_factory=dict)
 
     def start(self) -> None:
@@ -134,10 +135,11 @@ class Systems:
             "ALIGNFS_SSD": str(preload_ssd),
         }
         run([str(ALIGNFS), "mount", "--fast", str(self.fast), "--ssd", str(ssd), "--cache", self.cache,
-             "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
+             "--ring-threads", self.ring_threads, "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
         with open(self.work / "passthrough.log", "w") as log_file:
             subprocess.Popen(
-                [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), str(self.work / "mnt/passthrough")],
+                [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), "--ring-threads", self.ring_threads,
+                 str(self.work / "mnt/passthrough")],
                 stdout=log_file,
                 stderr=log_file,
                 start_new_session=True,
@@ -706,6 +708,9 @@ def main() -> int:
     p.add_argument("--ssd-size", type=parse_size, default=8 * GIB, help="alignfs SSD image (default 8G)")
     p.add_argument("--cache", choices=["reads", "direct", "all"], default="reads",
                    help="the alignfs mount's page-cache mode (alignfs mount --cache; default reads)")
+    p.add_argument("--ring-threads", choices=["pinned", "unpinned"], default="pinned",
+                   help="where the alignfs and passthrough mounts' io_uring request threads run "
+                        "(alignfs mount --ring-threads; default pinned)")
     p.add_argument("--groups", default=",".join(GROUPS), help=f"comma-separated subset of {','.join(GROUPS)}")
     p.add_argument("--out", type=Path, help="result directory (default bench/results/<date>)")
     p.add_argument("--work", type=Path, help="scratch directory on the disk under test (default /var/tmp)")
@@ -739,7 +744,7 @@ def main() -> int:
         raise SystemExit(f"bench: {', '.join(missing)} not built; run without --no-build")
     work = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir=args.work or "/var/tmp"))
     fast = Path(tempfile.mkdtemp(prefix="alignfs-bench.", dir="/dev/shm")) / "fast"
-    systems = Systems(work, fast, args.fast_size, args.ssd_size, args.cache)
+    systems = Systems(work, fast, args.fast_size, args.ssd_size, args.cache, args.ring_threads)
     bench = Bench(args, systems)
     log(f"scratch in {work}, fast tier {fast}; results to {out}")
     try:

@@ -155,6 +155,23 @@ transports() {
     ((ring == 0 && dev > 1000))
 }
 check "requests travel by each mount's transport" transports
+# Over io_uring each request thread runs only on its queue's CPU (--ring-threads pinned).
+ring_threads_pinned() {
+    [[ $main_transport == io-uring ]] || { echo "main mount on /dev/fuse: no ring threads"; return 0; }
+    local pid task name cpus threads=0
+    pid=$("$bin" stat "$mnt" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["daemon"]["pid"])') || return 1
+    "$bin" stat "$mnt" | grep "threads on their queue's CPU;" || return 1
+    for task in /proc/"$pid"/task/*; do
+        name=$(<"$task/comm")
+        [[ $name == fuser-ring-* ]] || continue
+        cpus=$(awk '/^Cpus_allowed_list:/ { print $2 }' "$task/status")
+        echo "$name runs on CPU $cpus"
+        [[ $cpus == "$(sed 's/^fuser-ring-\([0-9]*\)\..*/\1/' <<<"$name")" ]] || return 1
+        threads=$((threads + 1))
+    done
+    ((threads > 0))
+}
+check "io_uring request threads run on their queue's CPU" ring_threads_pinned
 # `alignfs stat` breaks the requests down by kind; the kinds add up to the transports' totals.
 by_kind() {
     "$bin" stat "$mnt" | grep '^  requests:' || return 1

@@ -31,6 +31,7 @@ use attr::{file_attr, kind_from_mode, time_ns};
 use fill_on_close::FillOnClose;
 use handles::Handles;
 pub use page_cache::{CacheMode, Coherence};
+pub use transport::RingThreads;
 pub use transport::Transport;
 
 /// The read-only extended attribute of the root directory that carries the live report

@@ -57,6 +57,41 @@ impl fmt::Display for Transport {
     }
 }
 
+/// Where a mount's io_uring request threads run (`alignfs mount --ring-threads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingThreads {
+    /// Each only on the CPU of its queue, the CPU its requests' callers ran on.
+    Pinned,
+    /// Wherever the scheduler puts them.
+    Unpinned,
+}
+
+impl RingThreads {
+    pub const NAMES: [&'static str; 2] = ["pinned", "unpinned"];
+
+    /// Set up a session's configuration for this placement.
+    pub fn configure(self, config: &mut fuser::Config) {
+        config.pin_ring_threads = self == RingThreads::Pinned;
+    }
+}
+
+impl FromStr for RingThreads {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pinned" => Ok(RingThreads::Pinned),
+            "unpinned" => Ok(RingThreads::Unpinned),
+            _ => Err(format!("unknown ring thread placement {s:?}: one of {}", RingThreads::NAMES.join(", "))),
+        }
+    }
+}
+
+impl fmt::Display for RingThreads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if *self == RingThreads::Pinned { "pinned" } else { "unpinned" })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +103,19 @@ mod tests {
         }
         let err = "uring".parse::<Transport>().err().unwrap_or_default();
         assert!(err.contains("auto, io-uring, dev-fuse"), "{err}");
+    }
+
+    #[test]
+    fn ring_thread_placements_parse_print_and_configure() {
+        for name in RingThreads::NAMES {
+            let placement = name.parse::<RingThreads>();
+            assert_eq!(placement.as_ref().map(|p| p.to_string()).as_deref(), Ok(name));
+            let mut config = fuser::Config::default();
+            placement.unwrap_or(RingThreads::Unpinned).configure(&mut config);
+            assert_eq!(config.pin_ring_threads, name == "pinned");
+        }
+        let err = "pin".parse::<RingThreads>().err().unwrap_or_default();
+        assert!(err.contains("pinned, unpinned"), "{err}");
     }
 
     #[test]

@@ -468,6 +468,7 @@ impl<FS: Filesystem> Session<FS> {
                         config.max_write,
                         config.max_pages(),
                         self.config.n_threads.unwrap_or(1),
+                        self.config.pin_ring_threads,
                         &self.transport,
                     ));
                 } else {

@@ -80,6 +80,9 @@ pub struct TransportStats {
     agreed: AtomicBool,
     queues: AtomicUsize,
     entries: AtomicUsize,
+    pinned: AtomicBool,
+    /// Ring threads that were to be pinned but could not be.
+    unpinned: AtomicUsize,
     ring_requests: AtomicU64,
     dev_fuse_requests: AtomicU64,
     trouble: Mutex<Option<String>>,
@@ -113,7 +116,8 @@ impl TransportStats {
         self.dev_fuse_requests.load(Ordering::Relaxed)
     }
 
-    /// One line for status reports, e.g. "io_uring, 2 queues x 2 entries".
+    /// One line for status reports, e.g. "io_uring, 2 queues x 2 entries, threads on
+    /// their queue's CPU".
     pub fn summary(&self) -> String {
         let trouble = self.trouble.lock().clone();
         if !self.requested.load(Ordering::Acquire) {
@@ -123,7 +127,13 @@ impl TransportStats {
             Some(why) => format!("/dev/fuse; io_uring {why}"),
             None => {
                 let queues = self.queues.load(Ordering::Relaxed);
-                format!("io_uring, {queues} queues x {} entries", self.entries.load(Ordering::Relaxed) / queues.max(1))
+                let entries = self.entries.load(Ordering::Relaxed);
+                let placement = match (self.pinned.load(Ordering::Relaxed), self.unpinned.load(Ordering::Relaxed)) {
+                    (false, _) => "threads on any CPU".to_string(),
+                    (true, 0) => "threads on their queue's CPU".to_string(),
+                    (true, n) => format!("threads on their queue's CPU ({n} of {entries} could not be pinned)"),
+                };
+                format!("io_uring, {queues} queues x {} entries, {placement}", entries / queues.max(1))
             }
         }
     }
@@ -174,18 +184,21 @@ pub(crate) struct RingPlan {
     queues: usize,
     entries_per_queue: usize,
     payload: usize,
+    /// Each thread runs only on its queue's CPU (`Config::pin_ring_threads`).
+    pinned: bool,
 }
 
 impl RingPlan {
     /// Called when the kernel offered `FUSE_OVER_IO_URING` and it has been requested.
     /// The kernel refuses an entry whose payload buffer is smaller than its largest request
     /// or reply.
-    pub(crate) fn new(max_write: u32, max_pages: u16, threads: usize, stats: &TransportStats) -> RingPlan {
+    pub(crate) fn new(max_write: u32, max_pages: u16, threads: usize, pinned: bool, stats: &TransportStats) -> RingPlan {
         let page = page_size::get();
         let payload = (max_write as usize).max(usize::from(max_pages) * page).max(8192).next_multiple_of(page);
         let queues = possible_cpus();
-        let plan = RingPlan { queues, entries_per_queue: threads.div_ceil(queues).max(1), payload };
+        let plan = RingPlan { queues, entries_per_queue: threads.div_ceil(queues).max(1), payload, pinned };
         stats.agreed.store(true, Ordering::Release);
+        stats.pinned.store(pinned, Ordering::Relaxed);
         stats.queues.store(queues, Ordering::Relaxed);
         stats.entries.store(queues * plan.entries_per_queue, Ordering::Relaxed);
         plan
@@ -221,6 +234,31 @@ fn possible_cpus() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Run the calling thread on `cpu` only. False, with a log line, if the process may not
+/// run there (a cpuset or `taskset` leaves it out) or the kernel refuses.
+fn pin_to_cpu(cpu: usize) -> bool {
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain bits and all zeroes is the empty set; the calls read and
+    // write only the set passed by pointer, of the size given, and CPU_ISSET/CPU_SET are
+    // given an index below CPU_SETSIZE.
+    let refused = unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
+            Some(io::Error::last_os_error().to_string())
+        } else if cpu >= libc::CPU_SETSIZE as usize || !libc::CPU_ISSET(cpu, &allowed) {
+            Some("the process may not run there".to_string())
+        } else {
+            let mut only: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut only);
+            (libc::sched_setaffinity(0, size, &only) != 0).then(|| io::Error::last_os_error().to_string())
+        }
+    };
+    if let Some(why) = &refused {
+        warn!("FUSE ring thread of queue {cpu} left unpinned: {why}");
+    }
+    refused.is_none()
+}
+
 /// Start one worker per ring entry.
 pub(crate) fn spawn_workers<FS: Filesystem>(
     plan: RingPlan,
@@ -251,8 +289,10 @@ pub(crate) fn spawn_workers<FS: Filesystem>(
             };
             let worker_stats = Arc::clone(stats);
             let qid = qid as u16;
-            let spawned =
-                std::thread::Builder::new().name(name).spawn(move || serve(qid, &entry, &event_loop, &worker_stats));
+            let pinned = plan.pinned;
+            let spawned = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || serve(qid, pinned, &entry, &event_loop, &worker_stats));
             match spawned {
                 Ok(handle) => workers.push(handle),
                 Err(e) => {
@@ -487,8 +527,17 @@ fn register_entry(fd: RawFd, qid: u16, iovecs: &[libc::iovec; 2]) -> squeue::Ent
 }
 
 /// Serve one ring entry until the session ends.
-fn serve<FS: Filesystem>(qid: u16, entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<FS>, stats: &TransportStats) -> io::Result<()> {
+fn serve<FS: Filesystem>(
+    qid: u16,
+    pinned: bool,
+    entry: &Arc<RingEntry>,
+    event_loop: &SessionEventLoop<FS>,
+    stats: &TransportStats,
+) -> io::Result<()> {
     let fd = event_loop.ch.as_fd().as_raw_fd();
+    if pinned && !pin_to_cpu(usize::from(qid)) {
+        stats.unpinned.fetch_add(1, Ordering::Relaxed);
+    }
     // Only this thread uses its ring, and only while waiting for a request: the kernel may
     // then run the request's delivery in this thread when it waits (DEFER_TASKRUN) instead
     // of interrupting it. Kernels with the transport all have both flags; fall back anyway.

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use alignfs_fuse::{CacheMode, Coherence, Transport};
+use alignfs_fuse::{CacheMode, Coherence, RingThreads, Transport};
 use anyhow::Context;
 use clap::Parser;
 use fuser::{
@@ -45,6 +45,9 @@ struct Args {
     /// How requests travel (as `alignfs mount --transport`).
     #[arg(long, value_name = "TRANSPORT", default_value = "auto")]
     transport: Transport,
+    /// Where the io_uring request threads run (as `alignfs mount --ring-threads`).
+    #[arg(long, value_name = "PLACEMENT", default_value = "pinned")]
+    ring_threads: RingThreads,
     mountpoint: PathBuf,
 }
 
@@ -487,6 +490,7 @@ fn main() -> anyhow::Result<()> {
     config.n_threads = Some(args.threads);
     config.clone_fd = true;
     args.transport.configure(&mut config);
+    args.ring_threads.configure(&mut config);
     let coherence = fs.coherence.clone();
     let session = fuser::Session::new(fs, &args.mountpoint, &config).with_context(|| format!("mount at {}", args.mountpoint.display()))?;
     let transport = session.transport();

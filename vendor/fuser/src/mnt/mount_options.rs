@@ -22,6 +22,10 @@ pub struct Config {
     /// (Linux 6.14+ with `/sys/module/fuse/parameters/enable_uring`), with the same
     /// number of threads; `/dev/fuse` otherwise. See `Session::transport`.
     pub io_uring: bool,
+    /// alignfs: run each io_uring queue's threads only on that queue's CPU, as libfuse
+    /// does. The kernel queues a request on the CPU its caller runs on, so the thread that
+    /// serves it shares that CPU's caches and wakes without an interprocessor interrupt.
+    pub pin_ring_threads: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
