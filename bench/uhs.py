@@ -435,6 +435,18 @@ def need_matplotlib():
         run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], env=env)
 
 
+def need_tools():
+    """The clients and peers this benchmark runs: install Debian's packages where missing."""
+    packages = {"nbdinfo": "libnbd-bin", "nbdfuse": "libnbd-bin", "qemu-nbd": "qemu-utils", "nbdkit": "nbdkit",
+                "fio": "fio", "mkfs.ext4": "e2fsprogs"}
+    missing = sorted({pkg for tool, pkg in packages.items() if shutil.which(tool) is None})
+    if missing:
+        log(f"installing {' '.join(missing)}")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        run(["apt-get", "update", "-qq"], env=env)
+        run(["apt-get", "install", "-y", "-qq", *missing], env=env)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round of 2 s cells on a small volume, fio matrix only")
@@ -459,6 +471,7 @@ def main():
     args.size = (args.volume_mib or (256 if args.quick else 1024)) << 20
     if args.out is None and not args.quick:
         args.out = os.path.join(REPO, "bench", "results", time.strftime("%Y-%m-%d-%H%M") + "-uhs")
+    need_tools()
     if args.out:
         need_matplotlib()
     cells = QUICK if args.quick else FULL
