@@ -169,24 +169,31 @@ class Bench:
         export = system.prepare()
         if os.path.exists(self.socket):
             os.remove(self.socket)
-        proc = subprocess.Popen(system.serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         uri = self.uri(export)
-        for _ in range(400):
-            if subprocess.run(["nbdinfo", "--size", uri], capture_output=True).returncode == 0:
-                return proc, uri
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {' '.join(system.serve)}")
-            time.sleep(0.05)
-        raise RuntimeError(f"server did not come up: {' '.join(system.serve)}")
+        return self.serve(system, uri, "did not come up"), uri
 
     def restart(self, system):
         """Serve the same export again (no re-format)."""
+        return self.serve(system, self.uri("x"), "did not come back")
+
+    @staticmethod
+    def serve(system, uri, not_ready):
+        """Start the server and wait until it answers at `uri`. On any failure (it exits,
+        never answers, or the probe itself fails) the server is stopped before the error
+        goes up, so no server outlives the run."""
         proc = subprocess.Popen(system.serve, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for _ in range(400):
-            if subprocess.run(["nbdinfo", "--size", self.uri("x")], capture_output=True).returncode == 0:
-                return proc
-            time.sleep(0.05)
-        raise RuntimeError("server did not come back")
+        try:
+            for _ in range(400):
+                if subprocess.run(["nbdinfo", "--size", uri], capture_output=True).returncode == 0:
+                    return proc
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {' '.join(system.serve)}")
+                time.sleep(0.05)
+            raise RuntimeError(f"server {not_ready}: {' '.join(system.serve)}")
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
 
     def counters(self, system):
         out = run([BIN, "stat", "--json"] + system.devices).stdout
