@@ -14,8 +14,8 @@ Each round runs every group once, and within a group every system takes its turn
             scrap memory); each cell ends with an fsync, and uncapped once more without;
             caches dropped first; a 4 GiB file (--partial-file-size), as bench/scrap.py;
             each mount's first pass warms its memory (reported once, uncapped)
-  macro     filebench's varmail, fileserver and createfiles (alignfs-macro) on the mounts
-            and ext4
+  macro     filebench's varmail, fileserver and createfiles (alignfs-macro), and RocksDB's
+            fillrandom with every put synchronous (db_bench), on the mounts and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
   blockfs   ext4 on the block volume (bench/uhs.py: nbdfuse + a loop device, uhs keeping
             ext4's packed metadata in its NVM zone) under varmail and fileserver, against
@@ -437,6 +437,26 @@ class Compare:
                 self.record("macro", workload, system, round_no,
                             {"value": r["ops_per_s"], "unit": "ops/s", "p99_us": r["flow_p99_us"]}, t)
                 shutil.rmtree(d)
+        self.rocksdb(dirs, round_no)
+
+    # OrchFS's key-value workload: every put durable. A fixed number of keys, so that every
+    # system ends with the same database; bench/run.py's small memtables, so it lives in
+    # SST files and compactions run.
+    ROCKSDB_KEYS = 20000
+
+    def rocksdb(self, dirs: dict, round_no: int) -> None:
+        keys = self.ROCKSDB_KEYS // 20 if self.args.quick else self.ROCKSDB_KEYS
+        for system in self.order(list(dirs), round_no):
+            d = dirs[system] / "rocksdb"
+            before = self.mounts.counters(system) if system in FILE_PROFILES else None
+            out = run(["db_bench", f"--db={d}", "--benchmarks=fillrandom", f"--num={keys}",
+                       "--write_buffer_size=4194304", "--cache_size=8388608", "--value_size=1024", "--sync=1",
+                       f"--seed={42 + round_no}", "--compression_type=none", "--histogram=1", "--threads=1"])
+            r = mountbench.parse_db_bench(out)["fillrandom"]
+            t = traffic(before, self.mounts.counters(system)) if before is not None else None
+            self.record("macro", "RocksDB fillrandom, sync=1", system, round_no,
+                        {"value": r["ops_per_s"], "unit": "ops/s", "p99_us": r["io_p99_us"]}, t)
+            shutil.rmtree(d)
 
     # block: uhs.py's fio matrix, one round
     def block(self, round_no: int) -> None:
@@ -636,7 +656,7 @@ def report(summary: dict, meta: dict, records: list) -> str:
         if group in LOWER_IS_BETTER:
             lines += ["", f"(A ratio is {ref}'s figure over the profile's: above 1, the profile costs less.)"]
         elif any(c.get("p99_us") for cells in table.values() for c in cells.values()):
-            lines += ["", "p99 latency, µs (per operation: the write and its fsync, or one macro flow):", "",
+            lines += ["", "p99 latency, µs (per operation: the write and its fsync, one macro flow, or one RocksDB put):", "",
                       "| workload | " + " | ".join(s for s in systems if s not in ABSENT[group]) + " |",
                       "|---" * (len([s for s in systems if s not in ABSENT[group]]) + 1) + "|"]
             for workload, cells in table.items():
