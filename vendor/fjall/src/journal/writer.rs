@@ -25,7 +25,7 @@ pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 /// into blocks a file system must allocate, convert from unwritten, or record a new size
 /// for, commits the file system's own journal after the data; into written blocks it
 /// writes the data alone, about twice the syncs per second on XFS and ext4
-/// (alignfs bench/journal-sync.sh). The zeros are written, and made durable by the sync
+/// (alignfs bench/journal-sync.py). The zeros are written, and made durable by the sync
 /// that follows, once per this many bytes; recovery reads them as the journal's end, as
 /// it reads the sparse preallocation's.
 const ZERO_AHEAD_BYTES: u64 = 1_024 * 1_024;
