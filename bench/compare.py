@@ -439,9 +439,7 @@ class Compare:
                 shutil.rmtree(d)
         self.rocksdb(dirs, round_no)
 
-    # OrchFS's key-value workload: every put durable. A fixed number of keys, so that every
-    # system ends with the same database; bench/run.py's small memtables, so it lives in
-    # SST files and compactions run.
+    # OrchFS's key-value workload, every put durable, run as bench/run.py runs it.
     ROCKSDB_KEYS = 20000
 
     def rocksdb(self, dirs: dict, round_no: int) -> None:
@@ -449,10 +447,7 @@ class Compare:
         for system in self.order(list(dirs), round_no):
             d = dirs[system] / "rocksdb"
             before = self.mounts.counters(system) if system in FILE_PROFILES else None
-            out = run(["db_bench", f"--db={d}", "--benchmarks=fillrandom", f"--num={keys}",
-                       "--write_buffer_size=4194304", "--cache_size=8388608", "--value_size=1024", "--sync=1",
-                       f"--seed={42 + round_no}", "--compression_type=none", "--histogram=1", "--threads=1"])
-            r = mountbench.parse_db_bench(out)["fillrandom"]
+            r = mountbench.parse_db_bench(run(mountbench.db_bench_cmd(d, "fillrandom", keys, 42 + round_no)))["fillrandom"]
             t = traffic(before, self.mounts.counters(system)) if before is not None else None
             self.record("macro", "RocksDB fillrandom, sync=1", system, round_no,
                         {"value": r["ops_per_s"], "unit": "ops/s", "p99_us": r["io_p99_us"]}, t)

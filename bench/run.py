@@ -391,32 +391,33 @@ class Bench:
             d = self.systems.dirs[system] / "rocksdb"
 
             def go(d=d, env=self.systems.env(system)):
-                out = run(
-                    [
-                        "db_bench",
-                        f"--db={d}",
-                        "--benchmarks=fillrandom,overwrite,readrandom",
-                        # A fixed number of operations, so every system ends with the same
-                        # database; small memtables so it lives in SST files, not in memory.
-                        f"--num={self.args.rocksdb_keys}",
-                        f"--reads={self.args.rocksdb_keys}",
-                        "--write_buffer_size=4194304",
-                        "--cache_size=8388608",
-                        "--value_size=1024",
-                        "--sync=1",
-                        f"--seed={SEED}",
-                        "--compression_type=none",
-                        "--histogram=1",
-                        "--threads=1",
-                    ],
-                    env=env,
-                )
-                return parse_db_bench(out)
+                return parse_db_bench(run(db_bench_cmd(d, "fillrandom,overwrite,readrandom", self.args.rocksdb_keys, SEED), env=env))
 
             results, counters = self.measured(system, go)
             for bench_name, metrics in results.items():
                 self.record("rocksdb", bench_name, system, round_no, metrics, counters if bench_name == "fillrandom" else None)
             shutil.rmtree(d, ignore_errors=True)
+
+
+def db_bench_cmd(db: Path, benchmarks: str, keys: int, seed: int) -> list:
+    """db_bench with every put synchronous, one thread. A fixed number of operations, so
+    every system ends with the same database; small memtables so it lives in SST files,
+    not in memory."""
+    return [
+        "db_bench",
+        f"--db={db}",
+        f"--benchmarks={benchmarks}",
+        f"--num={keys}",
+        f"--reads={keys}",
+        "--write_buffer_size=4194304",
+        "--cache_size=8388608",
+        "--value_size=1024",
+        "--sync=1",
+        f"--seed={seed}",
+        "--compression_type=none",
+        "--histogram=1",
+        "--threads=1",
+    ]
 
 
 def parse_db_bench(out: str) -> dict:
