@@ -66,7 +66,7 @@ counters! {
     kv_name_bytes: "name records written (nvstore)",
     kv_batches: "KV batches committed, one per metadata commit (nvstore)",
     kv_syncs: "KV journal syncs; fewer than kv_batches when commits shared one (nvstore: group commit, staged objects)",
-    ssd_overwrites_in_place: "whole blocks a write replaced where they were, flushed by the next fsync (scrap: durable on sync)",
+    ssd_overwrites_in_place: "whole blocks a write replaced where they were (scrap: flushed by the next fsync; uhs: before the write returns)",
     write_back_blocks_by_line: "blocks a page cache wrote back with few 64-byte lines changed: only those lines were written (byte: modified ratio <= 1/8)",
     write_back_blocks_unchanged: "blocks a page cache wrote back unchanged: nothing was written (byte)",
     page_cache_fill_bytes: "bytes read back after a file's last close to put in the kernel's page cache (mount --fill-on-close)",

@@ -66,6 +66,47 @@ impl Bits {
         None
     }
 
+    /// Mark `n` free units used, next-fit from the cursor in runs of at least
+    /// `min(n, RUN_GOAL)` (see [`BitmapAllocator::allocate_redeeming`]); the caller has
+    /// checked that `n` are available and counts them with [`Bits::taken`].
+    fn take_runs(&mut self, n: usize) -> Vec<u64> {
+        let mut out = Vec::with_capacity(n);
+        let mut goal = (n as u64).min(RUN_GOAL);
+        let search_limit = UNITS_SEARCHED.min(self.capacity);
+        let (mut id, mut skipped, mut searched) = (self.cursor, 0u32, 0u64);
+        while out.len() < n {
+            let wanted = (n - out.len()) as u64;
+            match self.free_run_from(id, wanted) {
+                None => {
+                    searched += self.capacity - id;
+                    id = 0;
+                }
+                Some((start, len)) => {
+                    if len >= goal.min(wanted) {
+                        for unit in start..start + len {
+                            self.set(unit, true);
+                            out.push(unit);
+                        }
+                    } else {
+                        skipped += 1;
+                    }
+                    searched += start + len - id;
+                    id = start + len;
+                }
+            }
+            if skipped >= SHORT_RUNS_SKIPPED || searched >= search_limit {
+                goal = 1;
+            }
+        }
+        self.cursor = id;
+        out
+    }
+
+    fn taken(&mut self, n: u64) {
+        self.free -= n;
+        self.peak_used = self.peak_used.max(self.capacity - self.free);
+    }
+
     fn set(&mut self, id: u64, used: bool) {
         let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
         if used {
@@ -137,38 +178,35 @@ impl BitmapAllocator {
             return None;
         }
         bits.promised -= redeem;
-        let mut out = Vec::with_capacity(n);
-        let mut goal = (n as u64).min(RUN_GOAL);
-        let search_limit = UNITS_SEARCHED.min(bits.capacity);
-        let (mut id, mut skipped, mut searched) = (bits.cursor, 0u32, 0u64);
-        while out.len() < n {
-            let wanted = (n - out.len()) as u64;
-            match bits.free_run_from(id, wanted) {
-                None => {
-                    searched += bits.capacity - id;
-                    id = 0;
-                }
-                Some((start, len)) => {
-                    if len >= goal.min(wanted) {
-                        for unit in start..start + len {
-                            bits.set(unit, true);
-                            out.push(unit);
-                        }
-                    } else {
-                        skipped += 1;
-                    }
-                    searched += start + len - id;
-                    id = start + len;
-                }
-            }
-            if skipped >= SHORT_RUNS_SKIPPED || searched >= search_limit {
-                goal = 1;
-            }
-        }
-        bits.free -= n as u64;
-        bits.cursor = id;
-        bits.peak_used = bits.peak_used.max(bits.capacity - bits.free);
+        let out = bits.take_runs(n);
+        bits.taken(n as u64);
         Some(out)
+    }
+
+    /// One unit for each entry of `preferred`, in order: the preferred unit where it is
+    /// free, otherwise one [`Self::allocate_redeeming`] would take. All or none; `redeem`
+    /// as there.
+    pub fn allocate_preferring(&self, preferred: &[Option<u64>], redeem: u64) -> Option<Vec<u64>> {
+        let mut bits = self.bits.lock();
+        let n = preferred.len();
+        if (n as u64) > bits.available(redeem) {
+            return None;
+        }
+        bits.promised -= redeem;
+        let mut out: Vec<Option<u64>> = preferred
+            .iter()
+            .map(|&unit| {
+                let unit = unit.filter(|&u| u < bits.capacity && !bits.used(u))?;
+                bits.set(unit, true);
+                Some(unit)
+            })
+            .collect();
+        let mut others = bits.take_runs(out.iter().filter(|u| u.is_none()).count()).into_iter();
+        for unit in out.iter_mut().filter(|u| u.is_none()) {
+            *unit = others.next();
+        }
+        bits.taken(n as u64);
+        Some(out.into_iter().map(|u| u.expect("a unit for every entry")).collect())
     }
 
     /// One free unit in `range` (the first from its start), or `None`. With `redeem`, the

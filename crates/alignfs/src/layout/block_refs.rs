@@ -47,6 +47,12 @@ impl BlockRefs {
         self.bitmap.allocate_redeeming(n, redeem)
     }
 
+    /// One block per entry of `preferred`: that block where it is free, any other
+    /// otherwise; all or none, `redeem` as in [`BlockRefs::allocate`].
+    pub fn allocate_preferring(&self, preferred: &[Option<u64>], redeem: u64) -> Option<Vec<u64>> {
+        self.bitmap.allocate_preferring(preferred, redeem)
+    }
+
     /// One free block in `range`, from a promise the caller holds if `redeem`.
     pub fn allocate_in(&self, range: std::ops::Range<u64>, redeem: bool) -> Option<u64> {
         self.bitmap.allocate_in(range, redeem)
@@ -76,6 +82,10 @@ impl BlockRefs {
     /// Free blocks no promise holds.
     pub fn available_count(&self) -> u64 {
         self.bitmap.available_count()
+    }
+
+    pub fn is_used(&self, id: u64) -> bool {
+        self.bitmap.is_used(id)
     }
 
     /// One more reference to an allocated block (a clone).

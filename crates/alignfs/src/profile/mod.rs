@@ -287,6 +287,17 @@ pub(crate) trait Policy: Send + Sync {
         None
     }
 
+    /// Whether each logical block of a file keeps one SSD block, at its home (the block
+    /// its number names) where that was free when first written, and every later write
+    /// and merge rewrites it in place: a block volume laid out like the disk it stands
+    /// for (UHS addresses its SSD zone directly), so a large write stays one IO after any
+    /// history of small ones. A write in flight at a crash may then land in part, which a
+    /// disk allows. `false`: blocks move on every rewrite (out of place), except where
+    /// writes are durable only on sync.
+    fn keeps_blocks_home(&self) -> bool {
+        false
+    }
+
     /// Whether the volume keeps copies of SSD blocks in DRAM (NVStore's clean pages:
     /// reads hit them, an unaligned write turns one into a dirty page).
     fn keeps_clean_pages(&self) -> bool {

@@ -8,8 +8,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::Inner;
 use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
-use crate::map::SsdBlock;
+use crate::map::{BlockEntry, SsdBlock};
 use crate::stats::Counter;
+
+/// Where the next SSD image of one logical block goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Placement {
+    /// Over the block's current SSD block.
+    InPlace(SsdBlock),
+    /// A new SSD block: `home` if that is free when allocated, any other otherwise.
+    New { home: Option<u64> },
+}
+
+/// An SSD block a merge or write sends an image to, and whether it was allocated for it
+/// (so an undo frees it) or is the block's own, rewritten in place.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Target {
+    pub block: SsdBlock,
+    pub new: bool,
+}
 
 /// In-flight SSD bytes at which the SSD counts as busy (WSBuffer's threshold).
 const SSD_BUSY_BYTES: u64 = 4 << 20;
@@ -43,6 +60,56 @@ impl Inner {
         *flushed = covered;
         self.stats.add(Counter::ssd_flushes, 1);
         Ok(())
+    }
+
+    /// Whether the profile keeps blocks at their homes ([`crate::profile::Policy::keeps_blocks_home`]).
+    pub(super) fn keeps_blocks_home(&self) -> bool {
+        self.home_base.is_some()
+    }
+
+    /// Where block `lblock`'s next image goes, its entry being `current`. `in_place`:
+    /// whether this write may rewrite an unshared SSD block where it is (no merge reads it
+    /// unlocked, and the profile's promise allows a torn block). A block that keeps a home
+    /// but sits elsewhere (its home was taken when it moved) goes back as soon as the home
+    /// is free; otherwise it stays where it is.
+    pub(super) fn placement(&self, lblock: u64, current: Option<&BlockEntry>, in_place: bool) -> Placement {
+        let home = self.home_base.map(|base| base + lblock).filter(|&h| h < self.blocks.capacity());
+        match current {
+            Some(BlockEntry::Ssd { block, shared: false, .. }) if in_place => match home {
+                Some(h) if h != block.0 && !self.blocks.is_used(h) => Placement::New { home },
+                _ => Placement::InPlace(*block),
+            },
+            _ => Placement::New { home },
+        }
+    }
+
+    /// The SSD blocks `placements` name, allocating the new ones (at their homes where
+    /// free; otherwise on `members`, one per new block, as [`Inner::allocate_blocks`]);
+    /// `None`, and nothing taken, if the SSD is full.
+    pub(super) fn place(&self, placements: &[Placement], members: &[usize], redeem: u64) -> Option<Vec<Target>> {
+        let homes: Vec<Option<u64>> =
+            placements.iter().filter_map(|p| if let Placement::New { home } = p { Some(*home) } else { None }).collect();
+        let new_blocks = if self.keeps_blocks_home() {
+            self.blocks.allocate_preferring(&homes, redeem)?.into_iter().map(SsdBlock).collect()
+        } else {
+            self.allocate_blocks(members, redeem)?
+        };
+        let mut next_new = new_blocks.into_iter();
+        Some(
+            placements
+                .iter()
+                .map(|p| match p {
+                    Placement::InPlace(block) => Target { block: *block, new: false },
+                    Placement::New { .. } => Target { block: next_new.next().expect("a new block for every new placement"), new: true },
+                })
+                .collect(),
+        )
+    }
+
+    /// Free the blocks of `targets` that were allocated for them.
+    pub(super) fn release_new(&self, targets: &[Target]) {
+        let new: Vec<SsdBlock> = targets.iter().filter(|t| t.new).map(|t| t.block).collect();
+        self.release(&[], &new);
     }
 
     /// Split `(block, tag)` pairs into runs of physically consecutive blocks of at most

@@ -1,5 +1,6 @@
-//! Migration: merge blocks' residue into new, whole SSD blocks (out of place), in batches,
-//! either holding the blocks (a writer's own merges) or watching them (background work).
+//! Migration: merge blocks' residue into whole SSD blocks, new ones (out of place) or, where
+//! the profile keeps blocks at home, their own; in batches, either holding the blocks (a
+//! writer's own merges) or watching them (background work).
 
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use crate::profile::spawn;
 use std::sync::Arc;
 
+use super::block_store::{Placement, Target};
 use super::Inner;
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
@@ -16,14 +18,14 @@ use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
 
 impl Inner {
-    /// Merge one block's residue into a new SSD block. The caller holds the block's range
+    /// Merge one block's residue into its SSD block. The caller holds the block's range
     /// lock. Returns whether anything moved.
     pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
         Ok(self.migrate_blocks_locked(vec![(Arc::clone(inode), lblock)], cause)? > 0)
     }
 
-    /// Merge the residue of several blocks into new SSD blocks (out of place), with one
-    /// flush and one journal record for all. The caller holds every block's range lock.
+    /// Merge the residue of several blocks into SSD blocks ([`Inner::write_staged`]), with
+    /// one flush and one journal record for all. The caller holds every block's range lock.
     /// Returns how many blocks moved.
     pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
         let mut staged = Vec::with_capacity(blocks.len());
@@ -41,7 +43,7 @@ impl Inner {
         if work.is_empty() {
             return Ok(0);
         }
-        let targets = self.write_staged(&work, images)?;
+        let targets = self.write_staged(&work, images, false)?;
         self.commit_merged(work, targets, cause)
     }
 
@@ -104,7 +106,7 @@ impl Inner {
                 Err(e)
             }
             None if merging.work.is_empty() => return Ok(merging),
-            None => self.write_staged(&merging.work, images),
+            None => self.write_staged(&merging.work, images, true),
         };
         self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
         match written {
@@ -129,7 +131,7 @@ impl Inner {
         let mut rest = work.into_iter().zip(targets);
         let mut moved = 0;
         loop {
-            let part: Vec<(Staged, SsdBlock)> = rest.by_ref().take(chunk).collect();
+            let part: Vec<(Staged, Target)> = rest.by_ref().take(chunk).collect();
             if part.is_empty() {
                 return Ok((moved, left));
             }
@@ -145,7 +147,7 @@ impl Inner {
                     }
                     _ => {
                         // Never journaled, so free at once.
-                        self.release(&[], &[target]);
+                        self.release_new(&[target]);
                         self.stats.add(Counter::migrations_dropped, 1);
                         left.push((staged.inode.ino, staged.lblock));
                     }
@@ -160,7 +162,7 @@ impl Inner {
                     drop(guards);
                     for (staged, target) in rest {
                         staged.inode.range.unwatch(staged.lblock);
-                        self.release(&[], &[target]);
+                        self.release_new(&[target]);
                     }
                     return Err(e);
                 }
@@ -181,12 +183,18 @@ impl Inner {
         Ok(Some((Staged { inode, lblock, entry }, image)))
     }
 
-    /// Write each staged block to a new SSD block, its residue over its SSD copy where the
-    /// residue does not cover it whole: the reads in flight together (WSBuffer's stage 1),
-    /// then the writes (stage 2), then one flush, since the journal record that will point
-    /// at the new blocks must not point at blocks a power cut could lose. Returns the new
-    /// blocks, in order.
-    fn write_staged(&self, work: &[Staged], mut images: Vec<AlignedBuf>) -> Result<Vec<SsdBlock>> {
+    /// Write each staged block to a new SSD block (or over its own, where the profile keeps
+    /// blocks at home), its residue over its SSD copy where the residue does not cover it
+    /// whole: the reads in flight together (WSBuffer's stage 1), then the writes (stage
+    /// 2), then one flush, since the journal record that will point at the new blocks must
+    /// not point at blocks a power cut could lose. Returns the targets, in order.
+    ///
+    /// A block rewritten in place changes only under its residue, which stays valid until
+    /// the merge commits: a crash, or a reader that takes the block meanwhile, sees the
+    /// residue over whatever of the write landed. `pinned_here`: the caller pinned the
+    /// blocks' SSD copies (a watched merge); otherwise a pinned copy is another merge's
+    /// and is left alone.
+    fn write_staged(&self, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
         let block = self.geometry.block();
         let fills: Vec<usize> = (0..work.len()).filter(|&i| self.needs_fill(&work[i].entry)).collect();
         let reads: Vec<IoRequest> = fills
@@ -223,26 +231,35 @@ impl Inner {
             std::mem::swap(&mut images[i], &mut disk);
             self.buffers.give([disk]);
         }
-        // Delayed allocation: each block goes to the SSD least busy at this moment.
-        let Some(targets) = self.allocate_blocks(&self.least_busy_members(work.len()), 0) else {
+        let placements: Vec<Placement> = work
+            .iter()
+            .map(|s| {
+                let in_place = self.keeps_blocks_home() && (pinned_here || s.entry.ssd_block().is_none_or(|b| !self.blocks.is_pinned(b.0)));
+                self.placement(s.lblock, Some(&s.entry), in_place)
+            })
+            .collect();
+        // Delayed allocation: each new block goes to the SSD least busy at this moment.
+        let new = placements.iter().filter(|p| matches!(p, Placement::New { .. })).count();
+        let Some(targets) = self.place(&placements, &self.least_busy_members(new), 0) else {
             self.buffers.give(images);
             return Err(Error::NoSpace);
         };
-        let writes = self.coalesce_writes(images, &targets);
+        let blocks: Vec<SsdBlock> = targets.iter().map(|t| t.block).collect();
+        let writes = self.coalesce_writes(images, &blocks);
         match self.submit_ssd(writes).wait() {
             Ok(buffers) => {
                 buffers.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
                 self.buffers.give(buffers);
             }
             Err(e) => {
-                self.release(&[], &targets);
+                self.release_new(&targets);
                 return Err(e);
             }
         }
         self.ssd_written();
         self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
         if let Err(e) = self.flush_ssd() {
-            self.release(&[], &targets);
+            self.release_new(&targets);
             return Err(e);
         }
         Ok(targets)
@@ -279,13 +296,13 @@ impl Inner {
     /// Journal the staged blocks as moved to `targets` (one record) and free their
     /// residue. The caller holds every block's range lock, and nothing wrote them since
     /// they were staged.
-    fn commit_merged(&self, mut work: Vec<Staged>, mut targets: Vec<SsdBlock>, cause: Counter) -> Result<u64> {
+    fn commit_merged(&self, mut work: Vec<Staged>, mut targets: Vec<Target>, cause: Counter) -> Result<u64> {
         loop {
             let mut ops: Vec<Op> = work
                 .iter()
                 .zip(&targets)
                 .map(|(staged, t)| {
-                    Op::Data(DataOp::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(*t)) })
+                    Op::Data(DataOp::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(t.block)) })
                 })
                 .collect();
             let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
@@ -299,19 +316,19 @@ impl Inner {
                 Err(Error::NotFound) => {
                     let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].inode.ino).is_none()).collect();
                     if gone.is_empty() {
-                        self.release(&[], &targets);
+                        self.release_new(&targets);
                         return Err(Error::NotFound);
                     }
                     for &i in gone.iter().rev() {
                         work.remove(i);
-                        self.release(&[], &[targets.remove(i)]);
+                        self.release_new(&[targets.remove(i)]);
                     }
                     if work.is_empty() {
                         return Ok(0);
                     }
                 }
                 Err(e) => {
-                    self.release(&[], &targets);
+                    self.release_new(&targets);
                     return Err(e);
                 }
             }
@@ -383,7 +400,7 @@ struct Staged {
 #[derive(Default)]
 struct WatchedMerge {
     work: Vec<Staged>,
-    targets: Vec<SsdBlock>,
+    targets: Vec<Target>,
     left: Vec<(Ino, u64)>,
 }
 
@@ -478,6 +495,78 @@ mod tests {
         assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
         assert_eq!(read_all(&v, f, expect.len()), expect);
         v.migrate_all().unwrap();
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        assert_eq!(v.check(), []);
+    }
+
+    /// Where the profile keeps blocks at home (`uhs`), writes and merges rewrite each
+    /// block where its first write put it, at its home, so a large write after any history
+    /// of small ones is as few IOs as on a fresh volume. A block a merge has pinned is
+    /// written elsewhere, and goes home again at its next write once the merge is done.
+    #[test]
+    fn blocks_kept_home_stay_there_through_writes_and_merges() {
+        let fast = Arc::new(crate::device::PmemRegion::anonymous(8 << 20).unwrap());
+        let devices = crate::Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
+        let profile = crate::Profile::UHS;
+        Volume::format(&devices, &crate::FormatOptions { geometry: profile.default_geometry(), profile, force: false }).unwrap();
+        let v = Volume::open(devices, crate::VolumeOptions { background: false, ..crate::VolumeOptions::default() }).unwrap();
+        let f = v.create_file(Ino::ROOT, b"volume", 0o644, 0, 0).unwrap().ino;
+        let inode = v.inner.file(f).unwrap();
+        let block = v.inner.geometry.block() as usize;
+        let blocks = 1024usize;
+        let mut expect = vec![0u8; blocks * block];
+        fn write(v: &Volume, f: Ino, expect: &mut [u8], at: usize, data: &[u8]) {
+            v.write(f, at as u64, data).unwrap();
+            expect[at..at + data.len()].copy_from_slice(data);
+        }
+        let home = |lblock: u64| v.inner.home_base.unwrap() + lblock;
+        let at_home = |lblock: u64| inode.map.lock()[&lblock].ssd_block().map(|b| b.0) == Some(home(lblock));
+        // Small writes first (buffered, merged to their homes), then large ones over them.
+        let mut random = 7u64;
+        let mut next = move |bound: usize| {
+            random ^= random << 13;
+            random ^= random >> 7;
+            random ^= random << 17;
+            random as usize % bound
+        };
+        for k in 0..600 {
+            write(&v, f, &mut expect, next(blocks) * block, &[(k % 250) as u8 + 1; 4096]);
+            if k % 100 == 99 {
+                v.migrate_all().unwrap();
+            }
+        }
+        v.migrate_all().unwrap();
+        let large = 256 * block;
+        for k in 0..8u8 {
+            let start = next(blocks - 256) * block;
+            let before = v.inner.stats.get(Counter::ssd_write_ios);
+            write(&v, f, &mut expect, start, &vec![0xA0 + k; large]);
+            let ios = v.inner.stats.get(Counter::ssd_write_ios) - before;
+            assert!(ios <= v.inner.runs_when_consecutive(256) as u64, "a 1 MiB write took {ios} IOs");
+            for _ in 0..20 {
+                write(&v, f, &mut expect, next(blocks) * block + next(4000), b"residue");
+            }
+            v.migrate_all().unwrap();
+        }
+        let mapped: Vec<u64> = inode.map.lock().keys().copied().collect();
+        assert!(mapped.len() > 600);
+        assert!(mapped.iter().all(|&lb| at_home(lb)), "a block left its home");
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+
+        // Block 5 is rewritten in place by a watched merge while a writer replaces it whole:
+        // the writer takes another block, the merge is dropped, the data is the writer's.
+        write(&v, f, &mut expect, 5 * block + 10, b"residue");
+        let merging = v.inner.start_watched_merge(vec![(Arc::clone(&inode), 5)]).unwrap();
+        v.inner.blocks.pin(home(5));
+        write(&v, f, &mut expect, 4 * block, &vec![0x55; 128 * block]);
+        v.inner.blocks.unpin([home(5)]);
+        assert!(!at_home(5) && at_home(4) && at_home(6));
+        assert_eq!(v.inner.finish_watched_merge(merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        assert_eq!(v.check(), []);
+        // Its home is free again: the next write of the block takes it back.
+        write(&v, f, &mut expect, 4 * block, &vec![0x66; 128 * block]);
+        assert!(at_home(5));
         assert_eq!(read_all(&v, f, expect.len()), expect);
         assert_eq!(v.check(), []);
     }

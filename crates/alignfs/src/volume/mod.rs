@@ -171,6 +171,9 @@ pub(crate) struct Inner {
     /// The profile's answers to the data path's questions.
     policy: Box<dyn Policy>,
     blocks: BlockRefs,
+    /// Under [`Policy::keeps_blocks_home`] (one SSD): the SSD block that logical block 0
+    /// of a file calls home, the first one not reserved. Block `n`'s home is this plus `n`.
+    home_base: Option<u64>,
     /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
     checksums: Option<BlockChecksums>,
     /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`).

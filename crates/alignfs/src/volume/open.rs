@@ -288,9 +288,12 @@ impl Volume {
         }
         let policy = spec.policy(&options);
         let clean = if policy.keeps_clean_pages() { CleanPages::new(options.clean_cache_bytes, geometry.block()) } else { None };
-        let blocks = BlockRefs::new(superblock.ssd_blocks(), &superblock.reserved_ssd_blocks());
+        let reserved = superblock.reserved_ssd_blocks();
+        let blocks = BlockRefs::new(superblock.ssd_blocks(), &reserved);
         claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
         let superblock_ssds = superblock.ssd_count as usize;
+        // With one SSD the reserved blocks are the first ones.
+        let home_base = (policy.keeps_blocks_home() && superblock_ssds == 1).then_some(reserved.len() as u64);
         let inner = Arc::new(Inner {
             superblock,
             geometry,
@@ -300,6 +303,7 @@ impl Volume {
             residue,
             policy,
             blocks,
+            home_base,
             checksums,
             clean,
             meta,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::block_store::{wait_all, InFlight};
+use super::block_store::{wait_all, InFlight, Placement};
 use super::{Inner, Volume};
 use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
@@ -268,50 +268,50 @@ impl Inner {
         // Where a write need only be durable after a sync, a block the file owns alone is
         // overwritten where it is: a crash may then leave any mix of its old and new bytes,
         // which that promise allows, and the map edit, its journal record and the flush are
-        // spared. Not a block a merge is still reading (pinned after it dropped the lock we
-        // hold).
-        let in_place = !self.durable_when_written();
-        let mut homes: Vec<Option<SsdBlock>> = plan
+        // spared. So is it where the profile keeps blocks at home (a block volume, which
+        // promises no more than a disk), flushed before the write returns. Not a block a
+        // merge is still reading (pinned after it dropped the lock we hold).
+        let in_place = !self.durable_when_written() || self.keeps_blocks_home();
+        let mut placements: Vec<(u64, Placement)> = plan
             .blocks
             .iter()
             .zip(entries)
             .filter(|(b, _)| b.needs_ssd_block())
-            .map(|(_, e)| match e {
-                Some(BlockEntry::Ssd { block, shared: false, .. }) if in_place && !self.blocks.is_pinned(block.0) => Some(*block),
-                _ => None,
+            .map(|(b, e)| {
+                let unpinned = e.as_ref().and_then(BlockEntry::ssd_block).is_none_or(|block| !self.blocks.is_pinned(block.0));
+                (b.lblock, self.placement(b.lblock, e.as_ref(), in_place && unpinned))
             })
             .collect();
         // Blocks that earlier merges moved elsewhere would cut the write into many small
         // IOs: then it takes a long run of new blocks instead, as out of place always does.
-        let placed: Vec<(SsdBlock, ())> = homes.iter().flatten().map(|&b| (b, ())).collect();
-        if placed.len() > 1 && self.runs(&placed).len() > self.runs_when_consecutive(placed.len()) {
-            homes.iter_mut().for_each(|home| *home = None);
+        // (Blocks kept at home are not moved by merges.)
+        let placed: Vec<(SsdBlock, ())> =
+            placements.iter().filter_map(|(_, p)| if let Placement::InPlace(b) = p { Some((*b, ())) } else { None }).collect();
+        if !self.keeps_blocks_home() && placed.len() > 1 && self.runs(&placed).len() > self.runs_when_consecutive(placed.len()) {
+            placements.iter_mut().for_each(|(_, p)| *p = Placement::New { home: None });
         }
         // New blocks spread over the SSDs by logical block.
-        let members: Vec<usize> = plan
-            .blocks
+        let members: Vec<usize> = placements
             .iter()
-            .filter(|b| b.needs_ssd_block())
-            .zip(&homes)
-            .filter(|(_, home)| home.is_none())
-            .map(|(b, _)| (b.lblock % self.ssd_count() as u64) as usize)
+            .filter(|(_, p)| matches!(p, Placement::New { .. }))
+            .map(|(lblock, _)| (lblock % self.ssd_count() as u64) as usize)
             .collect();
         let redeem =
             plan.blocks.iter().zip(entries).filter(|(b, e)| b.needs_ssd_block() && e.as_ref().is_some_and(BlockEntry::is_zeros)).count()
                 as u64;
-        let Some(new_blocks) = self.allocate_blocks(&members, redeem) else {
+        let placements: Vec<Placement> = placements.into_iter().map(|(_, p)| p).collect();
+        let Some(placed) = self.place(&placements, &members, redeem) else {
             self.release(&pages, &[]);
             return Err(Error::NoSpace);
         };
         let undo = |e: Error| {
-            self.release(&pages, &new_blocks);
+            self.release(&pages, &[]);
+            self.release_new(&placed);
             self.blocks.restore_promises(redeem);
             e
         };
-        let targets: Vec<SsdBlock> = {
-            let mut next_new = new_blocks.iter();
-            homes.iter().map(|home| home.unwrap_or_else(|| *next_new.next().expect("a new block for every homeless one"))).collect()
-        };
+        let targets: Vec<SsdBlock> = placed.iter().map(|t| t.block).collect();
+        let moved = placed.iter().filter(|t| t.new).count();
         let in_flight = self.submit_block_images(plan, entries, &targets, data).map_err(&undo)?;
         let (bound_pages, mut full) = self.store_plan_residue(plan, &pages, data);
         if !in_flight.is_empty() {
@@ -319,15 +319,15 @@ impl Inner {
             self.ssd_written();
             written.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
             self.buffers.give(written);
-            if new_blocks.is_empty() {
+            if moved == 0 && !self.durable_when_written() {
                 // Only overwrites in place: the file's next fsync flushes them.
                 inode.unflushed_overwrite.store(true, Ordering::SeqCst);
             } else {
                 // Data before metadata: the map edit must not outlive a power cut that the
-                // blocks it points at did not.
+                // blocks it points at did not (and a write durable on return is flushed).
                 self.flush_ssd().map_err(&undo)?;
             }
-            self.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - new_blocks.len()) as u64);
+            self.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - moved) as u64);
         }
         let mut next_block = targets.iter();
         let ops = plan
