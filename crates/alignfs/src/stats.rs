@@ -53,7 +53,7 @@ counters! {
     migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
     migrations_idle: "blocks merged while the volume was idle (scrap: stage 1, filled from the SSD; uhs: the NVM buffer drained)",
-    migrations_dropped: "merges dropped because a writer changed the block meanwhile (its new SSD block is freed unused)",
+    migrations_dropped: "merges dropped because a writer changed the block meanwhile (a new SSD block it took is freed unused)",
     namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
     checksum_errors: "SSD blocks read back with a checksum that does not match their record (nvstore)",
     pages_merged_by_reads: "fragment pages a read filled from their SSD block, so their sync reads nothing (nvstore: FP -> DP)",
