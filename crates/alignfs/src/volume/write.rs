@@ -285,9 +285,9 @@ impl Inner {
         // Blocks that earlier merges moved elsewhere would cut the write into many small
         // IOs: then it takes a long run of new blocks instead, as out of place always does.
         // (Blocks kept at home are not moved by merges.)
-        let placed: Vec<(SsdBlock, ())> =
+        let rewritten: Vec<(SsdBlock, ())> =
             placements.iter().filter_map(|(_, p)| if let Placement::InPlace(b) = p { Some((*b, ())) } else { None }).collect();
-        if !self.keeps_blocks_home() && placed.len() > 1 && self.runs(&placed).len() > self.runs_when_consecutive(placed.len()) {
+        if !self.keeps_blocks_home() && rewritten.len() > 1 && self.runs(&rewritten).len() > self.runs_when_consecutive(rewritten.len()) {
             placements.iter_mut().for_each(|(_, p)| *p = Placement::New { home: None });
         }
         // New blocks spread over the SSDs by logical block.
