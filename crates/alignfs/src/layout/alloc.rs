@@ -390,4 +390,23 @@ mod tests {
         b.free([69]);
         assert_eq!(b.allocate(1).unwrap(), vec![69]);
     }
+
+    /// Preferred units are taken where free; the rest (taken, out of range, or none
+    /// preferred) come from the usual next-fit, in order; a request larger than what is
+    /// free takes nothing.
+    #[test]
+    fn allocate_preferring_takes_free_preferred_units_and_falls_back() {
+        let a = BitmapAllocator::new(16, &[0]);
+        assert_eq!(a.allocate_preferring(&[Some(5), Some(6)], 0).unwrap(), vec![5, 6]);
+        let got = a.allocate_preferring(&[Some(5), Some(9), Some(99), None], 0).unwrap();
+        assert_eq!(got[1], 9);
+        assert!([got[0], got[2], got[3]].iter().all(|&u| u != 0 && u != 5 && u != 6 && u != 9 && u < 16));
+        assert_eq!(a.free_count(), 15 - 6);
+        assert!(a.allocate_preferring(&[None; 10], 0).is_none());
+        assert_eq!(a.free_count(), 9, "a refused request takes nothing");
+        assert!(a.promise(2));
+        assert!(a.allocate_preferring(&[Some(15); 8], 0).is_none(), "promised units are not free to take");
+        assert_eq!(a.allocate_preferring(&[Some(15)], 1).unwrap(), vec![15]);
+        assert_eq!(a.promised_count(), 1);
+    }
 }
