@@ -87,9 +87,9 @@ impl Inner {
     /// free; otherwise on `members`, one per new block, as [`Inner::allocate_blocks`]);
     /// `None`, and nothing taken, if the SSD is full.
     pub(super) fn place(&self, placements: &[Placement], members: &[usize], redeem: u64) -> Option<Vec<Target>> {
-        let homes: Vec<Option<u64>> =
-            placements.iter().filter_map(|p| if let Placement::New { home } = p { Some(*home) } else { None }).collect();
         let new_blocks = if self.keeps_blocks_home() {
+            let homes: Vec<Option<u64>> =
+                placements.iter().filter_map(|p| if let Placement::New { home } = p { Some(*home) } else { None }).collect();
             self.blocks.allocate_preferring(&homes, redeem)?.into_iter().map(SsdBlock).collect()
         } else {
             self.allocate_blocks(members, redeem)?

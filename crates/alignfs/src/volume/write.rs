@@ -278,8 +278,9 @@ impl Inner {
             .zip(entries)
             .filter(|(b, _)| b.needs_ssd_block())
             .map(|(b, e)| {
-                let unpinned = e.as_ref().and_then(BlockEntry::ssd_block).is_none_or(|block| !self.blocks.is_pinned(block.0));
-                (b.lblock, self.placement(b.lblock, e.as_ref(), in_place && unpinned))
+                let may_rewrite =
+                    in_place && e.as_ref().and_then(BlockEntry::ssd_block).is_none_or(|block| !self.blocks.is_pinned(block.0));
+                (b.lblock, self.placement(b.lblock, e.as_ref(), may_rewrite))
             })
             .collect();
         // Blocks that earlier merges moved elsewhere would cut the write into many small
