@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
 use super::fragments::FragmentLog;
@@ -178,7 +178,8 @@ impl KvMeta {
                 db: db_for_sync,
                 dir: dir.to_path_buf(),
                 ordered: AtomicU64::new(0),
-                synced: Mutex::new(0),
+                sync: Mutex::new(SyncState::default()),
+                sync_done: Condvar::new(),
                 failed: AtomicBool::new(false),
                 recorder: syncs.map(|log| RecordedDir::new(dir, log)),
             }),
@@ -479,12 +480,22 @@ pub(crate) struct KvGroupSync {
     dir: PathBuf,
     /// Batches appended to the journal.
     ordered: AtomicU64,
-    /// Batches known durable; held while a sync runs, so later callers wait for it and
-    /// then find themselves covered, or run the next one.
-    synced: Mutex<u64>,
+    /// Who runs the sync and how far the journal is durable. Never held through a sync:
+    /// a commit that the running sync already covers must not wait behind the next one.
+    sync: Mutex<SyncState>,
+    /// Wakes the commits waiting for a running sync when it ends.
+    sync_done: Condvar,
     /// A sync failed: memory and the journal are ahead of the disk.
     failed: AtomicBool,
     recorder: Option<RecordedDir>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Batches known durable.
+    durable: u64,
+    /// A commit is running a sync now.
+    running: bool,
 }
 
 impl KvGroupSync {
@@ -500,10 +511,24 @@ impl GroupSync for KvGroupSync {
     }
 
     fn sync_through(&self, ticket: u64, commits_waiting: &dyn Fn() -> bool) -> Result<bool> {
-        let mut synced = self.synced.lock();
-        if *synced >= ticket {
-            return Ok(false);
+        let mut state = self.sync.lock();
+        loop {
+            if state.durable >= ticket {
+                return Ok(false);
+            }
+            if self.failed.load(Ordering::SeqCst) {
+                return Err(Error::io(
+                    format!("KV store {}: sync the journal", self.dir.display()),
+                    std::io::Error::other("an earlier sync failed; reopen the volume"),
+                ));
+            }
+            if !state.running {
+                break;
+            }
+            self.sync_done.wait(&mut state);
         }
+        state.running = true;
+        drop(state);
         // Let a commit being ordered now in, for a while: the journal's writer lock is
         // held through the sync, so anything appended after it starts waits a whole sync.
         let deadline = std::time::Instant::now() + std::time::Duration::from_micros(200);
@@ -511,13 +536,19 @@ impl GroupSync for KvGroupSync {
             std::thread::yield_now();
         }
         let target = self.ordered.load(Ordering::SeqCst);
-        if let Err(e) = self.db.persist(PersistMode::SyncData) {
-            self.failed.store(true, Ordering::SeqCst);
-            return Err(kv_error(&self.dir, "sync the journal", e));
+        let synced = match self.db.persist(PersistMode::SyncData) {
+            Ok(()) => self.synced_dir(),
+            Err(e) => Err(kv_error(&self.dir, "sync the journal", e)),
+        };
+        let mut state = self.sync.lock();
+        state.running = false;
+        match synced {
+            Ok(()) => state.durable = target,
+            Err(_) => self.failed.store(true, Ordering::SeqCst),
         }
-        self.synced_dir()?;
-        *synced = target;
-        Ok(true)
+        drop(state);
+        self.sync_done.notify_all();
+        synced.map(|()| true)
     }
 }
 
@@ -831,6 +862,39 @@ mod tests {
         drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap());
         assert!(matches!(KvMeta::open(dir.path(), [2; 16], None), Err(Error::VolumeMismatch { .. })));
         assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap(), None), Err(Error::AlreadyFormatted { .. })));
+    }
+
+    /// Writers that share syncs: each returns only once a sync that started after its
+    /// batch was ordered has ended, and while one writer syncs the others queue up for the
+    /// next sync instead of each running their own.
+    #[test]
+    fn a_group_sync_returns_only_once_the_batch_is_durable_and_is_shared() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+        let group = Arc::clone(&store.group);
+        let (writers, batches) = (8, 100);
+        let syncs: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..writers)
+                .map(|_| {
+                    let group = &group;
+                    scope.spawn(move || {
+                        let mut ran = 0;
+                        for _ in 0..batches {
+                            let ticket = group.ordered.fetch_add(1, Ordering::SeqCst) + 1;
+                            ran += usize::from(group.sync_through(ticket, &|| false).unwrap());
+                            assert!(group.sync.lock().durable >= ticket, "returned before batch {ticket} was durable");
+                        }
+                        ran
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        let state = group.sync.lock();
+        assert_eq!(state.durable, (writers * batches) as u64);
+        assert!(!state.running);
+        assert!(syncs < writers * batches, "{syncs} syncs for {} batches: none was shared", writers * batches);
     }
 
     /// Records that do not check out make `load` fail with an error naming the record.
