@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode};
 use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
@@ -159,7 +159,14 @@ impl KvMeta {
     fn open_dir(dir: &Path, syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
-        let fragments = keyspace("fragments")?;
+        // Fragment values live in blob files, so compaction moves only their keys: a
+        // fragment is put once and deleted when its block is synced, and its bytes are
+        // written once to the journal and once at flush instead of again at every level.
+        let fragments = db
+            .keyspace("fragments", || {
+                KeyspaceCreateOptions::default().with_kv_separation(Some(KvSeparationOptions::default().compression(CompressionType::None)))
+            })
+            .map_err(|e| kv_error(dir, "open a keyspace", e))?;
         let db_for_sync = db.clone();
         Ok(KvMeta {
             dir: dir.to_path_buf(),
@@ -862,6 +869,50 @@ mod tests {
         drop(KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap());
         assert!(matches!(KvMeta::open(dir.path(), [2; 16], None), Err(Error::VolumeMismatch { .. })));
         assert!(matches!(KvMeta::create(dir.path(), [2; 16], &meta.get(Ino::ROOT).unwrap(), None), Err(Error::AlreadyFormatted { .. })));
+    }
+
+    /// Fragment values above the separation threshold go to blob files at a flush; they
+    /// read back whole after it and after a reopen, and a deleted one stays deleted.
+    #[test]
+    fn fragments_flushed_to_blob_files_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+        let attr = new_attr(&meta, &mut StdRng::seed_from_u64(3), FileKind::File);
+        let ino = attr.ino;
+        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let log = store.fragment_log();
+        let bytes = |lblock: u64| -> Vec<u8> { (0..2048u32).map(|i| (i as u64 * 31 + lblock) as u8).collect() };
+        let fast = |unit: u64| Some(BlockEntry::Fast { pages: vec![(0, PageNo(unit))] });
+        for lblock in 0..4u64 {
+            log.register(PageNo(lblock), BlockKey { object: ino, lblock }, None);
+            log.put(PageNo(lblock), 1024, &bytes(lblock));
+            commit(&mut store, &meta, &[DataOp::Map { ino, lblock, entry: fast(lblock) }.into()]);
+        }
+        store.fragments.rotate_memtable_and_wait().unwrap();
+        commit(&mut store, &meta, &[DataOp::Map { ino, lblock: 3, entry: None }.into()]);
+        drop((store, log));
+
+        let mut store = KvMeta::open(dir.path(), [1; 16], None).unwrap();
+        let loaded = store.load(4096).unwrap();
+        let images: Vec<(u64, Vec<u8>)> = loaded
+            .fragment_blocks
+            .iter()
+            .map(|b| {
+                let mut image = vec![0u8; 4096];
+                b.fragments.iter().for_each(|(_, f)| f.lay_over(&mut image));
+                (b.key.lblock, image)
+            })
+            .collect();
+        let expected: Vec<(u64, Vec<u8>)> = (0..3)
+            .map(|lblock| {
+                let mut image = vec![0u8; 4096];
+                image[1024..3072].copy_from_slice(&bytes(lblock));
+                (lblock, image)
+            })
+            .collect();
+        assert_eq!(images, expected);
+        assert!(loaded.stray_fragments.is_empty());
     }
 
     /// Writers that share syncs: each returns only once a sync that started after its
