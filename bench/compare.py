@@ -119,8 +119,8 @@ HEADLINES = [
     ("orch", "files", "4KiB±10%, fsync each", "ext4", 3.91, "docs/BENCHMARKS.md, bench/run.py"),
     ("scrap", "memlimit", "64KiB±10% partial, no cap, no fsync", "ext4", 3.64, "docs/SCRAP.md, bench/scrap.py: 4 GiB file"),
     ("uhs", "block", "4k randwrite, flush each, 1 job, qd8", BEST_PEER, 4.16, "docs/UHS.md, bench/uhs.py"),
-    ("nvstore", "objects", "append2k, 8 writers", "bluestore", 2.16, "docs/NVSTORE.md, bench/nvstore.py"),
-    ("nvstore", "objects", "append2k, 1 writer", "bluestore", 4.18, "docs/NVSTORE.md, bench/nvstore.py"),
+    ("nvstore", "objects", "append2k, 8 writers", "bluestore", 2.96, "docs/NVSTORE.md, bench/nvstore.py"),
+    ("nvstore", "objects", "append2k, 1 writer", "bluestore", 4.32, "docs/NVSTORE.md, bench/nvstore.py"),
     ("byte", "device", "create/mkdir/unlink/rmdir, durable", "ext4", 388.5, "docs/BYTE.md, bench/byte.py: host-to-device bytes"),
     ("byte", "device", "varmail", "ext4", 3.69, "docs/BYTE.md, bench/byte.py: host-to-device bytes"),
 ]
