@@ -915,6 +915,57 @@ mod tests {
         assert!(loaded.stray_fragments.is_empty());
     }
 
+    /// A crash during a journal sync may keep some sectors of the last batch and not
+    /// others. That batch was never acknowledged, so the store opens without it; a damaged
+    /// batch with another after it is an error.
+    #[test]
+    fn a_torn_last_batch_is_dropped_and_a_damaged_earlier_one_is_refused() {
+        /// A store whose root holds `names`, one commit each, with the bytes of `damaged`
+        /// zeroed where its name record lies in the journal.
+        fn store_with(names: &[&[u8]], damaged: &[u8]) -> tempfile::TempDir {
+            let dir = tempfile::tempdir().unwrap();
+            let meta = MetaState::fresh(0, 0, 5);
+            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+            let mut rng = StdRng::seed_from_u64(4);
+            for name in names {
+                let attr = new_attr(&meta, &mut rng, FileKind::File);
+                commit(
+                    &mut store,
+                    &meta,
+                    &[NamespaceOp::Create { parent: Ino::ROOT, name: name.to_vec(), attr, target: Vec::new() }.into()],
+                );
+                store.group.sync_through(store.group.ordered(), &|| false).unwrap();
+            }
+            drop(store);
+            let journal = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
+                .find(|p| std::fs::read(p).unwrap().windows(damaged.len()).any(|w| w == damaged))
+                .expect("the name is in a journal");
+            let mut bytes = std::fs::read(&journal).unwrap();
+            let at = bytes.windows(damaged.len()).position(|w| w == damaged).unwrap();
+            bytes[at..at + damaged.len()].fill(0);
+            std::fs::write(&journal, bytes).unwrap();
+            dir
+        }
+        let names = |dir: &Path| -> Vec<Vec<u8>> {
+            let mut store = KvMeta::open(dir, [1; 16], None).unwrap();
+            let loaded = store.load(4096).unwrap();
+            let root = loaded.state.get(Ino::ROOT).unwrap();
+            let names = root.data.lock().entries.keys().cloned().collect();
+            names
+        };
+
+        let torn = store_with(&[b"kept", b"torn-at-the-tail"], b"torn-at-the-tail");
+        assert_eq!(names(torn.path()), [b"kept".to_vec()]);
+        assert_eq!(names(torn.path()), [b"kept".to_vec()], "and again after the tail was cut");
+
+        let damaged = store_with(&[b"damaged-first", b"then-another"], b"damaged-first");
+        let opened = KvMeta::open(damaged.path(), [1; 16], None).and_then(|mut s| s.load(4096).map(drop));
+        assert!(opened.is_err(), "a damaged batch in the middle of the journal must not be skipped");
+    }
+
     /// Writers that share syncs: each returns only once a sync that started after its
     /// batch was ordered has ended, and while one writer syncs the others queue up for the
     /// next sync instead of each running their own.

@@ -125,6 +125,18 @@ impl Iterator for JournalBatchReader {
                     self.checksum_builder = xxhash_rust::xxh3::Xxh3::new();
 
                     if got_checksum != expected_checksum {
+                        // alignfs: a batch that fails its checksum with nothing
+                        // decodable after it is the journal's torn tail: a crash during
+                        // its sync kept some of its sectors and not others (zeros where
+                        // the rest were). Its sync never returned, so it was never
+                        // acknowledged: drop it, as a batch missing its end marker is
+                        // dropped. An entry after it means the journal is damaged.
+                        if self.reader.next().is_none() {
+                            log::debug!("Invalid batch: checksum check failed on the journal's last batch; torn by a crash, discarding");
+                            self.is_in_batch = false;
+                            fail_iter!(self.truncate_to(self.last_valid_pos));
+                            return None;
+                        }
                         log::error!("Invalid batch: checksum check failed, expected: {expected_checksum}, got: {got_checksum}");
                         return Some(Err(JournalRecovery(JournalRecoveryError::ChecksumMismatch)));
                     }
