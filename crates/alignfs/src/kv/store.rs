@@ -890,6 +890,13 @@ mod tests {
             commit(&mut store, &meta, &[DataOp::Map { ino, lblock, entry: fast(lblock) }.into()]);
         }
         store.fragments.rotate_memtable_and_wait().unwrap();
+        let blob_bytes: u64 = std::fs::read_dir(dir.path().join("keyspaces"))
+            .unwrap()
+            .filter_map(|keyspace| std::fs::read_dir(keyspace.unwrap().path().join("blobs")).ok())
+            .flatten()
+            .map(|blob| blob.unwrap().metadata().unwrap().len())
+            .sum();
+        assert!(blob_bytes >= 4 * 2048, "the flush put the fragments' bytes in blob files ({blob_bytes} bytes there)");
         commit(&mut store, &meta, &[DataOp::Map { ino, lblock: 3, entry: None }.into()]);
         drop((store, log));
 
