@@ -690,6 +690,22 @@ mod tests {
         stats
     }
 
+    /// A new store holding the root alone, in a directory of its own (dropped after it).
+    fn new_store() -> (tempfile::TempDir, MetaState, KvMeta) {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaState::fresh(0, 0, 5);
+        let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+        (dir, meta, store)
+    }
+
+    /// Commit the creation of a file `name` in the root; returns its number.
+    fn create_file(store: &mut KvMeta, meta: &MetaState, rng: &mut StdRng, name: &[u8]) -> Ino {
+        let attr = new_attr(meta, rng, FileKind::File);
+        let ino = attr.ino;
+        commit(store, meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: name.to_vec(), attr, target: Vec::new() }.into()]);
+        ino
+    }
+
     /// What the records must keep of an inode: all but the times data ops change.
     fn durable_view(meta: &MetaState) -> Vec<String> {
         meta.snapshot()
@@ -846,13 +862,9 @@ mod tests {
 
     #[test]
     fn a_write_within_the_size_touches_no_onode() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+        let (_dir, meta, mut store) = new_store();
         let mut rng = StdRng::seed_from_u64(1);
-        let attr = new_attr(&meta, &mut rng, FileKind::File);
-        let ino = attr.ino;
-        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let ino = create_file(&mut store, &meta, &mut rng, b"obj");
         let map = |lblock: u64| Op::from(DataOp::Map { ino, lblock, entry: Some(BlockEntry::whole(SsdBlock(lblock + 10))) });
         commit(&mut store, &meta, &[map(0), DataOp::Extend { ino, size: 8192, mtime: 6 }.into()]);
         let traffic = commit(&mut store, &meta, &[map(1), DataOp::Extend { ino, size: 8000, mtime: 7 }.into()]);
@@ -875,12 +887,8 @@ mod tests {
     /// read back whole after it and after a reopen, and a deleted one stays deleted.
     #[test]
     fn fragments_flushed_to_blob_files_read_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
-        let attr = new_attr(&meta, &mut StdRng::seed_from_u64(3), FileKind::File);
-        let ino = attr.ino;
-        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let (dir, meta, mut store) = new_store();
+        let ino = create_file(&mut store, &meta, &mut StdRng::seed_from_u64(3), b"obj");
         let log = store.fragment_log();
         let bytes = |lblock: u64| -> Vec<u8> { (0..2048u32).map(|i| (i as u64 * 31 + lblock) as u8).collect() };
         let fast = |unit: u64| Some(BlockEntry::Fast { pages: vec![(0, PageNo(unit))] });
@@ -930,28 +938,23 @@ mod tests {
         /// A store whose root holds `names`, one commit each, with the bytes of `damaged`
         /// zeroed where its name record lies in the journal.
         fn store_with(names: &[&[u8]], damaged: &[u8]) -> tempfile::TempDir {
-            let dir = tempfile::tempdir().unwrap();
-            let meta = MetaState::fresh(0, 0, 5);
-            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+            let (dir, meta, mut store) = new_store();
             let mut rng = StdRng::seed_from_u64(4);
             for name in names {
-                let attr = new_attr(&meta, &mut rng, FileKind::File);
-                commit(
-                    &mut store,
-                    &meta,
-                    &[NamespaceOp::Create { parent: Ino::ROOT, name: name.to_vec(), attr, target: Vec::new() }.into()],
-                );
+                create_file(&mut store, &meta, &mut rng, name);
                 store.group.sync_through(store.group.ordered(), &|| false).unwrap();
             }
             drop(store);
-            let journal = std::fs::read_dir(dir.path())
+            let (journal, mut bytes, at) = std::fs::read_dir(dir.path())
                 .unwrap()
                 .map(|e| e.unwrap().path())
                 .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
-                .find(|p| std::fs::read(p).unwrap().windows(damaged.len()).any(|w| w == damaged))
+                .find_map(|p| {
+                    let bytes = std::fs::read(&p).unwrap();
+                    let at = bytes.windows(damaged.len()).position(|w| w == damaged)?;
+                    Some((p, bytes, at))
+                })
                 .expect("the name is in a journal");
-            let mut bytes = std::fs::read(&journal).unwrap();
-            let at = bytes.windows(damaged.len()).position(|w| w == damaged).unwrap();
             bytes[at..at + damaged.len()].fill(0);
             std::fs::write(&journal, bytes).unwrap();
             dir
@@ -978,9 +981,7 @@ mod tests {
     /// next sync instead of each running their own.
     #[test]
     fn a_group_sync_returns_only_once_the_batch_is_durable_and_is_shared() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaState::fresh(0, 0, 5);
-        let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+        let (_dir, _meta, store) = new_store();
         let group = Arc::clone(&store.group);
         let (writers, batches) = (8, 100);
         let syncs: usize = std::thread::scope(|scope| {
@@ -1017,9 +1018,7 @@ mod tests {
             ("onodes", |s| s.onodes.insert(object_prefix(Ino::ROOT).to_vec(), vec![1u8; 3]).unwrap()),
         ];
         for (keyspace, damage) in cases {
-            let dir = tempfile::tempdir().unwrap();
-            let meta = MetaState::fresh(0, 0, 5);
-            let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
+            let (_dir, _meta, mut store) = new_store();
             damage(&store);
             match store.load(4096) {
                 Err(Error::Corrupt { problem, .. }) => assert!(problem.starts_with(keyspace), "{keyspace}: {problem}"),
@@ -1034,12 +1033,8 @@ mod tests {
     /// no commit mapped leaves nothing behind.
     #[test]
     fn fragments_come_back_in_order_and_strays_are_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let meta = MetaState::fresh(0, 0, 5);
-        let mut store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
-        let attr = new_attr(&meta, &mut StdRng::seed_from_u64(2), FileKind::File);
-        let ino = attr.ino;
-        commit(&mut store, &meta, &[NamespaceOp::Create { parent: Ino::ROOT, name: b"obj".to_vec(), attr, target: Vec::new() }.into()]);
+        let (dir, meta, mut store) = new_store();
+        let ino = create_file(&mut store, &meta, &mut StdRng::seed_from_u64(2), b"obj");
         let log = store.fragment_log();
         let (first, stray) = (BlockKey { object: ino, lblock: 0 }, BlockKey { object: ino, lblock: 1 });
         log.register(PageNo(0), first, None);
