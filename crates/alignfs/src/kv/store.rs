@@ -692,7 +692,12 @@ mod tests {
 
     /// A new store holding the root alone, in a directory of its own (dropped after it).
     fn new_store() -> (tempfile::TempDir, MetaState, KvMeta) {
-        let dir = tempfile::tempdir().unwrap();
+        new_store_in(&std::env::temp_dir())
+    }
+
+    /// [`new_store`] in a directory under `parent`.
+    fn new_store_in(parent: &Path) -> (tempfile::TempDir, MetaState, KvMeta) {
+        let dir = tempfile::tempdir_in(parent).unwrap();
         let meta = MetaState::fresh(0, 0, 5);
         let store = KvMeta::create(dir.path(), [1; 16], &meta.get(Ino::ROOT).unwrap(), None).unwrap();
         (dir, meta, store)
@@ -930,22 +935,33 @@ mod tests {
         assert!(loaded.stray_fragments.is_empty());
     }
 
-    /// A crash during a journal sync may keep some sectors of the last batch and not
-    /// others. That batch was never acknowledged, so the store opens without it; a damaged
-    /// batch with another after it is an error.
+    /// A crash may keep any of the journal's sectors written since its last completed
+    /// sync: part of the last batch, or part of an earlier batch and a later one whole.
+    /// None of those batches was acknowledged, so the store opens without them. A batch
+    /// that a completed sync had made durable and that no longer reads back, whether its
+    /// checksum fails or it no longer decodes, makes opening fail: it is damage, and
+    /// opening past it would drop acknowledged commits.
     #[test]
-    fn a_torn_last_batch_is_dropped_and_a_damaged_earlier_one_is_refused() {
-        /// A store whose root holds `names`, one commit each, with the bytes of `damaged`
-        /// zeroed where its name record lies in the journal.
-        fn store_with(names: &[&[u8]], damaged: &[u8]) -> tempfile::TempDir {
+    fn batches_a_crash_tore_are_dropped_and_damaged_durable_ones_are_refused() {
+        /// The store's directory as a crash leaves it: the root holds `names`, one commit
+        /// each, the store syncing after those marked; the journal holds every commit
+        /// (written, not all synced); then `damaged`'s bytes in the journal, and `ahead`
+        /// bytes before them, are zeroed, as sectors a crash did not keep.
+        fn crashed(names: &[(&[u8], bool)], damaged: &[u8], ahead: usize) -> tempfile::TempDir {
             let (dir, meta, mut store) = new_store();
             let mut rng = StdRng::seed_from_u64(4);
-            for name in names {
+            for &(name, sync) in names {
                 create_file(&mut store, &meta, &mut rng, name);
-                store.group.sync_through(store.group.ordered(), &|| false).unwrap();
+                if sync {
+                    store.group.sync_through(store.group.ordered(), &|| false).unwrap();
+                }
             }
+            store.db.persist(PersistMode::Buffer).unwrap();
+            let image = crate::device::power_loss::DirSnapshot::take(dir.path()).unwrap();
             drop(store);
-            let (journal, mut bytes, at) = std::fs::read_dir(dir.path())
+            let crashed = tempfile::tempdir().unwrap();
+            image.restore(crashed.path()).unwrap();
+            let (journal, mut bytes, at) = std::fs::read_dir(crashed.path())
                 .unwrap()
                 .map(|e| e.unwrap().path())
                 .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
@@ -955,25 +971,99 @@ mod tests {
                     Some((p, bytes, at))
                 })
                 .expect("the name is in a journal");
-            bytes[at..at + damaged.len()].fill(0);
+            bytes[at - ahead..at + damaged.len()].fill(0);
             std::fs::write(&journal, bytes).unwrap();
-            dir
+            crashed
         }
-        let names = |dir: &Path| -> Vec<Vec<u8>> {
-            let mut store = KvMeta::open(dir, [1; 16], None).unwrap();
-            let loaded = store.load(4096).unwrap();
+        let names = |dir: &Path| -> Result<Vec<Vec<u8>>> {
+            let mut store = KvMeta::open(dir, [1; 16], None)?;
+            let loaded = store.load(4096)?;
             let root = loaded.state.get(Ino::ROOT).unwrap();
             let names = root.data.lock().entries.keys().cloned().collect();
-            names
+            Ok(names)
         };
+        let kept = || vec![b"kept".to_vec()];
 
-        let torn = store_with(&[b"kept", b"torn-at-the-tail"], b"torn-at-the-tail");
-        assert_eq!(names(torn.path()), [b"kept".to_vec()]);
-        assert_eq!(names(torn.path()), [b"kept".to_vec()], "and again after the tail was cut");
+        let torn = crashed(&[(b"kept", true), (b"torn-at-the-tail", false)], b"torn-at-the-tail", 0);
+        assert_eq!(names(torn.path()).unwrap(), kept());
+        assert_eq!(names(torn.path()).unwrap(), kept(), "and again after the tail was cut");
 
-        let damaged = store_with(&[b"damaged-first", b"then-another"], b"damaged-first");
-        let opened = KvMeta::open(damaged.path(), [1; 16], None).and_then(|mut s| s.load(4096).map(drop));
-        assert!(opened.is_err(), "a damaged batch in the middle of the journal must not be skipped");
+        let holed = crashed(&[(b"kept", true), (b"holed", false), (b"whole-after-it", false)], b"holed", 0);
+        assert_eq!(names(holed.path()).unwrap(), kept(), "the batch after the hole was never synced either");
+
+        for ahead in [0, 24] {
+            let damaged = crashed(&[(b"damaged-first", true), (b"then-another", true)], b"damaged-first", ahead);
+            assert!(names(damaged.path()).is_err(), "a synced batch damaged ({ahead} bytes ahead of its name) was skipped");
+        }
+    }
+
+    /// A power loss keeps any subset of the journal's sectors written after its last
+    /// completed sync, each whole or not at all. Whatever it kept, the store opens with
+    /// every commit that sync covered, and with no commit whose predecessor it lacks.
+    #[test]
+    fn a_store_opens_with_its_synced_commits_whatever_sectors_a_crash_kept() {
+        const SECTOR: usize = 512;
+        let journal_of = |dir: &Path| -> PathBuf {
+            let mut journals: Vec<_> =
+                std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "jnl")).collect();
+            assert_eq!(journals.len(), 1, "one journal");
+            journals.pop().unwrap()
+        };
+        // The journal's first MiB, which holds all this test writes to it (zeros follow).
+        let head = |path: &Path| -> Vec<u8> {
+            let mut head = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::open(path).unwrap(), 1 << 20), &mut head).unwrap();
+            head
+        };
+        let written = |bytes: &[u8]| bytes.iter().rposition(|&b| b != 0).map_or(0, |last| last + 1);
+        // On tmpfs: the test is of what recovery makes of the bytes, and a sync there
+        // costs nothing.
+        let shm = Path::new("/dev/shm");
+        for seed in 0..100u64 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let (dir, meta, mut store) = new_store_in(shm);
+            let names: Vec<Vec<u8>> = (0..rng.random_range(2..12)).map(|i| format!("file-{i:02}-{seed}").into_bytes()).collect();
+            // The store's creation is synced.
+            let (mut synced, mut durable_end) = (0, written(&head(&journal_of(dir.path()))));
+            for (i, name) in names.iter().enumerate() {
+                // Records from a few bytes to most of a page: a lost sector can then fall
+                // inside one batch's record and leave the batch after it whole.
+                let attr = Attr { size: 0, ..new_attr(&meta, &mut rng, FileKind::Symlink) };
+                let target: Vec<u8> = (0..rng.random_range(1..4000)).map(|_| rng.random_range(b'a'..=b'z')).collect();
+                let create = NamespaceOp::Create { parent: Ino::ROOT, name: name.clone(), attr, target };
+                commit(&mut store, &meta, &[create.into()]);
+                if rng.random_bool(0.3) {
+                    store.group.sync_through(store.group.ordered(), &|| false).unwrap();
+                    synced = i + 1;
+                    durable_end = written(&head(&journal_of(dir.path())));
+                }
+            }
+            store.db.persist(PersistMode::Buffer).unwrap();
+            let image = crate::device::power_loss::DirSnapshot::take(dir.path()).unwrap();
+            drop(store);
+            let crashed = tempfile::tempdir_in(shm).unwrap();
+            image.restore(crashed.path()).unwrap();
+            let journal = journal_of(crashed.path());
+            let mut bytes = head(&journal);
+            let end = written(&bytes);
+            let mut sector = durable_end / SECTOR * SECTOR;
+            while sector < end {
+                if rng.random_bool(0.5) {
+                    let from = sector.max(durable_end);
+                    let to = (sector + SECTOR).min(bytes.len());
+                    bytes[from..to].fill(0);
+                }
+                sector += SECTOR;
+            }
+            std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&journal).unwrap(), &bytes, 0).unwrap();
+
+            let mut store = KvMeta::open(crashed.path(), [1; 16], None).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let loaded = store.load(4096).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            let root = loaded.state.get(Ino::ROOT).unwrap();
+            let found: Vec<Vec<u8>> = root.data.lock().entries.keys().cloned().collect();
+            assert!(found.len() >= synced, "seed {seed}: {} of {synced} synced commits", found.len());
+            assert_eq!(found, names[..found.len()], "seed {seed}: the commits kept are not a prefix");
+        }
     }
 
     /// Writers that share syncs: each returns only once a sync that started after its

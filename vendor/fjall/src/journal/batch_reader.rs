@@ -61,6 +61,23 @@ impl JournalBatchReader {
         Ok(())
     }
 
+    /// alignfs: the batch that started at `last_valid_pos` is broken (`reason`). If a
+    /// completed sync's marker lies after its start, a sync had made it durable and the
+    /// journal is damaged: an error. Otherwise it, and all after it, was written after the
+    /// last completed sync and never acknowledged (a crash tore it): dropped, as upstream
+    /// drops a batch missing its end marker. Upstream errors for some broken batches and
+    /// drops others, whatever follows them.
+    fn broken_batch(&mut self, reason: JournalRecoveryError) -> Option<crate::Result<Batch>> {
+        if fail_iter!(self.reader.synced_after(self.last_valid_pos)) {
+            log::error!("Invalid batch ({reason:?}) before a completed sync: the journal is damaged");
+            return Some(Err(crate::Error::JournalRecovery(reason)));
+        }
+        log::debug!("Invalid batch ({reason:?}) after the last completed sync, torn by a crash: discarding it and the rest of the journal");
+        self.is_in_batch = false;
+        fail_iter!(self.truncate_to(self.last_valid_pos));
+        None
+    }
+
     fn on_close(&self) -> crate::Result<()> {
         if self.is_in_batch {
             log::debug!("Invalid batch: missing terminator, but last batch, so probably incomplete, discarding to keep atomicity");
@@ -78,8 +95,6 @@ impl Iterator for JournalBatchReader {
 
     #[expect(clippy::too_many_lines)]
     fn next(&mut self) -> Option<Self::Item> {
-        use crate::Error::JournalRecovery;
-
         loop {
             let Some(item) = self.reader.next() else {
                 fail_iter!(self.on_close());
@@ -93,11 +108,7 @@ impl Iterator for JournalBatchReader {
                 Entry::Start { item_count, seqno } => {
                     if self.is_in_batch {
                         log::debug!("Invalid batch: found batch start inside batch");
-
-                        // Discard batch
-                        fail_iter!(self.truncate_to(self.last_valid_pos));
-
-                        return None;
+                        return self.broken_batch(JournalRecoveryError::InsufficientLength);
                     }
 
                     self.is_in_batch = true;
@@ -106,39 +117,23 @@ impl Iterator for JournalBatchReader {
                 }
                 Entry::End(expected_checksum) => {
                     if self.batch_counter > 0 {
-                        log::error!("Invalid batch: insufficient length");
-                        return Some(Err(JournalRecovery(
-                            JournalRecoveryError::InsufficientLength,
-                        )));
+                        log::debug!("Invalid batch: insufficient length");
+                        return self.broken_batch(JournalRecoveryError::InsufficientLength);
                     }
 
                     if !self.is_in_batch {
-                        log::error!("Invalid batch: found end marker without start marker");
-
-                        // Discard batch
-                        fail_iter!(self.truncate_to(self.last_valid_pos));
-
-                        return None;
+                        log::debug!("Invalid batch: found end marker without start marker");
+                        return self.broken_batch(JournalRecoveryError::TooManyItems);
                     }
 
                     let got_checksum = self.checksum_builder.finish();
                     self.checksum_builder = xxhash_rust::xxh3::Xxh3::new();
 
                     if got_checksum != expected_checksum {
-                        // alignfs: a batch that fails its checksum with nothing
-                        // decodable after it is the journal's torn tail: a crash during
-                        // its sync kept some of its sectors and not others (zeros where
-                        // the rest were). Its sync never returned, so it was never
-                        // acknowledged: drop it, as a batch missing its end marker is
-                        // dropped. An entry after it means the journal is damaged.
-                        if self.reader.next().is_none() {
-                            log::debug!("Invalid batch: checksum check failed on the journal's last batch; torn by a crash, discarding");
-                            self.is_in_batch = false;
-                            fail_iter!(self.truncate_to(self.last_valid_pos));
-                            return None;
-                        }
-                        log::error!("Invalid batch: checksum check failed, expected: {expected_checksum}, got: {got_checksum}");
-                        return Some(Err(JournalRecovery(JournalRecoveryError::ChecksumMismatch)));
+                        // alignfs: a crash during a sync may keep some of a batch's
+                        // sectors and not others, and a later batch whole.
+                        log::debug!("Invalid batch: checksum check failed, expected: {expected_checksum}, got: {got_checksum}");
+                        return self.broken_batch(JournalRecoveryError::ChecksumMismatch);
                     }
 
                     // Reset all variables
@@ -175,17 +170,13 @@ impl Iterator for JournalBatchReader {
                     self.checksum_builder.update(&bytes);
 
                     if !self.is_in_batch {
-                        log::debug!("Invalid batch: found end marker without start marker");
-
-                        // Discard batch
-                        fail_iter!(self.truncate_to(self.last_valid_pos));
-
-                        return None;
+                        log::debug!("Invalid batch: found item without start marker");
+                        return self.broken_batch(JournalRecoveryError::TooManyItems);
                     }
 
                     if self.batch_counter == 0 {
-                        log::error!("Invalid batch: Expected end marker (too many items in batch)");
-                        return Some(Err(JournalRecovery(JournalRecoveryError::TooManyItems)));
+                        log::debug!("Invalid batch: Expected end marker (too many items in batch)");
+                        return self.broken_batch(JournalRecoveryError::TooManyItems);
                     }
 
                     self.batch_counter -= 1;
@@ -206,21 +197,25 @@ impl Iterator for JournalBatchReader {
 
                     if !self.is_in_batch {
                         log::debug!("Invalid batch: found clear marker without start marker");
-
-                        // Discard batch
-                        fail_iter!(self.truncate_to(self.last_valid_pos));
-
-                        return None;
+                        return self.broken_batch(JournalRecoveryError::TooManyItems);
                     }
 
                     if self.batch_counter == 0 {
-                        log::error!("Invalid batch: Expected end marker (too many items in batch)");
-                        return Some(Err(JournalRecovery(JournalRecoveryError::TooManyItems)));
+                        log::debug!("Invalid batch: Expected end marker (too many items in batch)");
+                        return self.broken_batch(JournalRecoveryError::TooManyItems);
                     }
 
                     self.batch_counter -= 1;
 
                     self.cleared_keyspaces.push(keyspace_id);
+                }
+                // alignfs: written between batches only.
+                Entry::Synced { .. } => {
+                    if self.is_in_batch {
+                        log::debug!("Invalid batch: found a sync marker inside a batch");
+                        return self.broken_batch(JournalRecoveryError::InsufficientLength);
+                    }
+                    self.last_valid_pos = journal_file_pos;
                 }
             }
         }

@@ -36,6 +36,12 @@ pub enum Entry {
     Clear {
         keyspace_id: InternalKeyspaceId,
     },
+    /// alignfs: written after each completed sync, at `offset`, its own position in the
+    /// journal: everything before it was durable. Recovery tells a batch a crash tore
+    /// (none after it) from a damaged one (one after it) by this marker.
+    Synced {
+        offset: u64,
+    },
 }
 
 pub fn serialize_marker_item<W: Write>(
@@ -89,19 +95,21 @@ pub enum Tag {
     Item = 2,
     End = 3,
     Clear = 4,
+    Synced = 5,
 }
 
 impl TryFrom<u8> for Tag {
     type Error = crate::Error;
 
     fn try_from(value: u8) -> Result<Self, Self::Error> {
-        use Tag::{Clear, End, Item, Start};
+        use Tag::{Clear, End, Item, Start, Synced};
 
         match value {
             1 => Ok(Start),
             2 => Ok(Item),
             3 => Ok(End),
             4 => Ok(Clear),
+            5 => Ok(Synced),
             _ => Err(crate::Error::InvalidTag(("JournalMarkerTag", value))),
         }
     }
@@ -122,7 +130,7 @@ impl Entry {
     }
 
     pub(crate) fn encode_into<W: Write>(&self, writer: &mut W) -> Result<(), crate::Error> {
-        use Entry::{Clear, End, Item, Start};
+        use Entry::{Clear, End, Item, Start, Synced};
 
         match self {
             Start { item_count, seqno } => {
@@ -151,6 +159,11 @@ impl Entry {
             Clear { keyspace_id } => {
                 writer.write_u8(Tag::Clear.into())?;
                 writer.write_u64::<LittleEndian>(*keyspace_id)?;
+            }
+            Synced { offset } => {
+                writer.write_u8(Tag::Synced.into())?;
+                writer.write_u64::<LittleEndian>(*offset)?;
+                writer.write_all(MAGIC_BYTES)?;
             }
         }
         Ok(())
@@ -244,6 +257,15 @@ impl Entry {
                 let keyspace_id = reader.read_u64::<LittleEndian>()?;
                 Ok(Self::Clear { keyspace_id })
             }
+            Tag::Synced => {
+                let offset = reader.read_u64::<LittleEndian>()?;
+                let mut magic = [0u8; MAGIC_BYTES.len()];
+                reader.read_exact(&mut magic)?;
+                if magic != MAGIC_BYTES {
+                    return Err(crate::Error::InvalidTrailer);
+                }
+                Ok(Self::Synced { offset })
+            }
         }
     }
 }
@@ -294,7 +316,7 @@ mod tests {
 
     #[test]
     fn test_invalid_tag() {
-        let invalid_data = [5u8; 1]; // Invalid tag
+        let invalid_data = [6u8; 1]; // Invalid tag
 
         // Try to deserialize with invalid data
         let mut reader = &invalid_data[..];
@@ -303,7 +325,7 @@ mod tests {
         match result {
             Ok(_) => panic!("should error"),
             Err(error) => match error {
-                crate::Error::InvalidTag(("JournalMarkerTag", 5)) => {}
+                crate::Error::InvalidTag(("JournalMarkerTag", 6)) => {}
                 _ => panic!("should throw InvalidTag"),
             },
         }

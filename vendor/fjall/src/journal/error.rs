@@ -41,6 +41,10 @@ pub enum RecoveryError {
 
     /// An unparseable journal file name was encountered
     InvalidFileName,
+
+    /// alignfs: the journal cannot be read at a point that a completed sync had made
+    /// durable (a sync marker lies after it): damage, not a crash's torn tail
+    DamagedBeforeSync,
 }
 
 impl std::fmt::Display for RecoveryError {

@@ -3,11 +3,19 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::entry::Entry;
+use crate::{file::MAGIC_BYTES, JournalRecoveryError};
 use std::{
     fs::{File, OpenOptions},
     io::{BufReader, Seek},
+    os::unix::fs::FileExt,
     path::{Path, PathBuf},
 };
+
+/// alignfs: how much of the journal [`JournalReader::synced_after`] reads at a time. A
+/// span this long that is all zeros holds no entry (no value the store writes is this
+/// long and all zeros): it is the zeros written ahead of the journal's end, or its sparse
+/// preallocation, and the search stops there.
+const MARKER_SEARCH_CHUNK: usize = 1_024 * 1_024;
 
 /// Reads and emits through the entries in a journal file, but doesn't
 /// check the validity of batches
@@ -39,6 +47,60 @@ impl JournalReader {
         Ok(())
     }
 
+    /// alignfs: whether a sync marker lies at or after `from`. The journal is read up to
+    /// the first point where it cannot be; a marker after that point means a sync had made
+    /// it durable, so it is damaged. Without one, everything from there on was written
+    /// after the last completed sync, never acknowledged, and a crash may have kept any of
+    /// it: it is dropped. The search is by bytes, since a torn journal cannot be read
+    /// entry by entry past its tear; a marker names its own position, which random bytes
+    /// do not. (A value crafted to read as a marker can only make recovery refuse to
+    /// open, never drop what a sync made durable.)
+    pub(crate) fn synced_after(&self, from: u64) -> std::io::Result<bool> {
+        const MARKER_LEN: usize = 1 + 8 + MAGIC_BYTES.len();
+        let file = self.reader.get_ref();
+        let mut chunk = vec![0u8; MARKER_SEARCH_CHUNK + MARKER_LEN];
+        let mut at = from;
+        loop {
+            let mut filled = 0;
+            while filled < chunk.len() {
+                match file.read_at(&mut chunk[filled..], at + filled as u64)? {
+                    0 => break,
+                    n => filled += n,
+                }
+            }
+            let bytes = &chunk[..filled];
+            let found = bytes.windows(MARKER_LEN).enumerate().any(|(i, window)| {
+                window[0] == 5
+                    && window[1..9] == (at + i as u64).to_le_bytes()
+                    && window[9..] == *MAGIC_BYTES
+            });
+            if found {
+                return Ok(true);
+            }
+            if filled < chunk.len() || bytes[..MARKER_SEARCH_CHUNK].iter().all(|&b| b == 0) {
+                return Ok(false);
+            }
+            at += MARKER_SEARCH_CHUNK as u64;
+        }
+    }
+
+    /// alignfs: the journal cannot be read from `last_valid_pos` on: an error if a sync
+    /// had made that part durable, else its end, cut there.
+    fn end_here(&mut self) -> Option<crate::Result<Entry>> {
+        if fail_iter!(self.synced_after(self.last_valid_pos)) {
+            log::error!(
+                "Journal {} is damaged at {}, before a completed sync",
+                self.path.display(),
+                self.last_valid_pos,
+            );
+            return Some(Err(crate::Error::JournalRecovery(
+                JournalRecoveryError::DamagedBeforeSync,
+            )));
+        }
+        fail_iter!(self.maybe_truncate_file_to_last_valid_pos());
+        None
+    }
+
     fn maybe_truncate_file_to_last_valid_pos(&mut self) -> crate::Result<()> {
         let stream_pos = self.reader.stream_position()?;
 
@@ -55,6 +117,8 @@ impl Iterator for JournalReader {
 
     fn next(&mut self) -> Option<Self::Item> {
         match Entry::decode_from(&mut self.reader) {
+            // alignfs: a marker is valid only at the position it names.
+            Ok(Entry::Synced { offset }) if offset != self.last_valid_pos => self.end_here(),
             Ok(item) => {
                 self.last_valid_pos = fail_iter!(self.reader.stream_position());
                 Some(Ok(item))
@@ -63,14 +127,12 @@ impl Iterator for JournalReader {
                 if let crate::Error::Io(e) = e {
                     match e.kind() {
                         std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::Other => {
-                            fail_iter!(self.maybe_truncate_file_to_last_valid_pos());
-                            None
+                            self.end_here()
                         }
                         _ => Some(Err(crate::Error::Io(e))),
                     }
                 } else {
-                    fail_iter!(self.maybe_truncate_file_to_last_valid_pos());
-                    None
+                    self.end_here()
                 }
             }
         }

@@ -44,6 +44,8 @@ pub struct Writer {
     /// alignfs: the file was opened at an existing journal, which recovery may still
     /// truncate to its last whole entry: the first write goes to the end it has then.
     seek_to_end: bool,
+    /// alignfs: entries were written since the last sync marker (`Entry::Synced`).
+    unmarked: bool,
 }
 
 /// The persist mode allows setting the durability guarantee of previous writes
@@ -90,6 +92,9 @@ impl Writer {
     }
 
     pub fn rotate(&mut self) -> crate::Result<(PathBuf, PathBuf)> {
+        self.persist(PersistMode::SyncAll)?;
+        // alignfs: and once more for the marker that sync wrote, so that the sealed
+        // journal ends in a durable one: damage anywhere in it is then refused.
         self.persist(PersistMode::SyncAll)?;
 
         log::debug!(
@@ -174,6 +179,7 @@ impl Writer {
             compression_threshold: 0,
             zeroed_to: 0,
             seek_to_end: false,
+            unmarked: false,
         })
     }
 
@@ -209,6 +215,7 @@ impl Writer {
                 compression_threshold: 0,
                 zeroed_to: 0,
                 seek_to_end: false,
+                unmarked: false,
             });
         }
 
@@ -230,6 +237,7 @@ impl Writer {
             compression_threshold: 0,
             zeroed_to: 0,
             seek_to_end: true,
+            unmarked: false,
         })
     }
 
@@ -265,15 +273,34 @@ impl Writer {
                     "Failed to fsync journal file at {}: {e:?}",
                     self.path.display(),
                 );
-            }),
+            })?,
             PersistMode::SyncData => self.file.get_mut().sync_data().inspect_err(|e| {
                 log::error!(
                     "Failed to fsyncdata journal file at {}: {e:?}",
                     self.path.display(),
                 );
-            }),
-            PersistMode::Buffer => Ok(()),
+            })?,
+            PersistMode::Buffer => return Ok(()),
         }
+        self.mark_synced()
+    }
+
+    /// alignfs: after a completed sync, append a marker saying everything before it is
+    /// durable (made durable itself by the next sync). Recovery drops a broken batch with
+    /// no marker after it (a crash tore it) and refuses one with a marker after it.
+    fn mark_synced(&mut self) -> std::io::Result<()> {
+        if !self.unmarked {
+            return Ok(());
+        }
+        let offset = self.file.stream_position()?;
+        let mut marker = Vec::with_capacity(16);
+        Entry::Synced { offset }
+            .encode_into(&mut marker)
+            .expect("encoding into a Vec cannot fail");
+        self.file.write_all(&marker)?;
+        self.is_buffer_dirty = true;
+        self.unmarked = false;
+        Ok(())
     }
 
     /// alignfs: keep at least half of [`ZERO_AHEAD_BYTES`] of written zeros past the
@@ -330,6 +357,7 @@ impl Writer {
         seqno: u64,
     ) -> crate::Result<usize> {
         self.is_buffer_dirty = true;
+        self.unmarked = true;
 
         let mut hasher = xxhash_rust::xxh3::Xxh3::default();
         let mut byte_count = 0;
@@ -369,6 +397,7 @@ impl Writer {
         seqno: SeqNo,
     ) -> crate::Result<usize> {
         self.is_buffer_dirty = true;
+        self.unmarked = true;
 
         let mut hasher = xxhash_rust::xxh3::Xxh3::default();
         let mut byte_count = 0;
@@ -400,6 +429,7 @@ impl Writer {
         }
 
         self.is_buffer_dirty = true;
+        self.unmarked = true;
 
         self.buf.clear();
 
