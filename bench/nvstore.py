@@ -32,6 +32,7 @@ bandwidth >= 2x); alignfs's own counters.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -600,6 +601,11 @@ def med(values):
     return statistics.median(values) if values else float("nan")
 
 
+def shown(value, spec):
+    """`value` formatted, or a dash where a system this run left out makes it NaN."""
+    return "—" if math.isnan(value) else format(value, spec)
+
+
 def report(results, jobs_list, out):
     lines = ["# nvstore against Ceph BlueStore and files on ext4", "",
              "Median of rounds. MiB/s of object data acknowledged durable; device bytes written per GiB of "
@@ -619,14 +625,14 @@ def report(results, jobs_list, out):
             def per_gib(s, kind):
                 return med([c["traffic"].get(kind, 0) / max(c["bytes"], 1) for c in cells[s]])
             traffic = {s: (per_gib(s, "data"), per_gib(s, "metadata")) for s in SYSTEMS}
-            row = [pattern, str(jobs)] + [f"{mibs[s]:.2f}" for s in SYSTEMS]
-            row += [f"{traffic[s][0]:.2f} / {traffic[s][1]:.2f} GiB" if s != "ext4-files" else f"{traffic[s][0]:.2f} GiB"
-                    for s in SYSTEMS]
+            row = [pattern, str(jobs)] + [shown(mibs[s], ".2f") for s in SYSTEMS]
+            row += ["—" if not cells[s] else f"{traffic[s][0]:.2f} / {traffic[s][1]:.2f} GiB" if s != "ext4-files"
+                    else f"{traffic[s][0]:.2f} GiB" for s in SYSTEMS]
             a, b = traffic["alignfs"], traffic["bluestore"]
             bw = mibs["alignfs"] / mibs["bluestore"] if mibs["bluestore"] else float("nan")
             meta = a[1] / b[1] if b[1] else float("nan")
             total = (a[0] + a[1]) / (b[0] + b[1]) if (b[0] + b[1]) else float("nan")
-            row.append(f"{bw:.2f}x, {meta:.0%}, {total:.0%}")
+            row.append("—" if math.isnan(bw) else f"{bw:.2f}x, {shown(meta, '.0%')}, {shown(total, '.0%')}")
             lines.append("| " + " | ".join(row) + " |")
             if pattern in UNALIGNED:
                 verdicts.append((pattern, jobs, bw, meta, total))
