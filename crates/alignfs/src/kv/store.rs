@@ -503,6 +503,8 @@ struct SyncState {
     durable: u64,
     /// A commit is running a sync now.
     running: bool,
+    /// Batches the last sync covered.
+    last_group: u64,
 }
 
 impl KvGroupSync {
@@ -535,11 +537,13 @@ impl GroupSync for KvGroupSync {
             self.sync_done.wait(&mut state);
         }
         state.running = true;
+        let (durable, expected) = (state.durable, state.last_group);
         drop(state);
-        // Let a commit being ordered now in, for a while: the journal's writer lock is
-        // held through the sync, so anything appended after it starts waits a whole sync.
+        // Let a commit being ordered now in, and as many as the last sync covered, for a
+        // while: the journal's writer lock is held through the sync, so anything appended
+        // after it starts waits a whole sync.
         let deadline = std::time::Instant::now() + std::time::Duration::from_micros(200);
-        while commits_waiting() && std::time::Instant::now() < deadline {
+        while (commits_waiting() || self.ordered.load(Ordering::SeqCst) - durable < expected) && std::time::Instant::now() < deadline {
             std::thread::yield_now();
         }
         let target = self.ordered.load(Ordering::SeqCst);
@@ -550,7 +554,10 @@ impl GroupSync for KvGroupSync {
         let mut state = self.sync.lock();
         state.running = false;
         match synced {
-            Ok(()) => state.durable = target,
+            Ok(()) => {
+                state.last_group = target - state.durable;
+                state.durable = target;
+            }
             Err(_) => self.failed.store(true, Ordering::SeqCst),
         }
         drop(state);
