@@ -718,6 +718,20 @@ mod tests {
         ino
     }
 
+    /// The journal files of the store in `dir`.
+    fn journals(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "jnl")).collect()
+    }
+
+    /// The names in the root of the store in `dir`, reopened and loaded.
+    fn root_names(dir: &Path) -> Result<Vec<Vec<u8>>> {
+        let mut store = KvMeta::open(dir, [1; 16], None)?;
+        let loaded = store.load(4096)?;
+        let root = loaded.state.get(Ino::ROOT).unwrap();
+        let names = root.data.lock().entries.keys().cloned().collect();
+        Ok(names)
+    }
+
     /// What the records must keep of an inode: all but the times data ops change.
     fn durable_view(meta: &MetaState) -> Vec<String> {
         meta.snapshot()
@@ -968,10 +982,8 @@ mod tests {
             drop(store);
             let crashed = tempfile::tempdir().unwrap();
             image.restore(crashed.path()).unwrap();
-            let (journal, mut bytes, at) = std::fs::read_dir(crashed.path())
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
+            let (journal, mut bytes, at) = journals(crashed.path())
+                .into_iter()
                 .find_map(|p| {
                     let bytes = std::fs::read(&p).unwrap();
                     let at = bytes.windows(damaged.len()).position(|w| w == damaged)?;
@@ -982,25 +994,18 @@ mod tests {
             std::fs::write(&journal, bytes).unwrap();
             crashed
         }
-        let names = |dir: &Path| -> Result<Vec<Vec<u8>>> {
-            let mut store = KvMeta::open(dir, [1; 16], None)?;
-            let loaded = store.load(4096)?;
-            let root = loaded.state.get(Ino::ROOT).unwrap();
-            let names = root.data.lock().entries.keys().cloned().collect();
-            Ok(names)
-        };
         let kept = || vec![b"kept".to_vec()];
 
         let torn = crashed(&[(b"kept", true), (b"torn-at-the-tail", false)], b"torn-at-the-tail", 0);
-        assert_eq!(names(torn.path()).unwrap(), kept());
-        assert_eq!(names(torn.path()).unwrap(), kept(), "and again after the tail was cut");
+        assert_eq!(root_names(torn.path()).unwrap(), kept());
+        assert_eq!(root_names(torn.path()).unwrap(), kept(), "and again after the tail was cut");
 
         let holed = crashed(&[(b"kept", true), (b"holed", false), (b"whole-after-it", false)], b"holed", 0);
-        assert_eq!(names(holed.path()).unwrap(), kept(), "the batch after the hole was never synced either");
+        assert_eq!(root_names(holed.path()).unwrap(), kept(), "the batch after the hole was never synced either");
 
         for ahead in [0, 24] {
             let damaged = crashed(&[(b"damaged-first", true), (b"then-another", true)], b"damaged-first", ahead);
-            assert!(names(damaged.path()).is_err(), "a synced batch damaged ({ahead} bytes ahead of its name) was skipped");
+            assert!(root_names(damaged.path()).is_err(), "a synced batch damaged ({ahead} bytes ahead of its name) was skipped");
         }
     }
 
@@ -1011,8 +1016,7 @@ mod tests {
     fn a_store_opens_with_its_synced_commits_whatever_sectors_a_crash_kept() {
         const SECTOR: usize = 512;
         let journal_of = |dir: &Path| -> PathBuf {
-            let mut journals: Vec<_> =
-                std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "jnl")).collect();
+            let mut journals = journals(dir);
             assert_eq!(journals.len(), 1, "one journal");
             journals.pop().unwrap()
         };
@@ -1064,10 +1068,7 @@ mod tests {
             }
             std::os::unix::fs::FileExt::write_all_at(&std::fs::OpenOptions::new().write(true).open(&journal).unwrap(), &bytes, 0).unwrap();
 
-            let mut store = KvMeta::open(crashed.path(), [1; 16], None).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-            let loaded = store.load(4096).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-            let root = loaded.state.get(Ino::ROOT).unwrap();
-            let found: Vec<Vec<u8>> = root.data.lock().entries.keys().cloned().collect();
+            let found = root_names(crashed.path()).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
             assert!(found.len() >= synced, "seed {seed}: {} of {synced} synced commits", found.len());
             assert_eq!(found, names[..found.len()], "seed {seed}: the commits kept are not a prefix");
         }

@@ -102,6 +102,19 @@ fn read_value<R: Read>(reader: &mut R, len: usize) -> std::io::Result<Slice> {
     Ok(Slice::from(bytes))
 }
 
+/// alignfs: the bytes of a sync marker (`Entry::Synced`): its tag, the offset it names,
+/// the magic bytes. The writer appends them, the encoder writes them, and recovery
+/// searches the journal for them byte by byte (`JournalReader::synced_after`).
+pub const SYNC_MARKER_LEN: usize = 1 + 8 + MAGIC_BYTES.len();
+
+pub fn sync_marker(offset: u64) -> [u8; SYNC_MARKER_LEN] {
+    let mut marker = [0; SYNC_MARKER_LEN];
+    marker[0] = Tag::Synced as u8;
+    marker[1..9].copy_from_slice(&offset.to_le_bytes());
+    marker[9..].copy_from_slice(MAGIC_BYTES);
+    marker
+}
+
 pub enum Tag {
     Start = 1,
     Item = 2,
@@ -172,11 +185,7 @@ impl Entry {
                 writer.write_u8(Tag::Clear.into())?;
                 writer.write_u64::<LittleEndian>(*keyspace_id)?;
             }
-            Synced { offset } => {
-                writer.write_u8(Tag::Synced.into())?;
-                writer.write_u64::<LittleEndian>(*offset)?;
-                writer.write_all(MAGIC_BYTES)?;
-            }
+            Synced { offset } => writer.write_all(&sync_marker(*offset))?,
         }
         Ok(())
     }

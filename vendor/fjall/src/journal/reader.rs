@@ -2,8 +2,8 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::entry::Entry;
-use crate::{file::MAGIC_BYTES, JournalRecoveryError};
+use super::entry::{sync_marker, Entry, Tag, SYNC_MARKER_LEN};
+use crate::JournalRecoveryError;
 use std::{
     fs::{File, OpenOptions},
     io::{BufReader, Seek},
@@ -56,9 +56,8 @@ impl JournalReader {
     /// do not. (A value crafted to read as a marker can only make recovery refuse to
     /// open, never drop what a sync made durable.)
     pub(crate) fn synced_after(&self, from: u64) -> std::io::Result<bool> {
-        const MARKER_LEN: usize = 1 + 8 + MAGIC_BYTES.len();
         let file = self.reader.get_ref();
-        let mut chunk = vec![0u8; MARKER_SEARCH_CHUNK + MARKER_LEN];
+        let mut chunk = vec![0u8; MARKER_SEARCH_CHUNK + SYNC_MARKER_LEN];
         let mut at = from;
         loop {
             let mut filled = 0;
@@ -69,10 +68,8 @@ impl JournalReader {
                 }
             }
             let bytes = &chunk[..filled];
-            let found = bytes.windows(MARKER_LEN).enumerate().any(|(i, window)| {
-                window[0] == 5
-                    && window[1..9] == (at + i as u64).to_le_bytes()
-                    && window[9..] == *MAGIC_BYTES
+            let found = bytes.windows(SYNC_MARKER_LEN).enumerate().any(|(i, window)| {
+                window[0] == Tag::Synced as u8 && window == sync_marker(at + i as u64)
             });
             if found {
                 return Ok(true);

@@ -2,7 +2,7 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::entry::{serialize_marker_item, Entry};
+use super::entry::{serialize_marker_item, sync_marker, Entry};
 use crate::{
     batch::item::Item as BatchItem, file::fsync_directory, journal::recovery::JournalId,
     keyspace::InternalKeyspaceId,
@@ -293,11 +293,7 @@ impl Writer {
             return Ok(());
         }
         let offset = self.file.stream_position()?;
-        let mut marker = Vec::with_capacity(16);
-        Entry::Synced { offset }
-            .encode_into(&mut marker)
-            .expect("encoding into a Vec cannot fail");
-        self.file.write_all(&marker)?;
+        self.file.write_all(&sync_marker(offset))?;
         self.is_buffer_dirty = true;
         self.unmarked = false;
         Ok(())
