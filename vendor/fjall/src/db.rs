@@ -742,7 +742,7 @@ impl Database {
                                 tree.remove_weak(item.key, batch.seqno);
                             }
                             lsm_tree::ValueType::Indirection => {
-                                unreachable!()
+                                unreachable!("alignfs: the journal decoder refuses indirections")
                             }
                         }
                     }

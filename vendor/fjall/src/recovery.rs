@@ -39,12 +39,19 @@ pub fn recover_keyspaces(db: &Database, meta_keyspace: &MetaKeyspace) -> crate::
             continue;
         }
 
-        let keyspace_id = dirent
+        // alignfs: a directory not named by a keyspace id is not fjall's: skipped with a
+        // warning, as a stray file is, where upstream panicked.
+        let Some(keyspace_id) = dirent
             .file_name()
             .to_str()
-            .expect("should be valid keyspace name")
-            .parse::<InternalKeyspaceId>()
-            .expect("should be valid integer");
+            .and_then(|name| name.parse::<InternalKeyspaceId>().ok())
+        else {
+            log::warn!(
+                "Found stray directory {} in keyspaces folder",
+                keyspace_path.display(),
+            );
+            continue;
+        };
 
         // NOTE: Is meta keyspace
         if keyspace_id == 0 {
@@ -200,7 +207,7 @@ pub fn recover_sealed_memtables(
                         tree.remove_weak(item.key, batch.seqno);
                     }
                     lsm_tree::ValueType::Indirection => {
-                        unreachable!()
+                        unreachable!("alignfs: the journal decoder refuses indirections")
                     }
                 }
             }

@@ -899,6 +899,19 @@ mod tests {
         assert_eq!(traffic.get(Counter::kv_batches), 1);
     }
 
+    /// fjall panicked on a directory in its keyspaces folder not named by a number.
+    #[test]
+    fn a_stray_directory_among_the_keyspaces_is_skipped() {
+        let (dir, meta, mut store) = new_store();
+        let mut rng = StdRng::seed_from_u64(3);
+        create_file(&mut store, &meta, &mut rng, b"kept");
+        drop(store);
+        std::fs::create_dir(dir.path().join("keyspaces").join("lost+found")).unwrap();
+        let mut store = KvMeta::open(dir.path(), [1; 16], None).unwrap();
+        let loaded = store.load(4096).unwrap();
+        assert!(loaded.state.get(Ino::ROOT).unwrap().data.lock().entries.contains_key(b"kept".as_slice()));
+    }
+
     #[test]
     fn a_store_of_another_volume_or_none_is_refused() {
         let dir = tempfile::tempdir().unwrap();
@@ -1007,6 +1020,40 @@ mod tests {
             let damaged = crashed(&[(b"damaged-first", true), (b"then-another", true)], b"damaged-first", ahead);
             assert!(root_names(damaged.path()).is_err(), "a synced batch damaged ({ahead} bytes ahead of its name) was skipped");
         }
+    }
+
+    /// A batch that reads whole, with a good checksum, but holds an item no journal
+    /// writes (an indirection, which only flushes make) is damage: fjall's recovery
+    /// stopped at it with `unreachable!()`. It is now a batch that does not decode.
+    #[test]
+    fn a_journaled_indirection_is_refused_not_a_panic() {
+        let (dir, meta, mut store) = new_store();
+        let mut rng = StdRng::seed_from_u64(5);
+        create_file(&mut store, &meta, &mut rng, b"kept");
+        store.group.sync_through(store.group.ordered(), &|| false).unwrap();
+        drop(store);
+        let journal = journals(dir.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&journal).unwrap();
+        let end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
+        let (key, value) = (b"k".as_slice(), [7u8; 12]);
+        let mut item = vec![2, 4, 0]; // Item tag, ValueType::Indirection, no compression
+        item.extend_from_slice(&1u64.to_le_bytes()); // a keyspace of the store
+        item.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        item.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        item.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        item.extend_from_slice(key);
+        item.extend_from_slice(&value);
+        let mut batch = vec![1]; // Start: one item, a sequence number past every commit
+        batch.extend_from_slice(&1u32.to_le_bytes());
+        batch.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        batch.extend_from_slice(&item);
+        batch.push(3); // End: the checksum of the items, then fjall's magic
+        batch.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&item).to_le_bytes());
+        batch.extend_from_slice(b"FJL\x03");
+        bytes[end..end + batch.len()].copy_from_slice(&batch);
+        std::fs::write(&journal, bytes).unwrap();
+        // No sync marker follows it, so it is an unacknowledged tail, cut off.
+        assert_eq!(root_names(dir.path()).unwrap(), vec![b"kept".to_vec()]);
     }
 
     /// A power loss keeps any subset of the journal's sectors written after its last

@@ -199,9 +199,15 @@ impl Entry {
             }
             Tag::Item => {
                 let value_type = reader.read_u8()?;
-                let value_type = value_type
+                let value_type: lsm_tree::ValueType = value_type
                     .try_into()
                     .map_err(|()| lsm_tree::Error::InvalidTag(("ValueType", value_type)))?;
+                // alignfs: an indirection (a pointer into a blob file) is made by flushes,
+                // never journaled; one read here is damage, which recovery reported with
+                // `unreachable!()`.
+                if value_type == lsm_tree::ValueType::Indirection {
+                    return Err(lsm_tree::Error::InvalidTag(("ValueType", value_type.into())).into());
+                }
 
                 let compression = CompressionType::decode_from(reader)?;
 
