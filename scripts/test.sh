@@ -10,7 +10,11 @@
 # the benchmarks (mount, GlusterFS, scrap, uhs, nvstore, S3, and the five-profile comparison).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the run's time goes (CI must finish in under an hour): each stage's start, in
+# minutes and seconds since the tests began.
+stage() { printf '== stage %s at %d:%02d\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
 
+stage "format, lints, unit tests"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked -- --skip power_loss
@@ -20,6 +24,7 @@ cargo test --locked -p alignfs power_loss -- --nocapture >"$power_log" 2>&1 || {
 grep -E "^power loss|seed|^test result" "$power_log"
 rm -f "$power_log"
 
+stage "CLI smoke checks"
 cargo build --locked -p alignfs-cli
 work=$(mktemp -d /var/tmp/alignfs-smoke.XXXXXX)
 shm=$(mktemp -d /dev/shm/alignfs-smoke.XXXXXX)
@@ -137,20 +142,25 @@ cc -Wall -Wextra -Werror -Icrates/alignfs-c/include crates/alignfs-c/examples/bl
 "$work/block" "$shm/c-uhs-fast" "$work/c-uhs.img" | tail -1
 "$bin" fsck --fast "$shm/c-uhs-fast" --ssd "$work/c-uhs.img" | grep ': clean$' >/dev/null
 
+stage "suites on the mount"
 suites=0
 scripts/suites.sh || suites=$?
 # An option the volume's profile does not use is named, and the mount goes ahead.
 "$bin" mount --fast "$shm/c-fast" --ssd "$work/c-ssd.img" --scrap-mem 64M --log "$work/c-mount.log" "$work/c-mnt" >"$work/out"
 grep -q "scrap-mem has no effect: profile orch" "$work/out"
 "$bin" umount "$work/c-mnt" >/dev/null
+stage "crash loops"
 scripts/crash.sh
 # The uhs profile over NBD: nbdinfo, qemu-img/qemu-io, nbdcopy, fio verify, ext4 through
 # nbdfuse + loop, a read-only export, and a kill -9 loop (docs/UHS.md).
+stage "NBD"
 scripts/nbd.sh || suites=1
 # The nvstore object store over S3: boto3, awscli, s3cmd, rclone, limits, and a kill -9
 # loop with multipart uploads in flight (docs/S3.md).
+stage "S3"
 scripts/s3.sh || suites=1
 # Injected SSD faults and full devices through a mount.
+stage "faults, preload, GlusterFS"
 mkdir -p "$work/faults"
 tests/faults/mount_faults.py target/release/alignfs "$work/faults" || suites=1
 # Unmodified programs (Python, sqlite3, fio, RocksDB) under the LD_PRELOAD shim.
@@ -159,7 +169,9 @@ tests/preload/run.py target/release/alignfs target/release/libalignfs_preload.so
 # GlusterFS with alignfs bricks: 3 nodes in network namespaces, a node's alignfs killed in
 # the middle of writes, recovery and self-heal, teardown (deploy/gluster, docs/SCALE-OUT.md).
 tests/gluster/run.py target/release/alignfs || suites=1
+stage "fuzzing"
 scripts/fuzz.sh
+stage "benchmark smoke runs"
 # The GlusterFS benchmark's smoke run (alignfs bricks vs ext4 bricks).
 bench/gluster.py --quick --out "$work/bench-gluster" | sed -n '/^| workload/,/^$/p' || suites=1
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
@@ -184,4 +196,5 @@ bench/byte.py --quick --out "$work/bench-byte" | sed -n '/^| workload/,/^$/p' ||
 /usr/bin/python3 bench/compare.py --quick --out "$work/bench-compare" --doc "$work/COMPARE.md" \
     | sed -n '/^## Each paper/,/^Plots/p' || suites=1
 grep -q "^| orch | files | 4KiB" "$work/COMPARE.md" || suites=1
+stage "done"
 exit "$suites"
