@@ -294,9 +294,13 @@ impl EntryHeader {
         out
     }
 
-    /// The header at `pos` if a whole, valid entry of this lap starts there. `read`
-    /// fetches DRAM bytes at a log position.
-    pub fn decode(pos: u64, incarnation: u64, read: &mut dyn FnMut(u64, &mut [u8])) -> Option<EntryHeader> {
+    /// The header at `pos` if a whole, valid entry of this lap starts there, within the
+    /// `room` bytes left before the log's end (an entry never wraps: one that would is
+    /// damage). `read` fetches DRAM bytes at a log position.
+    pub fn decode(pos: u64, incarnation: u64, room: u64, read: &mut dyn FnMut(u64, &mut [u8])) -> Option<EntryHeader> {
+        if room < ENTRY_HEADER {
+            return None;
+        }
         let mut head = [0u8; ENTRY_HEADER as usize];
         read(pos, &mut head);
         let u32_at = |at: usize| u32::from_le_bytes(head[at..at + 4].try_into().expect("4 bytes"));
@@ -311,7 +315,7 @@ impl EntryHeader {
         };
         let len = u16::from_le_bytes([head[26], head[27]]);
         let offset = u16::from_le_bytes([head[24], head[25]]);
-        if u64::from(offset) + u64::from(len) > PAGE {
+        if u64::from(offset) + u64::from(len) > PAGE || Self::footprint(usize::from(len)) > room {
             return None;
         }
         let mut whole = vec![0u8; ENTRY_HEADER as usize + usize::from(len)];
@@ -347,16 +351,17 @@ mod tests {
                 out.copy_from_slice(&bytes[at..at + out.len()]);
             }
         };
-        assert_eq!(EntryHeader::decode(4096, 42, &mut read_at(4096)), Some(header));
-        assert_eq!(EntryHeader::decode(4096, 43, &mut read_at(4096)), None, "another format's entry");
-        assert_eq!(EntryHeader::decode(4096 + 1024 * 1024, 42, &mut read_at(4096 + 1024 * 1024)), None, "a stale lap");
+        assert_eq!(EntryHeader::decode(4096, 42, 1 << 20, &mut read_at(4096)), Some(header));
+        assert_eq!(EntryHeader::decode(4096, 42, 128, &mut read_at(4096)), None, "an entry past the log's end");
+        assert_eq!(EntryHeader::decode(4096, 43, 1 << 20, &mut read_at(4096)), None, "another format's entry");
+        assert_eq!(EntryHeader::decode(4096 + 1024 * 1024, 42, 1 << 20, &mut read_at(4096 + 1024 * 1024)), None, "a stale lap");
         let mut torn = bytes.clone();
         torn[100] ^= 1;
         let mut read_torn = |pos: u64, out: &mut [u8]| {
             let at = (pos - 4096) as usize;
             out.copy_from_slice(&torn[at..at + out.len()]);
         };
-        assert_eq!(EntryHeader::decode(4096, 42, &mut read_torn), None, "a torn entry");
+        assert_eq!(EntryHeader::decode(4096, 42, 1 << 20, &mut read_torn), None, "a torn entry");
     }
 
     #[test]

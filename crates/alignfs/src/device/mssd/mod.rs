@@ -205,6 +205,15 @@ impl MemorySemanticSsd {
         let (ftl, max_version) = Ftl::load(layout, flash, dram.clone(), counters.clone())?;
         let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
         let head = word(Layout::head_at() as usize);
+        if head % LINE != 0 {
+            let problem = format!("the write log's head ({head}) is not on a {LINE}-byte line");
+            return Err(Error::Corrupt {
+                structure: "memory-semantic SSD header",
+                device: dram.describe(),
+                offset: Layout::head_at(),
+                problem,
+            });
+        }
         let active = (word(Layout::active_txlog_at() as usize) & 1) as usize;
         let txlogs = [0, 1].map(|which| read_txlog(&layout, dram.as_ref(), which));
         let committed: HashSet<u32> = txlogs.iter().flatten().copied().collect();
@@ -398,7 +407,8 @@ fn scan(layout: &Layout, dram: &dyn ByteTier, head: u64) -> (Vec<(u64, EntryHead
     let mut pos = head;
     let mut read = |at: u64, out: &mut [u8]| read_log(layout, dram, at, out);
     while pos - head < layout.log_bytes {
-        let Some(entry) = EntryHeader::decode(pos, layout.incarnation, &mut read) else { break };
+        let room = layout.log_bytes - pos % layout.log_bytes;
+        let Some(entry) = EntryHeader::decode(pos, layout.incarnation, room, &mut read) else { break };
         if entry.kind == EntryKind::Pad {
             pos += layout.log_bytes - pos % layout.log_bytes;
             continue;

@@ -262,6 +262,26 @@ fn bad_requests_are_errors_that_change_nothing() {
     assert!(matches!(MemorySemanticSsd::open(media.flash.clone(), blank, options()), Err(Error::NotFormatted(_))));
 }
 
+/// The log head lives outside the header's checksum (it moves with every cleaning). One
+/// that damage moved off a line made recovery read past the log and the DRAM (found by
+/// the `mssd_recovery` fuzz target): it is a damaged header now.
+#[test]
+fn a_log_head_off_a_line_is_a_damaged_header() {
+    let media = media();
+    let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
+    ssd.store(None, 100, b"before").unwrap();
+    ssd.verify();
+    ssd.halt();
+    drop(ssd);
+    let mut head = [0u8; 8];
+    media.dram.read(Layout::head_at(), &mut head);
+    let moved = u64::from_le_bytes(head) + 8;
+    media.dram.write(Layout::head_at(), &moved.to_le_bytes());
+    media.dram.persist(Layout::head_at(), 8);
+    let err = MemorySemanticSsd::open(media.flash.clone(), media.dram.clone(), options()).err().expect("a damaged head");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+}
+
 /// What one acknowledged operation of the power-loss workload did.
 enum Op {
     Block { lpa: u64, data: Vec<u8> },
