@@ -17,8 +17,9 @@
 //!   (the device reorders freely within a flush epoch);
 //! - a KV store's directory (`nvstore`): the store records a [`DirSnapshot`] each time one
 //!   of its syncs returns. A power cut keeps the last one; the bytes the store appended
-//!   to its files after it may have reached the disk in part, as a prefix of what the
-//!   next sync made durable ([`DirSnapshot::torn_toward`]). What the KV store does inside
+//!   to its files after it may have reached the disk in part: a prefix of what the next
+//!   sync made durable ([`DirSnapshot::torn_toward`]), or any of its sectors
+//!   ([`DirSnapshot::torn_by_sectors`]). What the KV store does inside
 //!   a sync (its own flushes and compactions) is its business: the images test the
 //!   engine's ordering around the syncs, not the store's.
 
@@ -214,6 +215,45 @@ impl DirSnapshot {
                     (len.max(bytes.len() as u64), bytes)
                 }
                 None if fraction >= 0.5 => (*next_len, new.clone()),
+                None => continue,
+            };
+            torn.files.insert(path.clone(), file);
+        }
+        torn
+    }
+
+    /// This snapshot with some of the sectors `next` wrote: a power cut during a sync may
+    /// keep any of the 512-byte sectors (by file offset) written since the last one, not
+    /// only a prefix. In a file `next` appended to (or created), each sector holding
+    /// appended bytes is taken from `next` where `keep()` says so and left as it was
+    /// otherwise; a file rewritten otherwise is old or new whole, by one `keep()`. A file
+    /// `next` removed stays.
+    pub fn torn_by_sectors(&self, next: &DirSnapshot, keep: &mut dyn FnMut() -> bool) -> DirSnapshot {
+        const SECTOR: usize = 512;
+        let mut torn = self.clone();
+        for (path, (next_len, new)) in &next.files {
+            let (len, old) = self.files.get(path).map_or((0, &[][..]), |(len, bytes)| (*len, bytes.as_slice()));
+            if new == old {
+                continue;
+            }
+            let file = match new.strip_prefix(old) {
+                Some(_) => {
+                    let mut bytes = new.clone();
+                    for at in (old.len() / SECTOR * SECTOR..new.len()).step_by(SECTOR) {
+                        if !keep() {
+                            let end = (at + SECTOR).min(new.len());
+                            // Old bytes up to where the old file ended, zeros after.
+                            let old_end = old.len().clamp(at, end);
+                            if old_end > at {
+                                bytes[at..old_end].copy_from_slice(&old[at..old_end]);
+                            }
+                            bytes[old_end..end].fill(0);
+                        }
+                    }
+                    trim_zeros(&mut bytes);
+                    (len.max(bytes.len() as u64), bytes)
+                }
+                None if keep() => (*next_len, new.clone()),
                 None => continue,
             };
             torn.files.insert(path.clone(), file);
@@ -460,5 +500,25 @@ mod tests {
         assert_eq!(nothing.files[Path::new("new")], (0, Vec::new()), "created, nothing written yet");
         assert_eq!(synced.torn_toward(&synced, 0.7), synced);
         assert_eq!(synced.torn_toward(&next, 1.0).files, next.files);
+    }
+
+    #[test]
+    fn a_directory_snapshot_tears_by_sectors() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("1.jnl");
+        std::fs::write(&journal, [b'a'; 700]).unwrap();
+        let synced = DirSnapshot::take(dir.path()).unwrap();
+        std::fs::write(&journal, [[b'a'; 700].as_slice(), &[b'b'; 1200]].concat()).unwrap();
+        let next = DirSnapshot::take(dir.path()).unwrap();
+        // Sectors 512..1024 (old and new bytes), 1024..1536 and 1536..1900 hold appends.
+        let mut pattern = [false, true, false].into_iter();
+        let torn = synced.torn_by_sectors(&next, &mut || pattern.next().expect("one answer per sector"));
+        let bytes = &torn.files[Path::new("1.jnl")].1;
+        assert_eq!(bytes.len(), 1536, "the last sector lost, and the zeros before it trimmed");
+        assert_eq!(&bytes[..700], &[b'a'; 700], "a sector lost keeps its old bytes");
+        assert_eq!(&bytes[700..1024], &[0; 324]);
+        assert_eq!(&bytes[1024..1536], &[b'b'; 512], "a later sector kept");
+        assert_eq!(synced.torn_by_sectors(&next, &mut || false), synced);
+        assert_eq!(synced.torn_by_sectors(&next, &mut || true).files, next.files);
     }
 }
