@@ -201,25 +201,7 @@ impl DirSnapshot {
     /// them) is old or new whole: new from `fraction` 0.5 on. A file `next` removed stays.
     pub fn torn_toward(&self, next: &DirSnapshot, fraction: f64) -> DirSnapshot {
         let fraction = fraction.clamp(0.0, 1.0);
-        let mut torn = self.clone();
-        for (path, (next_len, new)) in &next.files {
-            let (len, old) = self.files.get(path).map_or((0, &[][..]), |(len, bytes)| (*len, bytes.as_slice()));
-            if new == old {
-                continue;
-            }
-            let file = match new.strip_prefix(old) {
-                Some(appended) => {
-                    let kept = old.len() + (appended.len() as f64 * fraction) as usize;
-                    let mut bytes = new[..kept].to_vec();
-                    trim_zeros(&mut bytes);
-                    (len.max(bytes.len() as u64), bytes)
-                }
-                None if fraction >= 0.5 => (*next_len, new.clone()),
-                None => continue,
-            };
-            torn.files.insert(path.clone(), file);
-        }
-        torn
+        self.torn(next, |old, new| new[..old.len() + ((new.len() - old.len()) as f64 * fraction) as usize].to_vec(), || fraction >= 0.5)
     }
 
     /// This snapshot with some of the sectors `next` wrote: a power cut during a sync may
@@ -230,31 +212,49 @@ impl DirSnapshot {
     /// `next` removed stays.
     pub fn torn_by_sectors(&self, next: &DirSnapshot, keep: &mut dyn FnMut() -> bool) -> DirSnapshot {
         const SECTOR: usize = 512;
+        // Both closures draw from `keep`.
+        let keep = std::cell::RefCell::new(keep);
+        let appended = |old: &[u8], new: &[u8]| {
+            let mut bytes = new.to_vec();
+            for at in (old.len() / SECTOR * SECTOR..new.len()).step_by(SECTOR) {
+                if !(keep.borrow_mut())() {
+                    let end = (at + SECTOR).min(new.len());
+                    // Old bytes up to where the old file ended, zeros after.
+                    let old_end = old.len().clamp(at, end);
+                    if old_end > at {
+                        bytes[at..old_end].copy_from_slice(&old[at..old_end]);
+                    }
+                    bytes[old_end..end].fill(0);
+                }
+            }
+            bytes
+        };
+        self.torn(next, appended, || (keep.borrow_mut())())
+    }
+
+    /// This snapshot with, for each file `next` changed, what `appended(old, new)` keeps of
+    /// a file `next` appended to (or created: `old` empty), or the new file whole where
+    /// `rewritten()` says so for one it replaced otherwise.
+    fn torn(
+        &self,
+        next: &DirSnapshot,
+        mut appended: impl FnMut(&[u8], &[u8]) -> Vec<u8>,
+        mut rewritten: impl FnMut() -> bool,
+    ) -> DirSnapshot {
         let mut torn = self.clone();
         for (path, (next_len, new)) in &next.files {
             let (len, old) = self.files.get(path).map_or((0, &[][..]), |(len, bytes)| (*len, bytes.as_slice()));
             if new == old {
                 continue;
             }
-            let file = match new.strip_prefix(old) {
-                Some(_) => {
-                    let mut bytes = new.clone();
-                    for at in (old.len() / SECTOR * SECTOR..new.len()).step_by(SECTOR) {
-                        if !keep() {
-                            let end = (at + SECTOR).min(new.len());
-                            // Old bytes up to where the old file ended, zeros after.
-                            let old_end = old.len().clamp(at, end);
-                            if old_end > at {
-                                bytes[at..old_end].copy_from_slice(&old[at..old_end]);
-                            }
-                            bytes[old_end..end].fill(0);
-                        }
-                    }
-                    trim_zeros(&mut bytes);
-                    (len.max(bytes.len() as u64), bytes)
-                }
-                None if keep() => (*next_len, new.clone()),
-                None => continue,
+            let file = if new.starts_with(old) {
+                let mut bytes = appended(old, new);
+                trim_zeros(&mut bytes);
+                (len.max(bytes.len() as u64), bytes)
+            } else if rewritten() {
+                (*next_len, new.clone())
+            } else {
+                continue;
             };
             torn.files.insert(path.clone(), file);
         }
