@@ -791,7 +791,8 @@ fn object_workloads_survive_every_power_loss_image() {
                 replay.apply(&trace.events[replay.position()]);
             }
             let acked = trace.ops.iter().take_while(|(_, _, end)| *end <= point).count();
-            let next_sync = sync_points.iter().find(|&&i| i >= point).map(|&i| match &trace.events[i] {
+            let next_sync_at = sync_points.iter().find(|&&i| i >= point).copied();
+            let next_sync = next_sync_at.map(|i| match &trace.events[i] {
                 Event::KvSync(snapshot) => snapshot,
                 _ => unreachable!("a sync point"),
             });
@@ -800,10 +801,10 @@ fn object_workloads_survive_every_power_loss_image() {
                 let image = replay.image(Survival { fast_word: 0.0, ssd_sector: survival }, &mut |p| rng.random_bool(p));
                 let synced = image.kv.expect("the format synced the KV store");
                 // Torn as a prefix of the appends, or, at the sync itself, as any of their
-                // sectors. Earlier, a sector kept could hold a batch appended after the
-                // crash point (appends are not events), which a prefix keeps whole only
+                // sectors. Before the sync, a sector kept could hold a batch appended after
+                // the crash point (appends are not events), which a prefix keeps whole only
                 // when it reaches the sync's end.
-                let by_sectors = sync_points.contains(&point) && rng.random_bool(0.5);
+                let by_sectors = fraction.is_some() && next_sync_at == Some(point) && rng.random_bool(0.5);
                 let kv = match (fraction, next_sync) {
                     (Some(fraction), Some(next)) if by_sectors => synced.torn_by_sectors(next, &mut || rng.random_bool(fraction)),
                     (Some(fraction), Some(next)) => synced.torn_toward(next, fraction),

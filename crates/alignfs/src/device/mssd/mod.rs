@@ -410,7 +410,7 @@ fn scan(layout: &Layout, dram: &dyn ByteTier, head: u64) -> (Vec<(u64, EntryHead
         let room = layout.log_bytes - pos % layout.log_bytes;
         let Some(entry) = EntryHeader::decode(pos, layout.incarnation, room, &mut read) else { break };
         if entry.kind == EntryKind::Pad {
-            pos += layout.log_bytes - pos % layout.log_bytes;
+            pos += room;
             continue;
         }
         entries.push((pos, entry));
