@@ -262,11 +262,21 @@ pub fn recover_sealed_memtables(
             } else if let Some(sealed_memtable) = tree.rotate_memtable() {
                 log::trace!("Sealed active memtable of keyspace {:?}", wm.keyspace.name);
 
-                assert_eq!(
-                    Some(wm.lsn),
-                    sealed_memtable.get_highest_seqno(),
-                    "memtable lsn does not match what was recovered - this is a bug",
-                );
+                // alignfs: batches whose sequence numbers run backwards (a keyspace
+                // cleared after items it never held) are damage, not a bug; upstream
+                // asserted.
+                if sealed_memtable.get_highest_seqno() != Some(wm.lsn) {
+                    log::error!(
+                        "Sealed journal {} replays keyspace {:?} to seqno {:?}, its batches say {}",
+                        journal_path.display(),
+                        wm.keyspace.name,
+                        sealed_memtable.get_highest_seqno(),
+                        wm.lsn,
+                    );
+                    return Err(crate::Error::JournalRecovery(
+                        crate::JournalRecoveryError::SeqnoOutOfOrder,
+                    ));
+                }
 
                 // Maybe the memtable has a higher seqno, so try to set to maximum
                 let maybe_next_seqno = tree.get_highest_seqno().map(|x| x + 1).unwrap_or_default();

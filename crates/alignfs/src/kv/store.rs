@@ -1031,27 +1031,80 @@ mod tests {
         store.group.sync_through(store.group.ordered(), &|| false).unwrap();
         drop(store);
         let journal = journals(dir.path()).pop().unwrap();
-        let mut bytes = std::fs::read(&journal).unwrap();
-        let end = bytes.iter().rposition(|&b| b != 0).unwrap() + 1;
-        let (key, value) = (b"k".as_slice(), [7u8; 12]);
-        let mut item = vec![2, 4, 0]; // Item tag, ValueType::Indirection, no compression
-        item.extend_from_slice(&1u64.to_le_bytes()); // a keyspace of the store
+        const INDIRECTION: u8 = 4;
+        // A sequence number past every commit.
+        append_to_journal(&journal, &journal_batch(1 << 40, &journal_item(INDIRECTION, 1, b"k", &[7; 12])));
+        // No sync marker follows it, so it is an unacknowledged tail, cut off.
+        assert_eq!(root_names(dir.path()).unwrap(), vec![b"kept".to_vec()]);
+    }
+
+    /// A sealed journal whose batches clear a keyspace at a later sequence number than an
+    /// item written after the clear (intact checksums, damaged numbers) is refused, where
+    /// fjall asserted.
+    #[test]
+    fn a_sealed_journal_whose_numbers_run_backwards_is_refused_not_a_panic() {
+        let (dir, meta, mut store) = new_store();
+        create_file(&mut store, &meta, &mut StdRng::seed_from_u64(6), b"kept");
+        drop(store);
+        // fjall seals a journal past 64 MB; a new, empty journal after it seals it here.
+        let sealed = journals(dir.path());
+        assert_eq!(sealed.len(), 1);
+        std::fs::File::create(dir.path().join("1.jnl")).unwrap();
+        const CLEAR: u8 = 4;
+        let mut clear = vec![CLEAR];
+        clear.extend_from_slice(&1u64.to_le_bytes());
+        const VALUE: u8 = 0;
+        let item = journal_item(VALUE, 1, b"k", b"v");
+        let mut batches = journal_batch((1 << 40) + 1, &clear);
+        batches.extend(journal_batch(1 << 40, &item));
+        append_to_journal(&sealed[0], &batches);
+        let err = root_names(dir.path()).expect_err("a journal whose numbers run backwards opened");
+        assert!(err.to_string().contains("SeqnoOutOfOrder"), "{err}");
+    }
+
+    /// A directory named like a journal is skipped, as a stray keyspace directory is.
+    #[test]
+    fn a_directory_named_like_a_journal_is_skipped() {
+        let (dir, meta, mut store) = new_store();
+        create_file(&mut store, &meta, &mut StdRng::seed_from_u64(7), b"kept");
+        drop(store);
+        std::fs::create_dir(dir.path().join("99.jnl")).unwrap();
+        assert_eq!(root_names(dir.path()).unwrap(), vec![b"kept".to_vec()]);
+    }
+
+    /// One journal item as fjall encodes it: tag, value type, no compression, keyspace,
+    /// the key's and the value's lengths (the value's twice), key, value.
+    fn journal_item(value_type: u8, keyspace: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut item = vec![2, value_type, 0];
+        item.extend_from_slice(&keyspace.to_le_bytes());
         item.extend_from_slice(&(key.len() as u16).to_le_bytes());
         item.extend_from_slice(&(value.len() as u32).to_le_bytes());
         item.extend_from_slice(&(value.len() as u32).to_le_bytes());
         item.extend_from_slice(key);
-        item.extend_from_slice(&value);
-        let mut batch = vec![1]; // Start: one item, a sequence number past every commit
+        item.extend_from_slice(value);
+        item
+    }
+
+    /// A batch of one entry with a checksum that holds: start (one entry, `seqno`), the
+    /// entry, end (the entry's xxh3, then fjall's magic).
+    fn journal_batch(seqno: u64, entry: &[u8]) -> Vec<u8> {
+        let mut batch = vec![1];
         batch.extend_from_slice(&1u32.to_le_bytes());
-        batch.extend_from_slice(&(1u64 << 40).to_le_bytes());
-        batch.extend_from_slice(&item);
-        batch.push(3); // End: the checksum of the items, then fjall's magic
-        batch.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&item).to_le_bytes());
+        batch.extend_from_slice(&seqno.to_le_bytes());
+        batch.extend_from_slice(entry);
+        batch.push(3);
+        batch.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(entry).to_le_bytes());
         batch.extend_from_slice(b"FJL\x03");
-        bytes[end..end + batch.len()].copy_from_slice(&batch);
-        std::fs::write(&journal, bytes).unwrap();
-        // No sync marker follows it, so it is an unacknowledged tail, cut off.
-        assert_eq!(root_names(dir.path()).unwrap(), vec![b"kept".to_vec()]);
+        batch
+    }
+
+    /// Writes `bytes` over the journal right after its last written byte (into its zeros).
+    fn append_to_journal(journal: &Path, bytes: &[u8]) {
+        let mut image = std::fs::read(journal).unwrap();
+        let end = image.iter().rposition(|&b| b != 0).unwrap() + 1;
+        image.truncate(end);
+        image.extend_from_slice(bytes);
+        std::fs::write(journal, image).unwrap();
     }
 
     /// A power loss keeps any subset of the journal's sectors written after its last

@@ -45,6 +45,10 @@ pub enum RecoveryError {
     /// alignfs: the journal cannot be read at a point that a completed sync had made
     /// durable (a sync marker lies after it): damage, not a crash's torn tail
     DamagedBeforeSync,
+
+    /// alignfs: a sealed journal's batches disagree about a keyspace's sequence numbers
+    /// (one clears it at a later number than items written after the clear)
+    SeqnoOutOfOrder,
 }
 
 impl std::fmt::Display for RecoveryError {

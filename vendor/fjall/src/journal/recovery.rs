@@ -46,7 +46,12 @@ pub fn recover_journals<P: AsRef<Path>>(
             continue;
         }
 
-        assert!(dirent.file_type()?.is_file());
+        // alignfs: a directory named like a journal is not one; skipped, as a stray
+        // keyspace directory is, where upstream asserted.
+        if !dirent.file_type()?.is_file() {
+            log::warn!("Skipping {}: named like a journal but not a file", path.display());
+            continue;
+        }
 
         let Some(basename) = filename.strip_suffix(".jnl") else {
             log::error!("Invalid journal file name: {filename}");
