@@ -209,6 +209,7 @@ impl System for AlignfsSystem {
         Ok(())
     }
     fn drop_caches(&mut self) {
+        self.volume().drop_clean_pages();
         drop_file_cache(&self.ssd);
     }
     fn counters(&self) -> Option<Vec<u64>> {

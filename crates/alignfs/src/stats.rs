@@ -57,7 +57,7 @@ counters! {
     namespace_records: "journal records holding a namespace op (create, link, rename, attributes); the rest hold data ops only",
     checksum_errors: "SSD blocks read back with a checksum that does not match their record (nvstore)",
     pages_merged_by_reads: "fragment pages a read filled from their SSD block, so their sync reads nothing (nvstore: FP -> DP)",
-    clean_page_hits: "SSD blocks a read or merge found among the clean pages, so it read nothing from the device (nvstore: CP)",
+    clean_page_hits: "SSD blocks a read or merge found among the clean pages, so it read nothing from the device (nvstore: CP; byte: the host's cache)",
     pages_dirtied_from_clean: "unaligned writes whose block was a clean page: its page filled from it at once (nvstore: CP -> DP)",
     kv_block_bytes: "flattened block-map records written to the KV store, keys and values (nvstore)",
     kv_fragment_bytes: "fragment records written to the KV store, one per unaligned piece (nvstore)",

@@ -97,6 +97,13 @@ impl Policy for BytePolicy {
         self.byte_interface.then_some(MODIFIED_RATIO_MAX)
     }
 
+    /// The host's cache of the device's blocks, in both modes: ByteFS and its ext4
+    /// baseline read through the kernel's page cache, and the emulated device has no
+    /// kernel cache in front of it (docs/BYTE.md, "Host cache").
+    fn keeps_clean_pages(&self) -> bool {
+        true
+    }
+
     /// Watermark migration and checkpoints; the device cleans its own log.
     fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
         Ok(vec![engine.start_maintenance()?])

@@ -298,9 +298,16 @@ pub(crate) trait Policy: Send + Sync {
         false
     }
 
-    /// Whether the volume keeps copies of SSD blocks in DRAM (NVStore's clean pages:
-    /// reads hit them, an unaligned write turns one into a dirty page).
+    /// Whether the volume keeps copies of SSD blocks in DRAM, which reads and merges hit
+    /// instead of the device (NVStore's clean pages; the host's cache of a device that
+    /// has no kernel cache in front of it).
     fn keeps_clean_pages(&self) -> bool {
+        false
+    }
+
+    /// Whether an unaligned write to a block with a clean page fills the write's residue
+    /// page from the copy, so that the page is whole (NVStore's CP → DP).
+    fn dirties_clean_pages(&self) -> bool {
         false
     }
 

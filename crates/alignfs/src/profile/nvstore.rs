@@ -102,6 +102,10 @@ impl Policy for NvStorePolicy {
         true
     }
 
+    fn dirties_clean_pages(&self) -> bool {
+        true
+    }
+
     fn merge_commit_batch(&self) -> usize {
         32
     }

@@ -255,6 +255,15 @@ impl Volume {
         &self.inner.recovery
     }
 
+    /// Drop the copies of SSD blocks the volume keeps in DRAM (clean pages), so that the
+    /// next reads go to the device: a benchmark's cold reads. The kernel's cache of the
+    /// devices is the caller's to drop.
+    pub fn drop_clean_pages(&self) {
+        if let Some(clean) = &self.inner.clean {
+            clean.clear();
+        }
+    }
+
     pub fn describe_devices(&self) -> (String, String, String) {
         let fast = self.inner.fast.as_ref().map_or_else(|| "none".to_string(), |f| f.describe());
         (fast, self.inner.ssd.describe(), self.inner.residue.describe())

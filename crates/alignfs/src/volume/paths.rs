@@ -522,6 +522,60 @@ mod tests {
         assert!(volume.check().is_empty());
     }
 
+    /// A `byte` volume keeps the blocks it read or wrote in DRAM, as the host's cache of
+    /// a device no kernel cache stands in front of: a second read of a block asks the
+    /// device for nothing, every write (whole blocks, residue, truncation) is seen at
+    /// once, and dropping the copies sends reads to the device again. Block-only too.
+    #[test]
+    fn byte_reads_again_from_the_hosts_cache() {
+        let (dir, shm, _, _) = scratch_devices();
+        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
+        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
+        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        let device = |volume: &Volume| volume.device_counters().iter().find(|c| c.name == "block_read_bytes").unwrap().value;
+        let hits = |volume: &Volume| volume.stats().get(crate::stats::Counter::clean_page_hits);
+        let read_all = |volume: &Volume, f: crate::Ino, len: usize| {
+            let mut out = vec![0u8; len];
+            assert_eq!(volume.read(f, 0, &mut out).unwrap(), len);
+            out
+        };
+        let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let mut expected: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 251) as u8).collect();
+        volume.write(f, 0, &expected).unwrap();
+        volume.drop_clean_pages();
+        let before = device(&volume);
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert!(device(&volume) >= before + 4 * 4096, "the first read went to the device");
+        let (before, hits_before) = (device(&volume), hits(&volume));
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert_eq!(device(&volume), before, "the second read asked the device for nothing");
+        assert_eq!(hits(&volume), hits_before + 4);
+        // A whole block, a small write into another (byte-interface residue) and a
+        // truncation that cuts the last block: each read back at once.
+        expected[4096..8192].fill(9);
+        volume.write(f, 4096, &[9; 4096]).unwrap();
+        expected[9000..9100].fill(3);
+        volume.write(f, 9000, &[3; 100]).unwrap();
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        volume.truncate(f, 14000).unwrap();
+        volume.truncate(f, expected.len() as u64).unwrap();
+        expected[14000..].fill(0);
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert_eq!(device(&volume), before, "writes leave their blocks' copies current");
+        volume.drop_clean_pages();
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert!(device(&volume) > before, "dropped copies are read from the device again");
+        volume.close().unwrap();
+        let block_only = VolumeOptions { byte_interface: false, ..VolumeOptions::default() };
+        let volume = open_paths(&dram.path, &ssd.path, block_only, None).unwrap();
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        let before = device(&volume);
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert_eq!(device(&volume), before, "block-only reads again from the host's cache too");
+        volume.close().unwrap();
+    }
+
     #[test]
     fn one_writer_or_many_readers() {
         let (_dir, _shm, fast, ssd) = scratch_devices();

@@ -134,7 +134,7 @@ impl Inner {
     /// pages. Only memory changes: the fragments remain what a crash keeps. The caller
     /// holds the block's write lock.
     pub(super) fn dirty_from_clean(&self, entry: &mut BlockEntry) {
-        let Some(clean) = &self.clean else { return };
+        let Some(clean) = self.clean.as_ref().filter(|_| self.policy.dirties_clean_pages()) else { return };
         let BlockEntry::Ssd { block, overlays, .. } = entry else { return };
         let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() else { return };
         if self.geometry.pages_per_block() != 1 {
@@ -148,28 +148,31 @@ impl Inner {
         }
     }
 
-    /// Table 2 after a block came from the device: a block without residue becomes a
-    /// clean page; a fragment page merges with it (FP → DP) where the profile keeps that.
+    /// After a block came from the device: a fragment page over it merges with it (Table
+    /// 2's FP → DP) where the profile keeps that; otherwise the block becomes a clean page
+    /// where the profile keeps those (its residue stays where it is and is laid over the
+    /// copy on every read).
     fn keep_block_read(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, block: SsdBlock, image: &[u8]) {
-        match (entry, &self.clean) {
-            (BlockEntry::Ssd { overlays, .. }, Some(clean)) if overlays.is_empty() => clean.read(block, image),
-            _ if self.policy.keep_merged_on_read() => self.keep_merged(inode, lblock, entry, image),
-            _ => {}
+        let has_residue = matches!(entry, BlockEntry::Ssd { overlays, .. } if !overlays.is_empty());
+        if has_residue && self.policy.keep_merged_on_read() {
+            self.keep_merged(inode, lblock, entry, image);
+        } else if let Some(clean) = &self.clean {
+            clean.read(block, image);
         }
     }
 }
 
 /// Bytes of a read that come from the SSD with O_DIRECT: the aligned extent `at..at +
 /// extent` of the device holds them `skip` bytes in; `len` of them go to `dest` in the
-/// output. `verify` names the logical and SSD block when the profile checks checksums
-/// (the extent is then the whole block).
+/// output. `whole` names the logical and SSD block when the extent is that whole block,
+/// read so to be checked against its checksum or kept as a clean page.
 struct DirectPiece {
     at: u64,
     extent: usize,
     skip: usize,
     dest: usize,
     len: usize,
-    verify: Option<(u64, SsdBlock)>,
+    whole: Option<(u64, SsdBlock)>,
 }
 
 /// One O_DIRECT read: the pieces whose extents follow one another on the device, each
@@ -377,18 +380,19 @@ impl Inner {
                             }
                         } else {
                             let (rs, re) = (rs as usize, re as usize);
-                            let verify = verified.then_some((*lb, *ssd_block));
                             match self.options.read_mode {
-                                _ if verified => {
+                                // Read whole, to check against its checksum or to keep.
+                                _ if verified || self.clean.is_some() => {
                                     let at = ssd_block.0 * block;
-                                    direct.push(DirectPiece { at, extent: block as usize, skip: rs, dest, len: re - rs, verify });
+                                    let whole = Some((*lb, *ssd_block));
+                                    direct.push(DirectPiece { at, extent: block as usize, skip: rs, dest, len: re - rs, whole });
                                 }
                                 ReadMode::Buffered => cached.push(device_at, dest, re - rs),
                                 ReadMode::Direct => {
                                     let align = IO_ALIGN as u64;
                                     let (a0, a1) = (device_at / align * align, (device_at + (re - rs) as u64).div_ceil(align) * align);
                                     let (skip, extent) = ((device_at - a0) as usize, (a1 - a0) as usize);
-                                    direct.push(DirectPiece { at: a0, extent, skip, dest, len: re - rs, verify });
+                                    direct.push(DirectPiece { at: a0, extent, skip, dest, len: re - rs, whole: None });
                                 }
                             }
                         }
@@ -435,9 +439,9 @@ impl Inner {
             let buffers = self.submit_ssd(requests.collect()).wait()?;
             let mut damaged = None;
             for (buf, read) in buffers.iter().zip(reads) {
-                for (in_read, DirectPiece { extent, skip, dest, len, verify, .. }) in read.pieces {
+                for (in_read, DirectPiece { extent, skip, dest, len, whole, .. }) in read.pieces {
                     let image = &buf[in_read..in_read + extent];
-                    if let Some((lb, ssd_block)) = verify {
+                    if let Some((lb, ssd_block)) = whole {
                         if let Err(e) = self.verify_read(ssd_block, image) {
                             damaged.get_or_insert(damaged_object(e, inode, lb * block));
                             continue;
@@ -471,8 +475,7 @@ mod tests {
 
     #[test]
     fn direct_pieces_that_follow_on_the_device_are_one_read() {
-        let piece =
-            |at: u64, extent: usize, skip: usize, dest: usize, len: usize| DirectPiece { at, extent, skip, dest, len, verify: None };
+        let piece = |at: u64, extent: usize, skip: usize, dest: usize, len: usize| DirectPiece { at, extent, skip, dest, len, whole: None };
         let reads = direct_reads(vec![
             piece(32768, 32768, 100, 0, 32668),
             piece(65536, 32768, 0, 32668, 32768), // continues the first extent
@@ -483,7 +486,7 @@ mod tests {
         let shape: Vec<(u64, usize, Vec<usize>)> =
             reads.iter().map(|r| (r.at, r.len, r.pieces.iter().map(|(in_read, _)| *in_read).collect())).collect();
         assert_eq!(shape, vec![(32768, 69632, vec![0, 32768, 65536]), (8192, 4096, vec![0]), (16384, 4096, vec![0])]);
-        let verified = DirectPiece { at: 0, extent: 32768, skip: 0, dest: 0, len: 1, verify: Some((0, SsdBlock(0))) };
+        let verified = DirectPiece { at: 0, extent: 32768, skip: 0, dest: 0, len: 1, whole: Some((0, SsdBlock(0))) };
         assert_eq!(direct_reads(vec![verified]).len(), 1);
     }
 
