@@ -106,6 +106,10 @@ pub struct MountArgs {
     /// stores 0.6 µs), so that throughput is that device's, not the image's disk's.
     #[arg(long)]
     device_latency: bool,
+    /// `byte` volumes: DRAM for copies of the device's blocks that reads find without the
+    /// device, the host's cache of it (default 256M; 0 keeps none).
+    #[arg(long, value_name = "SIZE")]
+    clean_cache: Option<String>,
 }
 
 #[derive(Args)]
@@ -299,6 +303,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
         byte_interface: !args.no_byte_interface,
         device_latency: args.device_latency,
+        clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
         ..defaults
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
@@ -434,6 +439,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
         (args.no_byte_interface, Tunable::ByteInterface, "--no-byte-interface"),
         (args.device_latency, Tunable::DeviceLatency, "--device-latency"),
+        (args.clean_cache.is_some(), Tunable::CleanCache, "--clean-cache"),
     ];
     for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {
         println!("note: {flag} has no effect: profile {} does not use it", profile.name());

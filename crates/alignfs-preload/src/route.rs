@@ -45,10 +45,22 @@ fn load_config() -> Option<Config> {
     }
     let fast = std::env::var_os("ALIGNFS_FAST").map_or_else(|| PathBuf::from(DEFAULT_FAST_PATH), PathBuf::from);
     let ssd = std::env::var_os("ALIGNFS_SSD").map_or_else(|| default_data_dir().join("ssd.img"), PathBuf::from);
+    let defaults = VolumeOptions::default();
+    let clean_cache_bytes = match std::env::var("ALIGNFS_CLEAN_CACHE") {
+        Err(_) => defaults.clean_cache_bytes,
+        Ok(text) => match alignfs::geometry::parse_size(&text) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                say(&format!("ALIGNFS_CLEAN_CACHE={text}: {e}; the shim is off"));
+                return None;
+            }
+        },
+    };
     let options = VolumeOptions {
         byte_interface: !switch("ALIGNFS_NO_BYTE_INTERFACE")?,
         device_latency: switch("ALIGNFS_DEVICE_LATENCY")?,
-        ..VolumeOptions::default()
+        clean_cache_bytes,
+        ..defaults
     };
     let prefix = components(&prefix);
     for device in [&fast, &ssd] {

@@ -47,7 +47,7 @@ impl ProfileSpec for Byte {
         Promise::OnWrite
     }
     fn tunables(&self) -> &'static [Tunable] {
-        &[Tunable::Watermarks, Tunable::ByteInterface, Tunable::DeviceLatency]
+        &[Tunable::Watermarks, Tunable::ByteInterface, Tunable::DeviceLatency, Tunable::CleanCache]
     }
     /// The device's page is 4 KiB, and so are ByteFS's blocks.
     fn default_geometry(&self) -> Geometry {

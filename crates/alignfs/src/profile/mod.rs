@@ -179,6 +179,8 @@ pub enum Tunable {
     ByteInterface,
     /// `--device-latency`: model the memory-semantic SSD's latencies and bandwidths.
     DeviceLatency,
+    /// `--clean-cache`: DRAM for copies of SSD blocks (clean pages).
+    CleanCache,
 }
 
 /// The static half of a profile.

@@ -46,7 +46,7 @@ impl ProfileSpec for NvStore {
         Promise::OnWrite
     }
     fn tunables(&self) -> &'static [Tunable] {
-        &[Tunable::Watermarks, Tunable::ResidueMemory]
+        &[Tunable::Watermarks, Tunable::ResidueMemory, Tunable::CleanCache]
     }
     /// NVStore's pages are its blocks, 4 KiB.
     fn default_geometry(&self) -> Geometry {

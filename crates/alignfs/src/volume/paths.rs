@@ -574,6 +574,15 @@ mod tests {
         assert!(read_all(&volume, f, expected.len()) == expected);
         assert_eq!(device(&volume), before, "block-only reads again from the host's cache too");
         volume.close().unwrap();
+        // None kept (`--clean-cache 0`): every read goes to the device.
+        let no_cache = VolumeOptions { clean_cache_bytes: 0, ..VolumeOptions::default() };
+        let volume = open_paths(&dram.path, &ssd.path, no_cache, None).unwrap();
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        let (before, hits_before) = (device(&volume), hits(&volume));
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert!(device(&volume) >= before + 3 * 4096, "without copies the second read went to the device");
+        assert_eq!(hits(&volume), hits_before);
+        volume.close().unwrap();
     }
 
     #[test]
