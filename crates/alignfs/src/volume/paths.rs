@@ -468,17 +468,24 @@ mod tests {
         assert!(matches!(format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None), Err(Error::AlreadyFormatted { .. })));
     }
 
+    /// A new `byte` volume on a 16 MiB flash image; the scratch directories live as
+    /// long as the first value.
+    fn format_byte() -> ((tempfile::TempDir, tempfile::TempDir), DeviceSpec, DeviceSpec, Volume) {
+        let (dir, shm, _, _) = scratch_devices();
+        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
+        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
+        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        ((dir, shm), dram, ssd, volume)
+    }
+
     /// ByteFS's write-back by modified ratio: a page written back with at most 1/8 of its
     /// 64-byte lines changed sends those lines through the byte interface and no block;
     /// an unchanged page sends nothing; a page changed more goes whole through the block
     /// interface. Block-only, every page goes whole.
     #[test]
     fn byte_writes_back_pages_by_their_modified_ratio() {
-        let (dir, shm, _, _) = scratch_devices();
-        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
-        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
-        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
-        let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        let (_scratch, dram, ssd, volume) = format_byte();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let mut pages: Vec<u8> = (0..4 * 4096u32).map(|i| (i % 251) as u8).collect();
         volume.write(f, 0, &pages).unwrap();
@@ -528,11 +535,7 @@ mod tests {
     /// once, and dropping the copies sends reads to the device again. Block-only too.
     #[test]
     fn byte_reads_again_from_the_hosts_cache() {
-        let (dir, shm, _, _) = scratch_devices();
-        let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
-        let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
-        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
-        let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
+        let (_scratch, dram, ssd, volume) = format_byte();
         let device = |volume: &Volume| volume.device_counters().iter().find(|c| c.name == "block_read_bytes").unwrap().value;
         let hits = |volume: &Volume| volume.stats().get(crate::stats::Counter::clean_page_hits);
         let read_all = |volume: &Volume, f: crate::Ino, len: usize| {
