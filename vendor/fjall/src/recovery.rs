@@ -262,9 +262,8 @@ pub fn recover_sealed_memtables(
             } else if let Some(sealed_memtable) = tree.rotate_memtable() {
                 log::trace!("Sealed active memtable of keyspace {:?}", wm.keyspace.name);
 
-                // alignfs: batches whose sequence numbers run backwards (a keyspace
-                // cleared after items it never held) are damage, not a bug; upstream
-                // asserted.
+                // alignfs: batches whose sequence numbers run backwards (a clear numbered
+                // above items written after it) are damage, not a bug; upstream asserted.
                 if sealed_memtable.get_highest_seqno() != Some(wm.lsn) {
                     log::error!(
                         "Sealed journal {} replays keyspace {:?} to seqno {:?}, its batches say {}",

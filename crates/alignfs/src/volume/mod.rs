@@ -78,8 +78,8 @@ pub struct VolumeOptions {
     /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`); `nvstore`: its
     /// fragment pages.
     pub scrap_mem_bytes: u64,
-    /// `nvstore`: the most memory its clean pages (copies of SSD blocks) may take; 0
-    /// keeps none.
+    /// `nvstore`, `byte`: the most memory their clean pages (copies of SSD blocks) may
+    /// take; 0 keeps none.
     pub clean_cache_bytes: u64,
     /// `scrap`, `uhs`: writes below this size go whole to the residue store (WSBuffer's
     /// request-size threshold, UHS's small-write threshold); larger ones send their whole
@@ -176,7 +176,7 @@ pub(crate) struct Inner {
     home_base: Option<u64>,
     /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
     checksums: Option<BlockChecksums>,
-    /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`).
+    /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`, `byte`).
     clean: Option<CleanPages>,
     pub(crate) meta: MetaState,
     /// The commit lock and the store it guards: where metadata becomes durable.
