@@ -80,12 +80,14 @@ for bad in "--scrap-mem 100K --ssd $work/scrap-b.img" "--scrap-mem 64M"; do
     grep -qE "fewer than two|spans 2 SSDs" "$work/err"
     if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
 done
-# A malformed --fill-on-close size is refused by name, and nothing is mounted.
-if "$bin" mount --ssd "$work/scrap-a.img" --ssd "$work/scrap-b.img" --fill-on-close 12Q --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
-    echo "smoke: mount --fill-on-close 12Q must fail" >&2; exit 1
-fi
-grep -q -- '--fill-on-close: cannot parse size "12Q"' "$work/err"
-if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
+# A malformed size is refused by name, and nothing is mounted.
+for flag in --fill-on-close --clean-cache; do
+    if "$bin" mount --ssd "$work/scrap-a.img" --ssd "$work/scrap-b.img" "$flag" 12Q --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
+        echo "smoke: mount $flag 12Q must fail" >&2; exit 1
+    fi
+    grep -q -- "$flag: cannot parse size \"12Q\"" "$work/err"
+    if mountpoint -q "$work/mnt"; then echo "smoke: a refused mount left a mount behind" >&2; exit 1; fi
+done
 # Block-volume options: a malformed range, a bad sector size or a file-system profile is
 # refused by name before any device file is created.
 for bad in "--profile uhs --nvm-range 5M" "--profile uhs --nvm-range 8M-4M" "--profile uhs --sector-size 1000" "--size 1G"; do
@@ -146,8 +148,9 @@ stage "suites on the mount"
 suites=0
 scripts/suites.sh || suites=$?
 # An option the volume's profile does not use is named, and the mount goes ahead.
-"$bin" mount --fast "$shm/c-fast" --ssd "$work/c-ssd.img" --scrap-mem 64M --log "$work/c-mount.log" "$work/c-mnt" >"$work/out"
+"$bin" mount --fast "$shm/c-fast" --ssd "$work/c-ssd.img" --scrap-mem 64M --clean-cache 8M --log "$work/c-mount.log" "$work/c-mnt" >"$work/out"
 grep -q "scrap-mem has no effect: profile orch" "$work/out"
+grep -q "clean-cache has no effect: profile orch" "$work/out"
 "$bin" umount "$work/c-mnt" >/dev/null
 stage "crash loops"
 scripts/crash.sh

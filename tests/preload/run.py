@@ -153,6 +153,10 @@ def main():
         bad = subprocess.run(["ls", f"{prefix}/dir"], env=dict(env, ALIGNFS_DEVICE_LATENCY="yes"), capture_output=True, text=True, timeout=20)
         check("config: ALIGNFS_DEVICE_LATENCY=yes is refused by name and the shim stays off",
               "ALIGNFS_DEVICE_LATENCY=yes: use 1 or 0; the shim is off" in bad.stderr and bad.returncode != 0, bad.stderr[-300:])
+        bad = subprocess.run(["ls", f"{prefix}/dir"], env=dict(env, ALIGNFS_CLEAN_CACHE="lots"), capture_output=True, text=True, timeout=20)
+        check("config: ALIGNFS_CLEAN_CACHE=lots is refused by name and the shim stays off",
+              'ALIGNFS_CLEAN_CACHE=lots: cannot parse size "lots"' in bad.stderr and "the shim is off" in bad.stderr
+              and bad.returncode != 0, bad.stderr[-300:])
         sql = ("create table t(a integer primary key, b text);"
                "insert into t(b) select hex(randomblob(100)) from generate_series(1,5000);"
                "delete from t where a % 7 = 0; pragma integrity_check; select count(*) from t;")
