@@ -68,7 +68,10 @@ impl ProfileSpec for Byte {
     fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
         let device = setup.byte.ok_or_else(|| Error::WrongDevices("profile byte needs a memory-semantic SSD".into()))?;
         let layout = setup.layout;
-        Ok(Arc::new(ByteLogPages::new(Arc::clone(device), layout.pages_offset, layout.page_count, setup.geometry.page_bytes)))
+        let page_bytes = setup.geometry.page_bytes;
+        // The host's cache of the device holds residue units as well as SSD blocks.
+        let copied_units = setup.options.clean_cache_bytes / u64::from(page_bytes);
+        Ok(Arc::new(ByteLogPages::new(Arc::clone(device), layout.pages_offset, layout.page_count, page_bytes, copied_units)))
     }
     fn policy(&self, options: &VolumeOptions) -> Box<dyn Policy> {
         Box::new(BytePolicy { byte_interface: options.byte_interface })

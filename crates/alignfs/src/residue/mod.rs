@@ -64,6 +64,9 @@ pub trait ResidueStore: Send + Sync {
     fn read(&self, unit: PageNo, offset: u32, out: &mut [u8]) -> crate::error::Result<()>;
     /// Make `offset..offset+len` of `unit` durable per the profile's promise.
     fn persist(&self, unit: PageNo, offset: u32, len: u32);
+    /// Drop the copies of units the host keeps to spare device reads, if any (a
+    /// benchmark's cold reads).
+    fn drop_copies(&self) {}
     /// After [`ResidueStore::allocate`] refused `requests`: the blocks whose migration
     /// would make room for them, when room is not just any free unit (a full segment);
     /// empty to let the engine choose.

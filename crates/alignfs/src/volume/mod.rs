@@ -255,13 +255,14 @@ impl Volume {
         &self.inner.recovery
     }
 
-    /// Drop the copies of SSD blocks the volume keeps in DRAM (clean pages), so that the
-    /// next reads go to the device: a benchmark's cold reads. The kernel's cache of the
+    /// Drop the copies of SSD blocks (clean pages) and of residue units the volume keeps
+    /// in DRAM, so that the next reads go to the device: a benchmark's cold reads. The kernel's cache of the
     /// devices is the caller's to drop.
     pub fn drop_clean_pages(&self) {
         if let Some(clean) = &self.inner.clean {
             clean.clear();
         }
+        self.inner.residue.drop_copies();
     }
 
     pub fn describe_devices(&self) -> (String, String, String) {

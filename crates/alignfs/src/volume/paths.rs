@@ -529,14 +529,16 @@ mod tests {
         assert!(volume.check().is_empty());
     }
 
-    /// A `byte` volume keeps the blocks it read or wrote in DRAM, as the host's cache of
-    /// a device no kernel cache stands in front of: a second read of a block asks the
-    /// device for nothing, every write (whole blocks, residue, truncation) is seen at
-    /// once, and dropping the copies sends reads to the device again. Block-only too.
+    /// A `byte` volume keeps the blocks and residue units it read or wrote in DRAM, as the
+    /// host's cache of a device no kernel cache stands in front of: a second read of a
+    /// block asks the device for nothing, every write (whole blocks, residue, truncation)
+    /// is seen at once, and dropping the copies sends reads to the device again.
+    /// Block-only too.
     #[test]
     fn byte_reads_again_from_the_hosts_cache() {
         let (_scratch, dram, ssd, volume) = format_byte();
         let device = |volume: &Volume| volume.device_counters().iter().find(|c| c.name == "block_read_bytes").unwrap().value;
+        let loads = |volume: &Volume| volume.device_counters().iter().find(|c| c.name == "byte_load_bytes").unwrap().value;
         let hits = |volume: &Volume| volume.stats().get(crate::stats::Counter::clean_page_hits);
         let read_all = |volume: &Volume, f: crate::Ino, len: usize| {
             let mut out = vec![0u8; len];
@@ -560,15 +562,24 @@ mod tests {
         volume.write(f, 4096, &[9; 4096]).unwrap();
         expected[9000..9100].fill(3);
         volume.write(f, 9000, &[3; 100]).unwrap();
+        let loads_before = loads(&volume);
         assert!(read_all(&volume, f, expected.len()) == expected);
         volume.truncate(f, 14000).unwrap();
         volume.truncate(f, expected.len() as u64).unwrap();
         expected[14000..].fill(0);
         assert!(read_all(&volume, f, expected.len()) == expected);
-        assert_eq!(device(&volume), before, "writes leave their blocks' copies current");
+        // Residue larger than loads would fetch: 2,000 bytes of a partial block.
+        expected[12388..14388].fill(4);
+        volume.write(f, 12388, &[4; 2000]).unwrap();
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert_eq!(device(&volume), before, "writes leave their blocks' and units' copies current");
+        assert_eq!(loads(&volume), loads_before, "residue the host wrote is read from its copy");
         volume.drop_clean_pages();
         assert!(read_all(&volume, f, expected.len()) == expected);
-        assert!(device(&volume) > before, "dropped copies are read from the device again");
+        assert!(device(&volume) >= before + 5 * 4096, "dropped copies (four blocks, a unit) are read from the device again");
+        let before = device(&volume);
+        assert!(read_all(&volume, f, expected.len()) == expected);
+        assert_eq!(device(&volume), before, "and kept again");
         volume.close().unwrap();
         let block_only = VolumeOptions { byte_interface: false, ..VolumeOptions::default() };
         let volume = open_paths(&dram.path, &ssd.path, block_only, None).unwrap();

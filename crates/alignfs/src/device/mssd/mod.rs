@@ -275,10 +275,15 @@ impl MemorySemanticSsd {
 
     /// A posted store whose caller cannot take an error on the spot (a host cache-line
     /// write-back): a failure is kept, and every later [`verify_posted`](Self::verify_posted)
-    /// reports it, as the device would on its write-verify read.
-    pub fn post(&self, addr: u64, data: &[u8]) {
-        if let Err(e) = self.store(None, addr, data) {
-            self.keep_posted_failure(&format!("a posted store of {} bytes at {addr}", data.len()), &e);
+    /// reports it, as the device would on its write-verify read. Returns whether the device
+    /// took the store.
+    pub fn post(&self, addr: u64, data: &[u8]) -> bool {
+        match self.store(None, addr, data) {
+            Ok(()) => true,
+            Err(e) => {
+                self.keep_posted_failure(&format!("a posted store of {} bytes at {addr}", data.len()), &e);
+                false
+            }
         }
     }
 
