@@ -39,6 +39,8 @@ pub struct FileSsd {
     engine: IoEngine,
     write_through: bool,
     is_block_device: bool,
+    /// An image on tmpfs: the kernel's cache is the image, so every read is a copy.
+    in_memory: bool,
 }
 
 impl FileSsd {
@@ -67,9 +69,10 @@ impl FileSsd {
         }
         let len = cached.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size SSD {name}"), e))?;
         let write_through = is_block_device && cache_is_write_through(metadata.rdev());
+        let in_memory = rustix::fs::fstatfs(&cached).is_ok_and(|fs| fs.f_type as u64 == libc::TMPFS_MAGIC as u64);
         let direct = Arc::new(direct);
         let engine = IoEngine::start(Arc::clone(&direct), options.io_workers, options.split_bytes, options.backend);
-        Ok(FileSsd { path: path.into(), direct, cached, len, engine, write_through, is_block_device })
+        Ok(FileSsd { path: path.into(), direct, cached, len, engine, write_through, is_block_device, in_memory })
     }
 
     pub fn backend(&self) -> IoBackend {
@@ -141,6 +144,9 @@ impl BlockDevice for FileSsd {
     }
 
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
+        if self.in_memory {
+            return super::io_engine::perform_inline(&self.direct, batch);
+        }
         self.engine.submit(batch)
     }
 
@@ -151,6 +157,10 @@ impl BlockDevice for FileSsd {
     }
 
     fn read_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        // tmpfs refuses RWF_NOWAIT, and never waits for a device.
+        if self.in_memory {
+            return self.read_buffered(offset_bytes, buf).map(|()| true);
+        }
         // RWF_NOWAIT: the kernel copies what its cache holds and stops at the first byte
         // it would have to fetch. A short read counts as a miss; the caller reads again,
         // blocking.
@@ -186,7 +196,13 @@ impl BlockDevice for FileSsd {
         format!(
             "{} ({}, {} bytes, {:?} IO, cache {})",
             self.path.display(),
-            if self.is_block_device { "block device" } else { "image file" },
+            if self.is_block_device {
+                "block device"
+            } else if self.in_memory {
+                "image file in memory"
+            } else {
+                "image file"
+            },
             self.len,
             self.engine.backend(),
             if self.write_through { "write-through: no flushes" } else { "write-back: flushed before metadata exposes new blocks" }
@@ -200,7 +216,10 @@ mod tests {
     use crate::device::{run_batch, AlignedBuf, IoOp};
 
     fn round_trip(backend: IoBackend) {
-        let dir = tempfile::tempdir().unwrap();
+        round_trip_in(&tempfile::tempdir().unwrap(), backend);
+    }
+
+    fn round_trip_in(dir: &tempfile::TempDir, backend: IoBackend) -> FileSsd {
         let path = dir.path().join("ssd.img");
         let options =
             SsdOptions { create_len: Some(1 << 20), io_workers: 2, split_bytes: 32 * 1024, backend: Some(backend), shared: false };
@@ -238,6 +257,20 @@ mod tests {
         // Beyond the end: an error, not a panic or a hang.
         let past = vec![IoRequest { op: IoOp::Read, offset_bytes: 1 << 20, buf: AlignedBuf::zeroed(4096) }];
         assert!(run_batch(&ssd, past).is_err());
+        ssd
+    }
+
+    /// An image on tmpfs: IO in the caller's thread, and every read counts as cached.
+    #[test]
+    fn in_memory_round_trip() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let ssd = round_trip_in(&dir, IoBackend::Uring);
+        assert!(ssd.describe().contains("image file in memory"), "{}", ssd.describe());
+        let mut cached = [0u8; 10];
+        assert!(ssd.read_cached(7 * 32 * 1024, &mut cached).unwrap());
+        assert_eq!(cached, [8; 10]);
+        let on_disk = round_trip_in(&tempfile::tempdir().unwrap(), IoBackend::Uring);
+        assert!(!on_disk.describe().contains("in memory"), "{}", on_disk.describe());
     }
 
     #[test]
