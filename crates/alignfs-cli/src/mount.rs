@@ -103,11 +103,13 @@ pub struct MountArgs {
     no_byte_interface: bool,
     /// `byte` volumes: the emulated device takes at least the time ByteFS's Table 4 gives
     /// each operation (flash 40/60 µs read/write over 8 channels, cache-line loads 4.8 µs,
-    /// stores 0.6 µs), so that throughput is that device's, not the image's disk's.
+    /// stores 0.6 µs); the IO on the flash image counts toward it, so flash on a disk slower
+    /// than the model takes the disk's time (docs/BYTE.md).
     #[arg(long)]
     device_latency: bool,
     /// `byte` volumes: DRAM for copies of the device's blocks that reads find without the
-    /// device, the host's cache of it (default 256M; 0 keeps none).
+    /// device, the host's cache of it (default 256M; 0 keeps none), and as much again, at
+    /// most the residue zone, for copies of residue units.
     #[arg(long, value_name = "SIZE")]
     clean_cache: Option<String>,
 }
