@@ -135,8 +135,7 @@ impl ResidueStore for ByteLogPages {
         for unit in &units {
             self.device.post_trim(self.at(*unit, 0, 0), u64::from(self.page_bytes));
             if let Some(copies) = &self.copies {
-                let seen = *copies.changes.lock();
-                copies.keep(*unit, vec![0; self.page_bytes as usize], seen);
+                copies.cache.insert(unit.0, Arc::from(vec![0; self.page_bytes as usize]));
             }
         }
         Some(units)
@@ -193,7 +192,6 @@ impl ResidueStore for ByteLogPages {
     }
     fn drop_copies(&self) {
         if let Some(copies) = &self.copies {
-            let _changes = copies.changes.lock();
             copies.cache.clear();
         }
     }
