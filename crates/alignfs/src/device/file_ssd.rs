@@ -36,7 +36,8 @@ pub struct FileSsd {
     direct: Arc<File>,
     cached: File,
     len: u64,
-    engine: IoEngine,
+    /// `None` for an image in memory, whose IO runs in the caller's thread.
+    engine: Option<IoEngine>,
     write_through: bool,
     is_block_device: bool,
     /// An image on tmpfs: the kernel's cache is the image, so every read is a copy.
@@ -71,12 +72,8 @@ impl FileSsd {
         let write_through = is_block_device && cache_is_write_through(metadata.rdev());
         let in_memory = rustix::fs::fstatfs(&cached).is_ok_and(|fs| fs.f_type as u64 == libc::TMPFS_MAGIC as u64);
         let direct = Arc::new(direct);
-        let engine = IoEngine::start(Arc::clone(&direct), options.io_workers, options.split_bytes, options.backend);
+        let engine = (!in_memory).then(|| IoEngine::start(Arc::clone(&direct), options.io_workers, options.split_bytes, options.backend));
         Ok(FileSsd { path: path.into(), direct, cached, len, engine, write_through, is_block_device, in_memory })
-    }
-
-    pub fn backend(&self) -> IoBackend {
-        self.engine.backend()
     }
 }
 
@@ -144,10 +141,10 @@ impl BlockDevice for FileSsd {
     }
 
     fn submit(&self, batch: Vec<IoRequest>) -> IoTicket {
-        if self.in_memory {
-            return super::io_engine::perform_inline(&self.direct, batch);
+        match &self.engine {
+            Some(engine) => engine.submit(batch),
+            None => super::io_engine::perform_inline(&self.direct, batch),
         }
-        self.engine.submit(batch)
     }
 
     fn read_buffered(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
@@ -194,7 +191,7 @@ impl BlockDevice for FileSsd {
 
     fn describe(&self) -> String {
         format!(
-            "{} ({}, {} bytes, {:?} IO, cache {})",
+            "{} ({}, {} bytes, {} IO, cache {})",
             self.path.display(),
             if self.is_block_device {
                 "block device"
@@ -204,7 +201,7 @@ impl BlockDevice for FileSsd {
                 "image file"
             },
             self.len,
-            self.engine.backend(),
+            self.engine.as_ref().map_or("inline".to_string(), |engine| format!("{:?}", engine.backend())),
             if self.write_through { "write-through: no flushes" } else { "write-back: flushed before metadata exposes new blocks" }
         )
     }
@@ -265,7 +262,7 @@ mod tests {
     fn in_memory_round_trip() {
         let dir = tempfile::tempdir_in("/dev/shm").unwrap();
         let ssd = round_trip_in(&dir, IoBackend::Uring);
-        assert!(ssd.describe().contains("image file in memory"), "{}", ssd.describe());
+        assert!(ssd.describe().contains("image file in memory") && ssd.describe().contains("inline IO"), "{}", ssd.describe());
         let mut cached = [0u8; 10];
         assert!(ssd.read_cached(7 * 32 * 1024, &mut cached).unwrap());
         assert_eq!(cached, [8; 10]);
