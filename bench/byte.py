@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ensure_tools, log, run  # noqa: E402
+from run import enable_fuse_uring, ensure_tools, log, mount_transport, run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 ALIGNFS = REPO / "target" / "release" / "alignfs"
@@ -80,6 +80,8 @@ class System:
         self.dram = Path("/dev/shm") / f"{work.name}-{self.slug}"
         self.image = work / f"{self.slug}.img" if flash_on_disk else Path("/dev/shm") / f"{work.name}-{self.slug}.img"
         self.loop = ""
+        # How the mount receives requests (`alignfs stat`); none for ext4 and the shim.
+        self.transport = None
 
     def env(self) -> dict:
         """The environment a workload runs in: the shim's, for an in-process system."""
@@ -108,6 +110,7 @@ class System:
                 options = ["--device-latency"] + (["--no-byte-interface"] if self.block_only else [])
                 run([ALIGNFS, "mount", "--ssd", self.image, "--fast", self.dram, *options, "--log",
                      self.work / f"{self.slug}.log", self.mnt])
+                self.transport = mount_transport(self.mnt, ALIGNFS)
         return self.mnt
 
     def remove(self) -> None:
@@ -221,8 +224,9 @@ def cell(system: System, workload: str, args) -> dict:
     finally:
         system.remove()
     delta = {k: after[k] - before[k] for k in after}
+    transport = {"transport": system.transport} if system.transport else {}
     return {"system": system.name, "workload": workload, "ops": ops, "seconds": seconds, "ops_per_s": ops / seconds,
-            "app_write": app_write, **delta}
+            "app_write": app_write, **transport, **delta}
 
 
 # --- report ------------------------------------------------------------------------------
@@ -261,6 +265,7 @@ def report(medians: dict, meta: dict) -> str:
         f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}.",
         "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model,",
         f"its flash image on {meta.get('flash', 'this disk')};",
+        f"The byte mounts' requests: {meta.get('transport', 'not recorded')}.",
         "ext4 runs on a loop device over an image on this disk. Traffic is host-to-device write bytes per",
         "application operation; 'metadata' is, for byte systems, everything but whole data blocks and residue",
         "bytes, and for ext4 the journal's logged blocks (≈, from jbd2's averages; its checkpoint writes of",
@@ -379,6 +384,7 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"unknown workload(s) {', '.join(sorted(unknown))}: one of {', '.join(WORKLOADS)}")
     ensure_tools()
+    enable_fuse_uring()
     run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench", "-p", "alignfs-preload"],
         capture=False)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
@@ -405,6 +411,7 @@ def main() -> int:
                     traffic = f", {c['host_write'] / c['ops']:.0f} B/op to the device" if "host_write" in c else ""
                     log(f"  {c['ops_per_s']:.0f} ops/s{traffic}")
                     cells.append({**c, "round": round_no})
+                    meta["transport"] = "; ".join(sorted({c["transport"] for c in cells if "transport" in c}))
                     (out / "results.json").write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
     medians = median_cells(cells)
     text = report(medians, meta)

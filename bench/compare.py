@@ -181,6 +181,8 @@ class Mounts:
 
     def __init__(self, work: Path, shm: Path, ssd_bytes: int, fast_bytes: int, scrap_mem: int, scrap_ssd_bytes: int):
         self.work, self.shm, self.scrap_mem = work, shm, scrap_mem
+        # What `alignfs stat` said of each mount's requests, for the report.
+        self.transports: set[str] = set()
         self.devices = {
             "orch": ["--fast", shm / "orch-fast", "--ssd", work / "orch.img"],
             "scrap": ["--ssd", work / "scrap.img"],
@@ -204,6 +206,7 @@ class Mounts:
         extra = ["--scrap-mem", str(scrap_mem or self.scrap_mem)] if profile == "scrap" else []
         cmd = [ALIGNFS, "mount", *self.devices[profile], *extra, "--log", self.work / f"{profile}.log", mnt]
         run(cap.wrap(cmd) if cap else cmd)
+        self.transports.add(mountbench.mount_transport(mnt, ALIGNFS))
         return mnt
 
     def umount(self, profile: str) -> None:
@@ -624,6 +627,7 @@ def report(summary: dict, meta: dict, records: list) -> str:
              f"{meta['rounds']} round(s); {meta['seconds']} s cells; {meta['file_bytes'] // MIB} MiB files"
              + (f" ({meta['partial_bytes'] // MIB} MiB in memlimit)" if meta.get("partial_bytes") else "") + "; "
              f"seed 42 (+ round); {meta['date']}; `{meta['command']}`.",
+             f"The mounts' requests: {meta.get('transport') or 'not recorded'}.",
              "Each cell: median over rounds [min–max]. Ratios divide medians from this run. "
              "\"—\": the profile's front end cannot run the workload (the reason is under the table).", ""]
     for f in meta.get("failures", []):
@@ -838,6 +842,7 @@ def main() -> int:
         if os.geteuid() != 0:
             raise SystemExit("bench/compare.py: run as root (mounts, memory cgroups, cache drops, loop devices)")
         mountbench.ensure_tools()
+        mountbench.enable_fuse_uring()
         log("building release binaries")
         run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench"])
         rounds = 1 if args.quick else args.rounds
@@ -852,6 +857,7 @@ def main() -> int:
             meta = {"date": stamp, "rounds": rounds_done, "seconds": cmp.seconds, "file_bytes": cmp.file_bytes,
                     "partial_bytes": cmp.partial_bytes,
                     "groups": groups, "minutes": round((time.monotonic() - started) / 60, 1), "failures": failures,
+                    "transport": "; ".join(sorted(cmp.mounts.transports)),
                     "command": " ".join(["bench/compare.py", *sys.argv[1:]])}
             data = {"meta": meta, "records": cmp.records}
             out.mkdir(parents=True, exist_ok=True)

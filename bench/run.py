@@ -100,6 +100,30 @@ def build() -> None:
     run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench", "-p", "alignfs-preload"], capture=False)
 
 
+FUSE_URING = Path("/sys/module/fuse/parameters/enable_uring")
+
+
+def enable_fuse_uring() -> None:
+    """Serve the mounts over io_uring where the kernel offers it, as scripts/setup.sh does.
+    The module parameter is off again after every boot, and a mount then serves over
+    /dev/fuse, whose round trips cost far more here (webproxy on a `byte` mount ran at
+    about 0.6× the io_uring figure): a run that measured that unnoticed would read as a
+    slower mount. Each benchmark records the transport its mounts report."""
+    if not FUSE_URING.exists() or FUSE_URING.read_text().strip() == "Y":
+        return
+    try:
+        FUSE_URING.write_text("Y\n")
+        log(f"turned on FUSE over io_uring: {FUSE_URING} = Y")
+    except OSError as e:
+        log(f"FUSE over io_uring stays off ({e}): the mounts serve over /dev/fuse")
+
+
+def mount_transport(mountpoint: Path, alignfs: Path | None = None) -> str:
+    """How a running alignfs mount receives its requests, as `alignfs stat` reports it."""
+    report = json.loads(run([str(alignfs or ALIGNFS), "stat", str(mountpoint), "--json"]))
+    return report["daemon"]["transport"]
+
+
 def drop_caches() -> None:
     os.sync()
     try:
@@ -119,6 +143,7 @@ class Systems:
     cache: str = "reads"
     ring_threads: str = "pinned"
     dirs: dict = field(default_factory=dict)
+    transport: str = "not mounted"
 
     def start(self) -> None:
         for d in ["ext4", "limit", "passthrough-src", "mnt/alignfs", "mnt/passthrough"]:
@@ -136,6 +161,8 @@ class Systems:
         }
         run([str(ALIGNFS), "mount", "--fast", str(self.fast), "--ssd", str(ssd), "--cache", self.cache,
              "--ring-threads", self.ring_threads, "--log", str(self.work / "alignfs.log"), str(self.work / "mnt/alignfs")])
+        self.transport = mount_transport(self.work / "mnt/alignfs")
+        log(f"alignfs mount: {self.transport}")
         with open(self.work / "passthrough.log", "w") as log_file:
             subprocess.Popen(
                 [str(PASSTHROUGH), "--source", str(self.work / "passthrough-src"), "--ring-threads", self.ring_threads,
@@ -523,7 +550,7 @@ def write_report(out: Path, args, rows: list, meta: dict) -> None:
     md += [
         f"Machine: {meta['machine']}. Command: `{meta['command']}`. {args.rounds} round(s), {args.runtime} s per cell, "
         f"files of {args.size // MIB} MiB, fast tier {args.fast_size // MIB} MiB (tmpfs), SSD image {args.ssd_size // MIB} MiB. "
-        f"Wall time {meta['wall_minutes']:.1f} min.",
+        f"Wall time {meta['wall_minutes']:.1f} min. The alignfs mount's requests: {meta.get('transport', 'not recorded')}.",
         "",
         "Systems: **alignfs** = `orch` profile through FUSE; **ext4** = buffered files in a directory of the host ext4 on the same disk; "
         "**limit** = the same request sizes rounded out to 4 KiB, O_DIRECT (+ fdatasync when durable) on that ext4 — the device's ceiling; "
@@ -738,6 +765,7 @@ def main() -> int:
     out = args.out or REPO / "bench" / "results" / (date + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     ensure_tools()
+    enable_fuse_uring()
     if not args.no_build:
         build()
     missing = [str(path) for path in (ALIGNFS, PASSTHROUGH, MACRO, PRELOAD) if not path.exists()]
@@ -765,6 +793,7 @@ def main() -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) or "bench/run.py",
         "machine": f"{os.cpu_count()} CPUs, {os.uname().release}",
         "wall_minutes": (time.time() - started) / 60,
+        "transport": systems.transport,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": rows, "cells": bench.cells}, indent=1))

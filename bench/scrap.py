@@ -37,6 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import enable_fuse_uring, mount_transport  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 ALIGNFS = REPO / "target" / "release" / "alignfs"
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -116,6 +119,7 @@ def main() -> int:
     for tool, pkg in [("fio", "fio"), ("fusermount3", "fuse3")]:
         if not shutil.which(tool):
             run(["apt-get", "install", "-y", "-qq", pkg])
+    enable_fuse_uring()
     if args.alignfs:
         ALIGNFS = args.alignfs.resolve()
     else:
@@ -139,6 +143,7 @@ def main() -> int:
         ssd_size = file_size * 2 + max(THREADS) * file_size // 4 + GIB
         run([ALIGNFS, "mkfs", "--profile", "scrap", "--ssd", f"{work / 'ssd.img'}:{ssd_size}"])
         run([ALIGNFS, "mount", "--ssd", work / "ssd.img", "--scrap-mem", str(scrap_mem), "--log", work / "mount.log", mnt])
+        transport = mount_transport(mnt, ALIGNFS)
         dirs = {"alignfs": mnt, "ext4": ext4}
         log(f"prefilling {file_size // MIB} MiB files on alignfs (scrap) and ext4 under {work}")
         for d in dirs.values():
@@ -174,7 +179,7 @@ def main() -> int:
         meta = {"date": stamp, "rounds": rounds, "file_bytes": file_size, "cell_bytes": io_size, "thread_cell_bytes": thread_io,
                 "scrap_mem_bytes": scrap_mem, "scrap_pages_peak": final["fast_pages_peak"], "scrap_pages_total": final["fast_pages_total"],
                 "fuse_max_pages_limit": 2048 if pages_before is not None else None, "counters": final,
-                "alignfs": str(ALIGNFS)}
+                "alignfs": str(ALIGNFS), "transport": transport}
     finally:
         if mnt.exists() and os.path.ismount(mnt):
             run([ALIGNFS, "umount", mnt], check=False)
@@ -202,7 +207,8 @@ def write_report(cells: list, meta: dict) -> tuple:
         f"Medians of {meta['rounds']} round(s). Files of {meta['file_bytes'] // MIB} MiB, prefilled; caches dropped before "
         f"every cell; {meta['cell_bytes'] // MIB} MiB written per cell ({meta['thread_cell_bytes'] // MIB} MiB per thread "
         f"in the thread cells), one fio psync job per thread, no fsync. ext4 is a directory of the host file system on the "
-        f"same disk as alignfs's SSD image. fs.fuse.max_pages_limit: {meta['fuse_max_pages_limit']}.",
+        f"same disk as alignfs's SSD image. fs.fuse.max_pages_limit: {meta['fuse_max_pages_limit']}. "
+        f"The mount's requests: {meta.get('transport', 'not recorded')}.",
         "",
         "| writes | size | alignfs MiB/s | ext4 MiB/s | alignfs ÷ ext4 | alignfs mean µs | ext4 mean µs | through DRAM |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
