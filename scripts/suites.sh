@@ -64,7 +64,7 @@ mount_main || { cat "$work/mount.log"; exit 1; }
 passed=0
 failed=0
 # With the module parameter off, `--transport io-uring` refuses to mount and leaves nothing
-# mounted, and `auto` falls back to /dev/fuse and says why.
+# mounted, and `auto` falls back to /dev/fuse and tells the user how to turn it on.
 uring_off() {
     [[ -e $fuse_uring_param ]] || { echo "no io_uring in this kernel: nothing to check"; return 0; }
     local was status=0
@@ -75,7 +75,9 @@ uring_off() {
     fi
     grep -q "FUSE over io_uring was required, but the transport is /dev/fuse; io_uring not enabled" "$work/err" || { cat "$work/err"; status=1; }
     mountpoint -q "$tiny" && { echo "the refused mount left a mount behind"; "$bin" umount "$tiny"; status=1; }
-    "$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" "$tiny" >/dev/null || status=1
+    "$bin" mount "${tiny_devices[@]}" --log "$work/tiny.log" "$tiny" >"$work/out" || status=1
+    grep -q "requests go through /dev/fuse: this kernel has FUSE over io_uring, but $fuse_uring_param is N" "$work/out" ||
+        { echo "the fallback was not reported:"; cat "$work/out"; status=1; }
     "$bin" stat "$tiny" | grep "transport: /dev/fuse; io_uring not enabled" || status=1
     "$bin" umount "$tiny" >/dev/null || status=1
     echo "$was" >"$fuse_uring_param"

@@ -278,6 +278,24 @@ fn raise_fuse_request_limit(keep: bool) -> std::result::Result<Option<String>, S
     }
 }
 
+const FUSE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// What to tell a user whose `auto` mount fell back to /dev/fuse because the kernel has
+/// FUSE over io_uring turned off; `None` where it has no such transport at all. The
+/// parameter is off after every boot until root (or `scripts/setup.sh`) turns it on, and
+/// the mount gives no other sign than its speed.
+fn io_uring_off_note() -> Option<String> {
+    let value = std::fs::read_to_string(FUSE_URING_PARAM).ok()?;
+    (value.trim() != "Y").then(|| {
+        format!(
+            "requests go through /dev/fuse: this kernel has FUSE over io_uring, but {FUSE_URING_PARAM} is {}; \
+             `echo Y > {FUSE_URING_PARAM}` as root (scripts/setup.sh does) makes later mounts use it \
+             (a webproxy flow took 0.6x as long over it on the test machine; docs/FUSE.md, \"Transport\")",
+            value.trim()
+        )
+    })
+}
+
 /// Open (formatting the default devices on first use), mount, and serve until unmounted.
 fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let mountpoint = &args.mountpoint;
@@ -365,6 +383,12 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         // Dropping the session unmounts and closes the volume.
         drop(session);
         bail!("{e}");
+    }
+    if args.transport == Transport::Auto && !transport.io_uring() {
+        if let Some(note) = io_uring_off_note() {
+            tracing::info!("{note}");
+            println!("{note}");
+        }
     }
     link.attach(&session);
     let mut unmounter = session.unmount_callable();
