@@ -539,6 +539,7 @@ impl GroupSync for KvGroupSync {
         state.running = true;
         let (durable, expected) = (state.durable, state.last_group);
         drop(state);
+        let running = RunningSync(self);
         // Let a commit being ordered now in, and as many as the last sync covered, for a
         // while: the journal's writer lock is held through the sync, so anything appended
         // after it starts waits a whole sync.
@@ -551,6 +552,7 @@ impl GroupSync for KvGroupSync {
             Ok(()) => self.synced_dir(),
             Err(e) => Err(kv_error(&self.dir, "sync the journal", e)),
         };
+        std::mem::forget(running);
         let mut state = self.sync.lock();
         state.running = false;
         match synced {
@@ -563,6 +565,20 @@ impl GroupSync for KvGroupSync {
         drop(state);
         self.sync_done.notify_all();
         synced.map(|()| true)
+    }
+}
+
+/// Held by the commit that runs a sync, and forgotten once it records the outcome. If the
+/// sync unwinds instead (a panic in fjall or in the caller's check), dropping this marks
+/// the store failed and wakes the commits waiting: they get an error rather than waiting
+/// for a sync that never ends.
+struct RunningSync<'a>(&'a KvGroupSync);
+
+impl Drop for RunningSync<'_> {
+    fn drop(&mut self) {
+        self.0.failed.store(true, Ordering::SeqCst);
+        self.0.sync.lock().running = false;
+        self.0.sync_done.notify_all();
     }
 }
 
@@ -1201,6 +1217,23 @@ mod tests {
         assert_eq!(state.durable, (writers * batches) as u64);
         assert!(!state.running);
         assert!(syncs < writers * batches, "{syncs} syncs for {} batches: none was shared", writers * batches);
+    }
+
+    /// A sync that unwinds leaves the store failed, not a sync marked running forever: a
+    /// commit that waits for it gets an error at once.
+    #[test]
+    fn a_sync_that_panics_fails_the_store_instead_of_hanging_it() {
+        let (_dir, _meta, store) = new_store();
+        let group = Arc::clone(&store.group);
+        let first = group.ordered.fetch_add(1, Ordering::SeqCst) + 1;
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            group.sync_through(first, &|| panic!("the caller's check panics mid-sync"))
+        }));
+        assert!(unwound.is_err());
+        assert!(!group.sync.lock().running);
+        let second = group.ordered.fetch_add(1, Ordering::SeqCst) + 1;
+        let err = group.sync_through(second, &|| false).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("an earlier sync failed"), "{err}");
     }
 
     /// Records that do not check out make `load` fail with an error naming the record.
