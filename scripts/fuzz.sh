@@ -7,6 +7,9 @@
 # never panic, loop or disagree with its own encoder. Ends with "suite totals: ...".
 #
 # FUZZ_SECONDS per target (default 20; CI). Long run: FUZZ_SECONDS=3600 scripts/fuzz.sh
+# Each target starts from the seeds crates/alignfs/examples/fuzz_seeds.rs writes (valid
+# checkpoints, op lists, journals, map entries, layouts, KV records), plus what earlier
+# runs here kept in fuzz/corpus/<target>/.
 # Crashes land in fuzz/artifacts/<target>/; replay one with
 #   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
 set -uo pipefail
@@ -18,12 +21,23 @@ targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout
 build_log=$(mktemp)
 cargo +nightly fuzz build -O >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
 rm -f "$build_log"
+# Seeds from the engine's own encoders (crates/alignfs/examples/fuzz_seeds.rs), made fresh
+# so they follow the format: a target starts from inputs that decode and mutates those.
+seeds=$(mktemp -d)
+trap 'rm -rf "$seeds"' EXIT
+build_log=$(mktemp)
+cargo build -q --locked -p alignfs --example fuzz_seeds >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
+rm -f "$build_log"
+target/debug/examples/fuzz_seeds "$seeds" || exit 1
 passed=0
 failed=0
 for target in "${targets[@]}"; do
     mkdir -p "fuzz/corpus/$target"
+    # The first directory takes what the run finds; the seeds are only read.
+    corpora=("fuzz/corpus/$target")
+    [[ -d $seeds/$target ]] && corpora+=("$seeds/$target")
     log=$(mktemp)
-    if cargo +nightly fuzz run -O "$target" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1; then
+    if cargo +nightly fuzz run -O "$target" "${corpora[@]}" -- -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 >"$log" 2>&1; then
         passed=$((passed + 1))
         echo "fuzz $target: ok ($(grep -o 'Done [0-9]* runs' "$log" | tail -1), ${seconds} s)"
     else
