@@ -18,7 +18,7 @@ use alignfs::{Error, FormatOptions, VolumeOptions};
 use alignfs_fuse::{AlignFs, CacheMode, FuseOptions, RingThreads, Transport, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use fuser::{Config, MountOption, SessionACL};
+use fuser::{Config, MountOption, SessionACL, IO_URING_PARAMETER};
 
 use crate::{defaults, DeviceArgs};
 
@@ -278,18 +278,16 @@ fn raise_fuse_request_limit(keep: bool) -> std::result::Result<Option<String>, S
     }
 }
 
-const FUSE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
-
 /// What to tell a user whose `auto` mount fell back to /dev/fuse because the kernel has
 /// FUSE over io_uring turned off; `None` where it has no such transport at all. The
 /// parameter is off after every boot until root (or `scripts/setup.sh`) turns it on, and
 /// the mount gives no other sign than its speed.
 fn io_uring_off_note() -> Option<String> {
-    let value = std::fs::read_to_string(FUSE_URING_PARAM).ok()?;
+    let value = std::fs::read_to_string(IO_URING_PARAMETER).ok()?;
     (value.trim() != "Y").then(|| {
         format!(
-            "requests go through /dev/fuse: this kernel has FUSE over io_uring, but {FUSE_URING_PARAM} is {}; \
-             `echo Y > {FUSE_URING_PARAM}` as root (scripts/setup.sh does) makes later mounts use it \
+            "requests go through /dev/fuse: this kernel has FUSE over io_uring, but {IO_URING_PARAMETER} is {}; \
+             `echo Y > {IO_URING_PARAMETER}` as root (scripts/setup.sh does) makes later mounts use it \
              (a webproxy flow took 0.6x as long over it on the test machine; docs/FUSE.md, \"Transport\")",
             value.trim()
         )

@@ -91,7 +91,7 @@ pub mod experimental;
 #[cfg(target_os = "linux")]
 mod uring;
 #[cfg(target_os = "linux")]
-pub use uring::TransportStats;
+pub use uring::{TransportStats, IO_URING_PARAMETER};
 mod forget_one;
 mod ll;
 mod mnt;

@@ -71,7 +71,9 @@ const COPY_REQUEST_MAX: usize = 4096;
 const FUSE_FORGET: u32 = 2;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_BATCH_FORGET: u32 = 42;
-const IO_URING_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
+/// The module parameter that offers the transport once root writes `Y` to it; off after
+/// every boot.
+pub const IO_URING_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// Which transport serves the session's requests, and how many each has served.
 #[derive(Debug, Default)]
