@@ -155,11 +155,11 @@ pub fn recover_sealed_memtables(
         log::debug!("Replaying sealed journal at {}", journal_path.display());
 
         let raw_reader = JournalReader::new(journal_path)?;
-        let reader = JournalBatchReader::new(raw_reader);
+        let mut reader = JournalBatchReader::new(raw_reader);
 
         let mut watermarks: HashMap<_, EvictionWatermark> = HashMap::default();
 
-        for batch in reader {
+        for batch in reader.by_ref() {
             let batch = batch?;
 
             for item in batch.items {
@@ -301,6 +301,10 @@ pub fn recover_sealed_memtables(
             watermarks: watermarks.into_values().collect(),
             path: journal_path.clone(),
             size_in_bytes: journal_size,
+            // alignfs: a journal with a header was cut to what it wrote when it was
+            // sealed (`Writer::rotate`): kept for reuse once flushed. An older build's
+            // is deleted, as upstream does.
+            recyclable: reader.has_header(),
         });
 
         log::debug!("Requeued sealed journal at {}", journal_path.display());

@@ -48,6 +48,12 @@ impl JournalBatchReader {
         }
     }
 
+    /// alignfs: whether the journal starts with this journal's header (see
+    /// `Entry::Header`), as every journal this build writes does.
+    pub fn has_header(&self) -> bool {
+        self.reader.salt.is_some()
+    }
+
     // TODO: reallocate space
     fn truncate_to(&self, last_valid_pos: u64) -> crate::Result<()> {
         log::trace!("Truncating journal to {last_valid_pos}");
@@ -114,6 +120,9 @@ impl Iterator for JournalBatchReader {
                     self.is_in_batch = true;
                     self.batch_counter = item_count;
                     self.batch_seqno = seqno;
+                    // alignfs: seeded with the journal's salt (see `Entry::Header`).
+                    self.checksum_builder =
+                        xxhash_rust::xxh3::Xxh3::with_seed(self.reader.checksum_seed());
                 }
                 Entry::End(expected_checksum) => {
                     if self.batch_counter > 0 {
@@ -216,6 +225,10 @@ impl Iterator for JournalBatchReader {
                         return self.broken_batch(JournalRecoveryError::InsufficientLength);
                     }
                     self.last_valid_pos = journal_file_pos;
+                }
+                // alignfs: the journal reader consumes these itself.
+                Entry::Header { .. } | Entry::Pad => {
+                    return self.broken_batch(JournalRecoveryError::InsufficientLength);
                 }
             }
         }

@@ -39,10 +39,30 @@ pub enum Entry {
     /// alignfs: written after each completed sync, at `offset`, its own position in the
     /// journal: everything before it was durable. Recovery tells a batch a crash tore
     /// (none after it) from a damaged one (one after it) by this marker.
+    ///
+    /// alignfs: in a journal that starts with a [`Entry::Header`] the marker also carries
+    /// the header's salt (tag 8), so that a marker left by the file's earlier life as
+    /// another journal (it is recycled) is not taken for one of this journal's.
     Synced {
         offset: u64,
+        salt: Option<u64>,
     },
+    /// alignfs: the first entry of a journal this build creates or recycles: the salt is
+    /// the journal's number. Its batches' checksums are seeded with it and its sync
+    /// markers carry it, so that a recycled file's older entries past the journal's end
+    /// fail their checksums instead of reading as this journal's. A journal without a
+    /// header (written by an older build) has neither.
+    Header {
+        salt: u64,
+    },
+    /// alignfs: zeros from here to the next [`JOURNAL_PAGE`] boundary, written before a
+    /// sync so that every sync writes whole pages the journal has not written before: the
+    /// next sync starts on a fresh page instead of writing the last one again.
+    Pad,
 }
+
+/// alignfs: the page a sync pads the journal to (see [`Entry::Pad`]).
+pub const JOURNAL_PAGE: u64 = 4_096;
 
 pub fn serialize_marker_item<W: Write>(
     writer: &mut W,
@@ -103,17 +123,40 @@ fn read_value<R: Read>(reader: &mut R, len: usize) -> std::io::Result<Slice> {
 }
 
 /// alignfs: the bytes of a sync marker (`Entry::Synced`): its tag, the offset it names,
-/// the magic bytes. The writer appends them, the encoder writes them, and recovery
-/// searches the journal for them byte by byte (`JournalReader::synced_after`).
-pub const SYNC_MARKER_LEN: usize = 1 + 8 + MAGIC_BYTES.len();
-
-pub fn sync_marker(offset: u64) -> [u8; SYNC_MARKER_LEN] {
-    let mut marker = [0; SYNC_MARKER_LEN];
-    marker[0] = Tag::Synced as u8;
-    marker[1..9].copy_from_slice(&offset.to_le_bytes());
-    marker[9..].copy_from_slice(MAGIC_BYTES);
+/// in a journal with a header its salt (tag 8, else tag 5), the magic bytes. The writer
+/// appends them, the encoder writes them, and recovery searches the journal for them byte
+/// by byte (`JournalReader::synced_after`).
+pub fn sync_marker(offset: u64, salt: Option<u64>) -> Vec<u8> {
+    let mut marker = Vec::with_capacity(sync_marker_len(salt));
+    match salt {
+        None => {
+            marker.push(Tag::Synced as u8);
+            marker.extend_from_slice(&offset.to_le_bytes());
+        }
+        Some(salt) => {
+            marker.push(Tag::SaltedSynced as u8);
+            marker.extend_from_slice(&offset.to_le_bytes());
+            marker.extend_from_slice(&salt.to_le_bytes());
+        }
+    }
+    marker.extend_from_slice(MAGIC_BYTES);
     marker
 }
+
+pub fn sync_marker_len(salt: Option<u64>) -> usize {
+    1 + 8 + if salt.is_some() { 8 } else { 0 } + MAGIC_BYTES.len()
+}
+
+/// alignfs: the bytes of a journal header (`Entry::Header`).
+pub fn header(salt: u64) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    header.push(Tag::Header as u8);
+    header.extend_from_slice(&salt.to_le_bytes());
+    header.extend_from_slice(MAGIC_BYTES);
+    header
+}
+
+pub const HEADER_LEN: usize = 1 + 8 + MAGIC_BYTES.len();
 
 pub enum Tag {
     Start = 1,
@@ -121,13 +164,16 @@ pub enum Tag {
     End = 3,
     Clear = 4,
     Synced = 5,
+    Header = 6,
+    Pad = 7,
+    SaltedSynced = 8,
 }
 
 impl TryFrom<u8> for Tag {
     type Error = crate::Error;
 
     fn try_from(value: u8) -> Result<Self, Self::Error> {
-        use Tag::{Clear, End, Item, Start, Synced};
+        use Tag::{Clear, End, Header, Item, Pad, SaltedSynced, Start, Synced};
 
         match value {
             1 => Ok(Start),
@@ -135,6 +181,9 @@ impl TryFrom<u8> for Tag {
             3 => Ok(End),
             4 => Ok(Clear),
             5 => Ok(Synced),
+            6 => Ok(Header),
+            7 => Ok(Pad),
+            8 => Ok(SaltedSynced),
             _ => Err(crate::Error::InvalidTag(("JournalMarkerTag", value))),
         }
     }
@@ -155,7 +204,7 @@ impl Entry {
     }
 
     pub(crate) fn encode_into<W: Write>(&self, writer: &mut W) -> Result<(), crate::Error> {
-        use Entry::{Clear, End, Item, Start, Synced};
+        use Entry::{Clear, End, Header, Item, Pad, Start, Synced};
 
         match self {
             Start { item_count, seqno } => {
@@ -185,7 +234,10 @@ impl Entry {
                 writer.write_u8(Tag::Clear.into())?;
                 writer.write_u64::<LittleEndian>(*keyspace_id)?;
             }
-            Synced { offset } => writer.write_all(&sync_marker(*offset))?,
+            Synced { offset, salt } => writer.write_all(&sync_marker(*offset, *salt))?,
+            Header { salt } => writer.write_all(&header(*salt))?,
+            // The reader skips to the page boundary, whatever position this is written at.
+            Pad => writer.write_u8(Tag::Pad.into())?,
         }
         Ok(())
     }
@@ -276,12 +328,7 @@ impl Entry {
                 let checksum = reader.read_u64::<LittleEndian>()?;
 
                 // Check trailer
-                let mut magic = [0u8; MAGIC_BYTES.len()];
-                reader.read_exact(&mut magic)?;
-
-                if magic != MAGIC_BYTES {
-                    return Err(crate::Error::InvalidTrailer);
-                }
+                read_magic(reader)?;
 
                 Ok(Self::End(checksum))
             }
@@ -289,17 +336,33 @@ impl Entry {
                 let keyspace_id = reader.read_u64::<LittleEndian>()?;
                 Ok(Self::Clear { keyspace_id })
             }
-            Tag::Synced => {
+            tag @ (Tag::Synced | Tag::SaltedSynced) => {
                 let offset = reader.read_u64::<LittleEndian>()?;
-                let mut magic = [0u8; MAGIC_BYTES.len()];
-                reader.read_exact(&mut magic)?;
-                if magic != MAGIC_BYTES {
-                    return Err(crate::Error::InvalidTrailer);
-                }
-                Ok(Self::Synced { offset })
+                let salt = match tag {
+                    Tag::SaltedSynced => Some(reader.read_u64::<LittleEndian>()?),
+                    _ => None,
+                };
+                read_magic(reader)?;
+                Ok(Self::Synced { offset, salt })
             }
+            Tag::Header => {
+                let salt = reader.read_u64::<LittleEndian>()?;
+                read_magic(reader)?;
+                Ok(Self::Header { salt })
+            }
+            // The zeros after it are the reader's to skip: it knows the position.
+            Tag::Pad => Ok(Self::Pad),
         }
     }
+}
+
+fn read_magic<R: Read>(reader: &mut R) -> Result<(), crate::Error> {
+    let mut magic = [0u8; MAGIC_BYTES.len()];
+    reader.read_exact(&mut magic)?;
+    if magic != MAGIC_BYTES {
+        return Err(crate::Error::InvalidTrailer);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -348,7 +411,7 @@ mod tests {
 
     #[test]
     fn test_invalid_tag() {
-        let invalid_data = [6u8; 1]; // Invalid tag
+        let invalid_data = [9u8; 1]; // Invalid tag
 
         // Try to deserialize with invalid data
         let mut reader = &invalid_data[..];
@@ -357,7 +420,7 @@ mod tests {
         match result {
             Ok(_) => panic!("should error"),
             Err(error) => match error {
-                crate::Error::InvalidTag(("JournalMarkerTag", 6)) => {}
+                crate::Error::InvalidTag(("JournalMarkerTag", 9)) => {}
                 _ => panic!("should throw InvalidTag"),
             },
         }

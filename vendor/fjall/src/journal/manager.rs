@@ -2,7 +2,7 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::writer::Writer;
+use super::writer::{Writer, RECYCLED_EXTENSION};
 use crate::Keyspace;
 use lsm_tree::{AbstractTree, SeqNo};
 use std::{path::PathBuf, sync::MutexGuard};
@@ -24,7 +24,15 @@ pub struct Item {
     pub(crate) path: PathBuf,
     pub(crate) size_in_bytes: u64,
     pub(crate) watermarks: Vec<EvictionWatermark>,
+    /// alignfs: sealed by this process with a header and cut to what it wrote (see
+    /// `Writer::rotate`): once flushed it is kept for reuse instead of deleted.
+    pub(crate) recyclable: bool,
 }
+
+/// alignfs: how many flushed journals are kept for reuse (Ceph runs BlueStore's RocksDB
+/// with `recycle_log_file_num=4`). A new journal written into an old one's blocks syncs
+/// without the file system allocating anything, so it needs no zeros written ahead.
+const RECYCLED_JOURNALS: usize = 4;
 
 impl std::fmt::Debug for Item {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,14 +160,25 @@ impl JournalManager {
             // [2] Checking the seqno is safe because the queues inside the flush manager are FIFO.
             //
             // IMPORTANT: On recovery, the journals need to be flushed from oldest to newest.
-            log::trace!("Removing fully flushed journal at {}", item.path.display());
+            if item.recyclable && recycled_count(&item.path)? < RECYCLED_JOURNALS {
+                let recycled = item.path.with_extension(RECYCLED_EXTENSION);
+                log::trace!("Keeping fully flushed journal at {} for reuse", item.path.display());
+                std::fs::rename(&item.path, &recycled).inspect_err(|e| {
+                    log::error!(
+                        "Failed to keep flushed journal {} for reuse: {e:?}",
+                        item.path.display(),
+                    );
+                })?;
+            } else {
+                log::trace!("Removing fully flushed journal at {}", item.path.display());
 
-            std::fs::remove_file(&item.path).inspect_err(|e| {
-                log::error!(
-                    "Failed to clean up stale journal file at {}: {e:?}",
-                    item.path.display(),
-                );
-            })?;
+                std::fs::remove_file(&item.path).inspect_err(|e| {
+                    log::error!(
+                        "Failed to clean up stale journal file at {}: {e:?}",
+                        item.path.display(),
+                    );
+                })?;
+            }
 
             self.disk_space_in_bytes = self.disk_space_in_bytes.saturating_sub(item.size_in_bytes);
             self.items.remove(0);
@@ -173,14 +192,29 @@ impl JournalManager {
     ) -> crate::Result<()> {
         let journal_size = journal_writer.len()?;
 
-        let (sealed_path, _) = journal_writer.rotate()?;
+        let (sealed_path, _, recyclable) = journal_writer.rotate()?;
 
         self.enqueue(Item {
             path: sealed_path,
             watermarks,
             size_in_bytes: journal_size,
+            recyclable,
         });
 
         Ok(())
     }
+}
+
+/// alignfs: how many journals beside `journal` are kept for reuse.
+fn recycled_count(journal: &std::path::Path) -> std::io::Result<usize> {
+    let Some(folder) = journal.parent() else {
+        return Ok(0);
+    };
+    let mut count = 0;
+    for entry in std::fs::read_dir(folder)? {
+        if entry?.path().extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) {
+            count += 1;
+        }
+    }
+    Ok(count)
 }

@@ -2,7 +2,7 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::entry::{sync_marker, Entry, Tag, SYNC_MARKER_LEN};
+use super::entry::{sync_marker, sync_marker_len, Entry, Tag, JOURNAL_PAGE};
 use crate::JournalRecoveryError;
 use std::{
     fs::{File, OpenOptions},
@@ -27,17 +27,37 @@ pub struct JournalReader {
     pub(crate) path: PathBuf,
     pub(crate) reader: BufReader<File>,
     pub(crate) last_valid_pos: u64,
+    /// alignfs: the journal's number, from its file name: the salt its header must carry.
+    number: Option<u64>,
+    /// alignfs: the salt of the header this journal starts with; `None` for a journal an
+    /// older build wrote (no header) or one whose first entry is still to be read.
+    pub(crate) salt: Option<u64>,
+    header_read: bool,
 }
 
 impl JournalReader {
     pub fn new<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
 
+        let number = path
+            .as_ref()
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.strip_suffix(".jnl"))
+            .and_then(|number| number.parse().ok());
         Ok(Self {
             path: path.as_ref().into(),
             reader: BufReader::new(file),
             last_valid_pos: 0,
+            number,
+            salt: None,
+            header_read: false,
         })
+    }
+
+    /// alignfs: the seed of this journal's batch checksums (0 without a header).
+    pub(crate) fn checksum_seed(&self) -> u64 {
+        self.salt.unwrap_or(0)
     }
 
     fn truncate_file(&mut self, pos: u64) -> crate::Result<()> {
@@ -57,7 +77,12 @@ impl JournalReader {
     /// open, never drop what a sync made durable.)
     pub(crate) fn synced_after(&self, from: u64) -> std::io::Result<bool> {
         let file = self.reader.get_ref();
-        let mut chunk = vec![0u8; MARKER_SEARCH_CHUNK + SYNC_MARKER_LEN];
+        let tag = match self.salt {
+            None => Tag::Synced as u8,
+            Some(_) => Tag::SaltedSynced as u8,
+        };
+        let marker_len = sync_marker_len(self.salt);
+        let mut chunk = vec![0u8; MARKER_SEARCH_CHUNK + marker_len];
         let mut at = from;
         loop {
             let mut filled = 0;
@@ -68,8 +93,8 @@ impl JournalReader {
                 }
             }
             let bytes = &chunk[..filled];
-            let found = bytes.windows(SYNC_MARKER_LEN).enumerate().any(|(i, window)| {
-                window[0] == Tag::Synced as u8 && window == sync_marker(at + i as u64)
+            let found = bytes.windows(marker_len).enumerate().any(|(i, window)| {
+                window[0] == tag && window == sync_marker(at + i as u64, self.salt)
             });
             if found {
                 return Ok(true);
@@ -109,29 +134,98 @@ impl JournalReader {
     }
 }
 
+impl JournalReader {
+    /// alignfs: the journal's first entry. A header names the journal it was written for:
+    /// this one's, or, in a recycled file a crash left before its new header was durable,
+    /// the one the file held before, whose entries are not this journal's.
+    fn read_header(&mut self) -> Option<crate::Result<()>> {
+        self.header_read = true;
+        match Entry::decode_from(&mut self.reader) {
+            Ok(Entry::Header { salt }) if self.number.is_none_or(|number| number == salt) => {
+                self.salt = Some(salt);
+                self.last_valid_pos = fail_iter!(self.reader.stream_position());
+                Some(Ok(()))
+            }
+            Ok(Entry::Header { .. }) => {
+                log::debug!("Journal {} starts with another journal's header", self.path.display());
+                self.salt = self.number;
+                self.end_here().map(|error| error.map(drop))
+            }
+            // Written by an older build, or empty: read from the start. Unless a marker
+            // of this journal's follows: then its header was durable and is damaged.
+            _ => {
+                self.salt = self.number;
+                let damaged = self.number.is_some() && fail_iter!(self.synced_after(0));
+                self.salt = None;
+                if damaged {
+                    log::error!("Journal {} has a damaged header", self.path.display());
+                    return Some(Err(crate::Error::JournalRecovery(
+                        JournalRecoveryError::DamagedBeforeSync,
+                    )));
+                }
+                fail_iter!(self.reader.seek(std::io::SeekFrom::Start(0)));
+                Some(Ok(()))
+            }
+        }
+    }
+
+    /// alignfs: skip the zeros after a pad entry, to the page boundary.
+    fn skip_pad(&mut self) -> crate::Result<bool> {
+        let at = self.reader.stream_position()?;
+        let boundary = at.next_multiple_of(JOURNAL_PAGE);
+        #[expect(clippy::cast_possible_truncation, reason = "less than a page")]
+        let mut zeros = vec![0u8; (boundary - at) as usize];
+        if std::io::Read::read_exact(&mut self.reader, &mut zeros).is_err() || zeros.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        self.last_valid_pos = boundary;
+        Ok(true)
+    }
+}
+
 impl Iterator for JournalReader {
     type Item = crate::Result<Entry>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        match Entry::decode_from(&mut self.reader) {
-            // alignfs: a marker is valid only at the position it names.
-            Ok(Entry::Synced { offset }) if offset != self.last_valid_pos => self.end_here(),
-            Ok(item) => {
-                self.last_valid_pos = fail_iter!(self.reader.stream_position());
-                Some(Ok(item))
+        if !self.header_read {
+            match self.read_header()? {
+                Ok(()) => {}
+                Err(e) => return Some(Err(e)),
             }
-            Err(e) => {
-                if let crate::Error::Io(e) = e {
-                    match e.kind() {
-                        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::Other => {
-                            self.end_here()
-                        }
-                        _ => Some(Err(crate::Error::Io(e))),
-                    }
-                } else {
+        }
+        loop {
+            return match Entry::decode_from(&mut self.reader) {
+                // alignfs: a marker is valid only at the position it names, with the
+                // journal's salt.
+                Ok(Entry::Synced { offset, salt })
+                    if offset != self.last_valid_pos || salt != self.salt =>
+                {
                     self.end_here()
                 }
-            }
+                // alignfs: a header is valid only at the start (`read_header`).
+                Ok(Entry::Header { .. }) => self.end_here(),
+                Ok(Entry::Pad) => match self.skip_pad() {
+                    Ok(true) => continue,
+                    Ok(false) => self.end_here(),
+                    Err(e) => Some(Err(e)),
+                },
+                Ok(item) => {
+                    self.last_valid_pos = fail_iter!(self.reader.stream_position());
+                    Some(Ok(item))
+                }
+                Err(e) => {
+                    if let crate::Error::Io(e) = e {
+                        match e.kind() {
+                            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::Other => {
+                                self.end_here()
+                            }
+                            _ => Some(Err(crate::Error::Io(e))),
+                        }
+                    } else {
+                        self.end_here()
+                    }
+                }
+            };
         }
     }
 }

@@ -2,7 +2,9 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::entry::{serialize_marker_item, sync_marker, Entry};
+use super::entry::{
+    header, serialize_marker_item, sync_marker, Entry, Tag, HEADER_LEN, JOURNAL_PAGE,
+};
 use crate::{
     batch::item::Item as BatchItem, file::fsync_directory, journal::recovery::JournalId,
     keyspace::InternalKeyspaceId,
@@ -46,6 +48,28 @@ pub struct Writer {
     seek_to_end: bool,
     /// alignfs: entries were written since the last sync marker (`Entry::Synced`).
     unmarked: bool,
+    /// alignfs: the salt of the journal's header (its number); `None` for a journal an
+    /// older build wrote, which has no header and is never recycled.
+    salt: Option<u64>,
+}
+
+/// alignfs: the extension of a sealed journal kept for reuse instead of deleted.
+pub const RECYCLED_EXTENSION: &str = "recycled";
+
+/// alignfs: the number in a journal's file name (`N.jnl`).
+fn journal_number(path: &Path) -> Option<u64> {
+    path.file_name()?.to_str()?.strip_suffix(".jnl")?.parse().ok()
+}
+
+/// alignfs: a sealed journal kept for reuse in `folder`, if there is one.
+fn recycled_journal(folder: &Path) -> std::io::Result<Option<PathBuf>> {
+    for entry in std::fs::read_dir(folder)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) && path.is_file() {
+            return Ok(Some(path));
+        }
+    }
+    Ok(None)
 }
 
 /// The persist mode allows setting the durability guarantee of previous writes
@@ -78,11 +102,22 @@ impl Writer {
         self.file.stream_position().map_err(Into::into)
     }
 
-    /// alignfs: see `seek_to_end`.
+    /// alignfs: see `seek_to_end`. Recovery has read the journal by now, and cut it
+    /// where it ends: an empty one starts with a header, one that has this journal's
+    /// header keeps its salt, and one without (an older build's) goes on without.
     fn position_at_end(&mut self) -> std::io::Result<()> {
         if self.seek_to_end {
-            self.file.seek(SeekFrom::End(0))?;
+            let end = self.file.seek(SeekFrom::End(0))?;
             self.seek_to_end = false;
+            if end == 0 {
+                self.start_with_header()?;
+            } else if let Some(number) = journal_number(&self.path) {
+                let mut first = [0; HEADER_LEN];
+                let read = self.file.get_ref().read_at(&mut first, 0)?;
+                if first[..read] == header(number)[..] {
+                    self.salt = Some(number);
+                }
+            }
         }
         Ok(())
     }
@@ -91,11 +126,28 @@ impl Writer {
         Ok(self.file.get_ref().metadata()?.len())
     }
 
-    pub fn rotate(&mut self) -> crate::Result<(PathBuf, PathBuf)> {
-        self.persist(PersistMode::SyncAll)?;
+    /// Seals the journal and starts the next one. alignfs: also says whether the sealed
+    /// journal may be recycled once flushed (it has a header).
+    pub fn rotate(&mut self) -> crate::Result<(PathBuf, PathBuf, bool)> {
+        // alignfs: positioned, so that a journal sealed right after it was reopened is
+        // padded like any other.
+        self.position_at_end()?;
+        self.persist_keeping_zeros_ahead(PersistMode::SyncAll, false)?;
         // alignfs: and once more for the marker that sync wrote, so that the sealed
         // journal ends in a durable one: damage anywhere in it is then refused.
-        self.persist(PersistMode::SyncAll)?;
+        self.persist_keeping_zeros_ahead(PersistMode::SyncAll, false)?;
+        // alignfs: a journal that may be recycled drops the sparse preallocation past
+        // its written zeros, so that its length is what it has written: a recycled file
+        // is then written into without the file system allocating anything.
+        let recyclable = self.salt.is_some();
+        if recyclable {
+            let written = self.zeroed_to.max(self.pos()?);
+            let file = self.file.get_mut();
+            if file.metadata()?.len() > written {
+                file.set_len(written)?;
+                file.sync_all()?;
+            }
+        }
 
         log::debug!(
             "Sealing active journal at {}, len={}B",
@@ -143,13 +195,76 @@ impl Writer {
 
         let comp = self.compression;
         let compt = self.compression_threshold;
-        *self = Self::create_new(new_path.clone())?;
+        *self = match recycled_journal(&folder)? {
+            Some(recycled) => Self::recycle(&recycled, new_path.clone())?,
+            None => Self::create_new(new_path.clone())?,
+        };
         self.set_compression(comp, compt);
 
         // IMPORTANT: fsync folder on Unix
         fsync_directory(&folder)?;
 
-        Ok((prev_path, new_path))
+        Ok((prev_path, new_path, recyclable))
+    }
+
+    /// alignfs: whether this journal, just reopened and read by recovery, holds entries
+    /// and a flushed journal is kept for reuse: then it is better sealed at once
+    /// (`Database::recover`). Recovery cut it where its entries end, so the rest of its
+    /// life would be written into blocks the file system allocates anew, each sync after
+    /// zeros written ahead; a kept journal's blocks are written already.
+    pub fn better_sealed_on_reopen(&mut self) -> crate::Result<bool> {
+        let Some(folder) = self.path.parent() else {
+            return Ok(false);
+        };
+        if recycled_journal(folder)?.is_none() {
+            return Ok(false);
+        }
+        let end = self.pos()?;
+        let header_len = if self.salt.is_some() { HEADER_LEN as u64 } else { 0 };
+        Ok(end > header_len)
+    }
+
+    /// alignfs: starts journal `path` in a recycled one's file: renamed, and written
+    /// from its start over what it held, which the new header's salt tells apart from
+    /// this journal's entries. Its blocks are already written, so appends and syncs into
+    /// them change nothing else in the file system, as into the zeros written ahead.
+    fn recycle(recycled: &Path, path: PathBuf) -> crate::Result<Self> {
+        std::fs::rename(recycled, &path).inspect_err(|e| {
+            log::error!("Failed to reuse journal file {} as {}: {e:?}", recycled.display(), path.display());
+        })?;
+        let file = OpenOptions::new().write(true).open(&path)?;
+        let written = file.metadata()?.len();
+        log::debug!("Recycled {} as {}", recycled.display(), path.display());
+        let mut writer = Self::over(path, file, written);
+        writer.start_with_header()?;
+        Ok(writer)
+    }
+
+    /// alignfs: a writer at the start of `file`, whose first `zeroed_to` bytes are written.
+    fn over(path: PathBuf, file: File, zeroed_to: u64) -> Self {
+        Self {
+            path,
+            file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
+            buf: Vec::new(),
+            is_buffer_dirty: false,
+            compression: CompressionType::None,
+            compression_threshold: 0,
+            zeroed_to,
+            seek_to_end: false,
+            unmarked: false,
+            salt: None,
+        }
+    }
+
+    /// alignfs: writes the header of a journal at its start (see `Entry::Header`); it is
+    /// made durable by the first sync, with the first entries.
+    fn start_with_header(&mut self) -> std::io::Result<()> {
+        if let Some(number) = journal_number(&self.path) {
+            self.file.write_all(&header(number))?;
+            self.is_buffer_dirty = true;
+            self.salt = Some(number);
+        }
+        Ok(())
     }
 
     pub fn create_new<P: Into<PathBuf>>(path: P) -> crate::Result<Self> {
@@ -170,17 +285,9 @@ impl Writer {
             log::error!("Failed to fsync journal file at {}: {e:?}", path.display());
         })?;
 
-        Ok(Self {
-            path,
-            file: BufWriter::new(file),
-            buf: Vec::new(),
-            is_buffer_dirty: false,
-            compression: CompressionType::None,
-            compression_threshold: 0,
-            zeroed_to: 0,
-            seek_to_end: false,
-            unmarked: false,
-        })
+        let mut writer = Self::over(path, file, 0);
+        writer.start_with_header()?;
+        Ok(writer)
     }
 
     pub fn from_file<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
@@ -206,22 +313,16 @@ impl Writer {
                 log::error!("Failed to fsync journal file at {}: {e:?}", path.display());
             })?;
 
-            return Ok(Self {
-                path: path.into(),
-                file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
-                buf: Vec::new(),
-                is_buffer_dirty: false,
-                compression: CompressionType::None,
-                compression_threshold: 0,
-                zeroed_to: 0,
-                seek_to_end: false,
-                unmarked: false,
-            });
+            let mut writer = Self::over(path.into(), file, 0);
+            writer.start_with_header()?;
+            return Ok(writer);
         }
 
         // alignfs: positioned writes from the end (`seek_to_end`) instead of O_APPEND, so
         // that zeros written ahead of the end do not move where the next entry goes.
+        // alignfs: and read, for its header (`position_at_end`).
         let file = OpenOptions::new()
+            .read(true)
             .write(true)
             .open(path)
             .inspect_err(|e| {
@@ -229,24 +330,29 @@ impl Writer {
             })?;
 
         Ok(Self {
-            path: path.into(),
-            file: BufWriter::with_capacity(JOURNAL_BUFFER_BYTES, file),
-            buf: Vec::new(),
-            is_buffer_dirty: false,
-            compression: CompressionType::None,
-            compression_threshold: 0,
-            zeroed_to: 0,
             seek_to_end: true,
-            unmarked: false,
+            ..Self::over(path.into(), file, 0)
         })
     }
 
     /// Persists the journal file.
     pub(crate) fn persist(&mut self, mode: PersistMode) -> std::io::Result<()> {
+        self.persist_keeping_zeros_ahead(mode, true)
+    }
+
+    /// alignfs: `persist`, writing zeros ahead of the end only if `zeros_ahead` (not for
+    /// a journal being sealed, which is cut where it ends).
+    fn persist_keeping_zeros_ahead(&mut self, mode: PersistMode, zeros_ahead: bool) -> std::io::Result<()> {
         log::trace!(
             "Persisting journal at {} with mode={mode:?}",
             self.path.display(),
         );
+
+        if mode != PersistMode::Buffer {
+            self.pad_to_page().inspect_err(|e| {
+                log::error!("Failed to pad journal at {}: {e:?}", self.path.display());
+            })?;
+        }
 
         if self.is_buffer_dirty {
             self.file.flush().inspect_err(|e| {
@@ -258,7 +364,7 @@ impl Writer {
             self.is_buffer_dirty = false;
         }
 
-        if mode != PersistMode::Buffer {
+        if mode != PersistMode::Buffer && zeros_ahead {
             self.zero_ahead().inspect_err(|e| {
                 log::error!(
                     "Failed to write zeros ahead of journal at {}: {e:?}",
@@ -293,9 +399,30 @@ impl Writer {
             return Ok(());
         }
         let offset = self.file.stream_position()?;
-        self.file.write_all(&sync_marker(offset))?;
+        self.file.write_all(&sync_marker(offset, self.salt))?;
         self.is_buffer_dirty = true;
         self.unmarked = false;
+        Ok(())
+    }
+
+    /// alignfs: fills the journal with a pad entry to the next page boundary, so that
+    /// the sync about to be made writes whole pages, and the next one starts on a page of
+    /// its own instead of writing this one's last page again (see `Entry::Pad`).
+    fn pad_to_page(&mut self) -> std::io::Result<()> {
+        if self.seek_to_end {
+            // Nothing written since the journal was opened.
+            return Ok(());
+        }
+        let at = self.file.stream_position()?;
+        let boundary = at.next_multiple_of(JOURNAL_PAGE);
+        if boundary == at {
+            return Ok(());
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "less than a page")]
+        let mut pad = vec![0; (boundary - at) as usize];
+        pad[0] = Tag::Pad as u8;
+        self.file.write_all(&pad)?;
+        self.is_buffer_dirty = true;
         Ok(())
     }
 
@@ -355,7 +482,9 @@ impl Writer {
         self.is_buffer_dirty = true;
         self.unmarked = true;
 
-        let mut hasher = xxhash_rust::xxh3::Xxh3::default();
+        // alignfs: the salt of a reopened journal is known once it is positioned.
+        self.position_at_end()?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(self.salt.unwrap_or(0));
         let mut byte_count = 0;
 
         self.buf.clear();
@@ -395,7 +524,9 @@ impl Writer {
         self.is_buffer_dirty = true;
         self.unmarked = true;
 
-        let mut hasher = xxhash_rust::xxh3::Xxh3::default();
+        // alignfs: the salt of a reopened journal is known once it is positioned.
+        self.position_at_end()?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(self.salt.unwrap_or(0));
         let mut byte_count = 0;
 
         self.buf.clear();
@@ -433,7 +564,9 @@ impl Writer {
         #[expect(clippy::cast_possible_truncation)]
         let item_count = batch_size as u32;
 
-        let mut hasher = xxhash_rust::xxh3::Xxh3::default();
+        // alignfs: the salt of a reopened journal is known once it is positioned.
+        self.position_at_end()?;
+        let mut hasher = xxhash_rust::xxh3::Xxh3::with_seed(self.salt.unwrap_or(0));
         let mut byte_count = 0;
 
         byte_count += self.write_start(item_count, seqno)?;
