@@ -792,22 +792,15 @@ impl Database {
                     "Set keyspace id counter to {}",
                     db.keyspace_id_counter.get(),
                 );
-
-                // alignfs: go on in a kept journal rather than the reopened one (see
-                // `Writer::better_sealed_on_reopen`); sealed as a rotation seals, its
-                // entries stay in the memtables until they are flushed.
-                let mut journal_writer = db.supervisor.journal.get_writer()?;
-                if journal_writer.better_sealed_on_reopen()? {
-                    let seqno_map = db.supervisor.build_seqno_map(&keyspaces);
-                    #[expect(clippy::expect_used)]
-                    db.supervisor
-                        .journal_manager
-                        .write()
-                        .expect("lock is poisoned")
-                        .rotate_journal(&mut journal_writer, seqno_map)?;
-                }
             }
         }
+
+        // alignfs: go on in a kept journal rather than the reopened one (see
+        // `Writer::better_sealed_on_reopen`); sealed as a rotation seals, its entries stay
+        // in the memtables until they are flushed. The flush worker tries again after
+        // each flush until it is sealed.
+        db.supervisor
+            .seal_reopened_journal(&mut db.supervisor.journal.get_writer()?)?;
 
         db.supervisor
             .snapshot_tracker

@@ -191,38 +191,7 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 log::trace!("acquiring journal lock to maybe rotate journal");
                 let mut journal_writer = ctx.supervisor.journal.get_writer()?;
 
-                if journal_writer.pos()? > 64_000_000 {
-                    #[expect(clippy::expect_used)]
-                    let mut journal_manager = ctx
-                        .supervisor
-                        .journal_manager
-                        .write()
-                        .expect("lock is poisoned");
-
-                    let seqno_map = {
-                        #[expect(clippy::expect_used)]
-                        let keyspaces = ctx.supervisor.keyspaces.write().expect("lock is poisoned");
-
-                        ctx.supervisor.build_seqno_map(&keyspaces)
-                    };
-
-                    journal_manager.rotate_journal(&mut journal_writer, seqno_map)?;
-
-                    if journal_manager.disk_space_used()
-                        >= ctx.supervisor.db_config.max_journaling_size_in_bytes
-                    {
-                        let stragglers =
-                            journal_manager.get_keyspaces_to_flush_for_oldest_journal_eviction();
-
-                        for keyspace in stragglers {
-                            log::info!(
-                                "Rotating {:?} to try to reduce journal size",
-                                keyspace.name,
-                            );
-                            keyspace.request_rotation();
-                        }
-                    }
-                } else {
+                if !ctx.supervisor.rotate_journal_if_full(&mut journal_writer)? {
                     // https://github.com/fjall-rs/fjall/issues/329
                     journal_writer.persist(crate::PersistMode::SyncAll)?;
                 }
@@ -246,6 +215,10 @@ fn worker_tick(ctx: &WorkerState) -> crate::Result<bool> {
                 .write()
                 .expect("lock is poisoned")
                 .maintenance()?;
+
+            // alignfs: the flush may have freed a journal to reuse.
+            ctx.supervisor
+                .seal_reopened_journal(&mut ctx.supervisor.journal.get_writer()?)?;
         }
         WorkerMessage::Compact(keyspace) => {
             // NOTE: Let one worker prioritize flushing if there are pending flushes

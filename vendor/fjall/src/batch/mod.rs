@@ -163,11 +163,17 @@ impl WriteBatch {
 
         self.db.supervisor.snapshot_tracker.publish(batch_seqno);
 
+        // alignfs: see `Supervisor::rotate_journal_if_full`; it takes the keyspaces'
+        // lock after the journal manager's, as the flush worker does.
+        drop(keyspaces);
+        self.db
+            .supervisor
+            .rotate_journal_if_full(&mut journal_writer)
+            .inspect_err(|_| self.db.is_poisoned.poison())?;
+
         drop(journal_writer);
 
         log::trace!("batch: Freed journal writer");
-
-        drop(keyspaces);
 
         // IMPORTANT: Add batch size to current write buffer size
         // Otherwise write buffer growth is unbounded when using batches

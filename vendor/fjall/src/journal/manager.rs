@@ -29,10 +29,13 @@ pub struct Item {
     pub(crate) recyclable: bool,
 }
 
-/// alignfs: how many flushed journals are kept for reuse (Ceph runs BlueStore's RocksDB
-/// with `recycle_log_file_num=4`). A new journal written into an old one's blocks syncs
-/// without the file system allocating anything, so it needs no zeros written ahead.
-const RECYCLED_JOURNALS: usize = 4;
+/// alignfs: how many flushed journals are kept for reuse. A new journal written into an
+/// old one's blocks syncs without the file system allocating anything, so it needs no
+/// zeros written ahead. Sealed journals are evicted in bursts: most when a restart's
+/// recovery flushes them, or when the journals reach `max_journaling_size` (512 MiB, 8
+/// journals of 64 MB) and the keyspaces holding them are flushed; as many are kept, so
+/// that the journals written until the next burst all find one.
+const RECYCLED_JOURNALS: usize = 8;
 
 impl std::fmt::Debug for Item {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -23,6 +23,9 @@ pub const PRE_ALLOCATED_BYTES: u64 = 64 * 1_024 * 1_024;
 
 pub const JOURNAL_BUFFER_BYTES: usize = 8 * 1_024;
 
+/// How long the active journal grows before it is sealed and the next one started.
+pub const ROTATION_BYTES: u64 = 64_000_000;
+
 /// alignfs: how far past its end the journal keeps blocks of written zeros. `fdatasync`
 /// into blocks a file system must allocate, convert from unwritten, or record a new size
 /// for, commits the file system's own journal after the data; into written blocks it
@@ -51,6 +54,9 @@ pub struct Writer {
     /// alignfs: the salt of the journal's header (its number); `None` for a journal an
     /// older build wrote, which has no header and is never recycled.
     salt: Option<u64>,
+    /// alignfs: the journal was reopened, not started by this process (see
+    /// `better_sealed_on_reopen`).
+    reopened: bool,
 }
 
 /// alignfs: the extension of a sealed journal kept for reuse instead of deleted.
@@ -100,6 +106,14 @@ impl Writer {
     pub fn pos(&mut self) -> crate::Result<u64> {
         self.position_at_end()?;
         self.file.stream_position().map_err(Into::into)
+    }
+
+    /// Whether the journal is past [`ROTATION_BYTES`]. alignfs: counts the bytes still
+    /// buffered without flushing them (a write path calls this after each write).
+    pub fn past_rotation_point(&mut self) -> std::io::Result<bool> {
+        self.position_at_end()?;
+        let flushed = self.file.get_mut().stream_position()?;
+        Ok(flushed + self.file.buffer().len() as u64 > ROTATION_BYTES)
     }
 
     /// alignfs: see `seek_to_end`. Recovery has read the journal by now, and cut it
@@ -207,12 +221,15 @@ impl Writer {
         Ok((prev_path, new_path, recyclable))
     }
 
-    /// alignfs: whether this journal, just reopened and read by recovery, holds entries
-    /// and a flushed journal is kept for reuse: then it is better sealed at once
-    /// (`Database::recover`). Recovery cut it where its entries end, so the rest of its
-    /// life would be written into blocks the file system allocates anew, each sync after
-    /// zeros written ahead; a kept journal's blocks are written already.
+    /// alignfs: whether this journal was reopened (recovery read it), holds entries, and
+    /// a flushed journal is kept for reuse: then it is better sealed now
+    /// (`Supervisor::seal_reopened_journal`). Recovery cut it where its entries end, so
+    /// the rest of its life would be written into blocks the file system allocates anew,
+    /// each sync after zeros written ahead; a kept journal's blocks are written already.
     pub fn better_sealed_on_reopen(&mut self) -> crate::Result<bool> {
+        if !self.reopened {
+            return Ok(false);
+        }
         let Some(folder) = self.path.parent() else {
             return Ok(false);
         };
@@ -253,6 +270,7 @@ impl Writer {
             seek_to_end: false,
             unmarked: false,
             salt: None,
+            reopened: false,
         }
     }
 
@@ -331,6 +349,7 @@ impl Writer {
 
         Ok(Self {
             seek_to_end: true,
+            reopened: true,
             ..Self::over(path.into(), file, 0)
         })
     }

@@ -949,6 +949,11 @@ impl Keyspace {
 
         self.supervisor.snapshot_tracker.publish(seqno);
 
+        // alignfs: see `Supervisor::rotate_journal_if_full`.
+        self.supervisor
+            .rotate_journal_if_full(&mut journal_writer)
+            .inspect_err(|_| self.is_poisoned.poison())?;
+
         drop(journal_writer);
 
         self.supervisor.write_buffer_size.allocate(item_size);
@@ -1022,6 +1027,11 @@ impl Keyspace {
         let (item_size, memtable_size) = self.tree.remove(key, seqno);
 
         self.supervisor.snapshot_tracker.publish(seqno);
+
+        // alignfs: see `Supervisor::rotate_journal_if_full`.
+        self.supervisor
+            .rotate_journal_if_full(&mut journal_writer)
+            .inspect_err(|_| self.is_poisoned.poison())?;
 
         drop(journal_writer);
 
@@ -1116,6 +1126,11 @@ impl Keyspace {
         let (item_size, memtable_size) = self.tree.remove_weak(key, seqno);
 
         self.supervisor.snapshot_tracker.publish(seqno);
+
+        // alignfs: see `Supervisor::rotate_journal_if_full`.
+        self.supervisor
+            .rotate_journal_if_full(&mut journal_writer)
+            .inspect_err(|_| self.is_poisoned.poison())?;
 
         drop(journal_writer);
 
