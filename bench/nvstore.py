@@ -28,7 +28,11 @@ split into data and metadata (the KV device); the ratios of alignfs to BlueStore
 the issue's targets (metadata traffic on unaligned writes <= 10 %, total <= 60 %,
 bandwidth >= 2x); alignfs's own counters.
 
-  bench/nvstore.py [--quick] [--rounds N] [--seconds S] [--jobs 1,8] [--work DIR] [--out DIR]
+A warm-up round of the same cells runs first and is dropped (--warmup-rounds): a fresh
+store is not in the state a running one is; alignfs's and BlueStore's KV stores reuse
+flushed journals, and a fresh one has none.
+
+  bench/nvstore.py [--quick] [--rounds N] [--warmup-rounds N] [--seconds S] [--jobs 1,8] [--work DIR] [--out DIR]
 """
 import argparse
 import json
@@ -167,22 +171,27 @@ def install_missing(tools, modules):
             sys.exit(f"{package} is installed and {module} does not import: run with /usr/bin/python3, Debian's")
 
 
-def run_rounds(systems, rounds, cells, jobs_list, measure, describe):
+def run_rounds(systems, rounds, cells, jobs_list, measure, describe, warmup_rounds=0):
     """Every cell at every writer count on every system, `rounds` times, the systems in
     reverse order every other round so that the machine's drift falls on all of them.
     `measure(system, cell, jobs, tag)` runs one and returns its result, `describe(result)`
-    its log line. Returns {(cell, jobs, system name): [result per round]}."""
+    its log line. Returns {(cell, jobs, system name): [result per round]}. First, the same
+    `warmup_rounds` times with the results dropped: a fresh store is not in the state a
+    running one is (alignfs's and BlueStore's KV stores reuse their flushed journals, and
+    a fresh one has none yet)."""
     results = {}
-    total, done = rounds * len(cells) * len(jobs_list) * len(systems), 0
-    for round_no in range(rounds):
+    total, done = (warmup_rounds + rounds) * len(cells) * len(jobs_list) * len(systems), 0
+    for round_no in range(-warmup_rounds, rounds):
         order = systems if round_no % 2 == 0 else systems[::-1]
+        name = f"warm-up {round_no + warmup_rounds + 1}" if round_no < 0 else f"round {round_no + 1}"
         for cell in cells:
             for jobs in jobs_list:
                 for system in order:
                     done += 1
-                    result = measure(system, cell, jobs, f"r{round_no}")
-                    results.setdefault((cell, jobs, system.name), []).append(result)
-                    log(f"[{done}/{total}] round {round_no + 1} {cell:12} {jobs} writer(s) {system.name:11} {describe(result)}")
+                    result = measure(system, cell, jobs, f"r{round_no}" if round_no >= 0 else f"w{-round_no}")
+                    if round_no >= 0:
+                        results.setdefault((cell, jobs, system.name), []).append(result)
+                    log(f"[{done}/{total}] {name} {cell:12} {jobs} writer(s) {system.name:11} {describe(result)}")
     return results
 
 
@@ -606,9 +615,10 @@ def shown(value, spec):
     return "—" if math.isnan(value) else format(value, spec)
 
 
-def report(results, jobs_list, out):
+def report(results, jobs_list, out, warmup_rounds):
     lines = ["# nvstore against Ceph BlueStore and files on ext4", "",
-             "Median of rounds. MiB/s of object data acknowledged durable; device bytes written per GiB of "
+             f"Median of rounds, after {warmup_rounds} warm-up round(s) of the same cells whose results are "
+             "dropped. MiB/s of object data acknowledged durable; device bytes written per GiB of "
              "object data (data device / metadata device; alignfs includes merging its fragment pages "
              "afterwards, NVStore-Sync).", ""]
     header = "| pattern | writers | " + " | ".join(f"{s} MiB/s" for s in SYSTEMS) + " | " + \
@@ -679,6 +689,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 s cells, 1 round, 4 objects: the harness works")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup-rounds", type=int, default=1,
+                    help="rounds run first and dropped, so that every store is measured as it runs, not fresh")
     ap.add_argument("--seconds", type=float, default=8.0, help="seconds per cell")
     ap.add_argument("--jobs", default="1,8", help="writers in flight, comma-separated")
     ap.add_argument("--patterns", default=",".join(PATTERNS))
@@ -698,6 +710,7 @@ def main():
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing: cargo build --release -p alignfs-cli")
     rounds, seconds, objects = (1, 1.0, 4) if args.quick else (args.rounds, args.seconds, 64)
+    warmup_rounds = 0 if args.quick else args.warmup_rounds
     jobs_list = [int(j) for j in args.jobs.split(",")]
     patterns = args.patterns.split(",")
     size = int(args.device_size.rstrip("G")) << 30 if not args.quick else 1 << 30
@@ -708,8 +721,9 @@ def main():
         results = run_rounds(systems, rounds, patterns, jobs_list,
                              lambda system, pattern, jobs, tag: one_cell(system, pattern, jobs, max(objects, jobs), seconds,
                                                                          max_bytes, tag),
-                             lambda cell: f"{cell['bytes'] / cell['seconds'] / 2**20:8.2f} MiB/s  traffic {cell['traffic']}")
-        report(results, jobs_list, out)
+                             lambda cell: f"{cell['bytes'] / cell['seconds'] / 2**20:8.2f} MiB/s  traffic {cell['traffic']}",
+                             warmup_rounds=warmup_rounds)
+        report(results, jobs_list, out, warmup_rounds)
 
     with_systems(args.work, (Alignfs(args.kv_fs), BlueStore(), Ext4Files()), args.systems.split(","), size, measure,
                  lambda systems: [os.path.join(args.work, "ceph", name) for name in ("mon.a.log", "osd.0.log")])
