@@ -284,7 +284,10 @@ impl Database {
     /// Returns the disk space usage of the journal.
     #[doc(hidden)]
     pub fn journal_disk_space(&self) -> crate::Result<u64> {
-        Ok(self.supervisor.journal.get_writer()?.len()?
+        let writer = self.supervisor.journal.get_writer()?;
+        // alignfs: and the journals kept for reuse, which hold their blocks.
+        Ok(writer.len()?
+            + crate::journal::writer::recycled_bytes(&writer.path)?
             + self
                 .supervisor
                 .journal_manager

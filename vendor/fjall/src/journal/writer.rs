@@ -67,6 +67,21 @@ fn journal_number(path: &Path) -> Option<u64> {
     path.file_name()?.to_str()?.strip_suffix(".jnl")?.parse().ok()
 }
 
+/// alignfs: the bytes of the sealed journals kept for reuse beside `journal`.
+pub fn recycled_bytes(journal: &Path) -> std::io::Result<u64> {
+    let Some(folder) = journal.parent() else {
+        return Ok(0);
+    };
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(folder)? {
+        let entry = entry?;
+        if entry.path().extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) {
+            bytes += entry.metadata()?.len();
+        }
+    }
+    Ok(bytes)
+}
+
 /// alignfs: a sealed journal kept for reuse in `folder`, if there is one.
 fn recycled_journal(folder: &Path) -> std::io::Result<Option<PathBuf>> {
     for entry in std::fs::read_dir(folder)? {
