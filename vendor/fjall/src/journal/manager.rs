@@ -2,7 +2,7 @@
 // This source code is licensed under both the Apache 2.0 and MIT License
 // (found in the LICENSE-* files in the repository)
 
-use super::writer::{Writer, RECYCLED_EXTENSION};
+use super::writer::{recycled_journals, Writer, RECYCLED_EXTENSION};
 use crate::Keyspace;
 use lsm_tree::{AbstractTree, SeqNo};
 use std::{path::PathBuf, sync::MutexGuard};
@@ -163,7 +163,7 @@ impl JournalManager {
             // [2] Checking the seqno is safe because the queues inside the flush manager are FIFO.
             //
             // IMPORTANT: On recovery, the journals need to be flushed from oldest to newest.
-            if item.recyclable && recycled_count(&item.path)? < RECYCLED_JOURNALS {
+            if item.recyclable && recycled_journals(&item.path)?.len() < RECYCLED_JOURNALS {
                 let recycled = item.path.with_extension(RECYCLED_EXTENSION);
                 log::trace!("Keeping fully flushed journal at {} for reuse", item.path.display());
                 std::fs::rename(&item.path, &recycled).inspect_err(|e| {
@@ -208,16 +208,3 @@ impl JournalManager {
     }
 }
 
-/// alignfs: how many journals beside `journal` are kept for reuse.
-fn recycled_count(journal: &std::path::Path) -> std::io::Result<usize> {
-    let Some(folder) = journal.parent() else {
-        return Ok(0);
-    };
-    let mut count = 0;
-    for entry in std::fs::read_dir(folder)? {
-        if entry?.path().extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) {
-            count += 1;
-        }
-    }
-    Ok(count)
-}

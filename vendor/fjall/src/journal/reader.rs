@@ -3,6 +3,7 @@
 // (found in the LICENSE-* files in the repository)
 
 use super::entry::{sync_marker, sync_marker_len, Entry, Tag, JOURNAL_PAGE};
+use super::writer::journal_number;
 use crate::JournalRecoveryError;
 use std::{
     fs::{File, OpenOptions},
@@ -39,12 +40,7 @@ impl JournalReader {
     pub fn new<P: AsRef<Path>>(path: P) -> crate::Result<Self> {
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
 
-        let number = path
-            .as_ref()
-            .file_name()
-            .and_then(|name| name.to_str())
-            .and_then(|name| name.strip_suffix(".jnl"))
-            .and_then(|number| number.parse().ok());
+        let number = journal_number(path.as_ref());
         Ok(Self {
             path: path.as_ref().into(),
             reader: BufReader::new(file),

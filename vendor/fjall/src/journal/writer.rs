@@ -63,34 +63,30 @@ pub struct Writer {
 pub const RECYCLED_EXTENSION: &str = "recycled";
 
 /// alignfs: the number in a journal's file name (`N.jnl`).
-fn journal_number(path: &Path) -> Option<u64> {
+pub(crate) fn journal_number(path: &Path) -> Option<u64> {
     path.file_name()?.to_str()?.strip_suffix(".jnl")?.parse().ok()
+}
+
+/// alignfs: the sealed journals kept for reuse beside `journal`.
+pub(crate) fn recycled_journals(journal: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let Some(folder) = journal.parent() else {
+        return Ok(Vec::new());
+    };
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(folder)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) && path.is_file() {
+            kept.push(path);
+        }
+    }
+    Ok(kept)
 }
 
 /// alignfs: the bytes of the sealed journals kept for reuse beside `journal`.
 pub fn recycled_bytes(journal: &Path) -> std::io::Result<u64> {
-    let Some(folder) = journal.parent() else {
-        return Ok(0);
-    };
-    let mut bytes = 0;
-    for entry in std::fs::read_dir(folder)? {
-        let entry = entry?;
-        if entry.path().extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) {
-            bytes += entry.metadata()?.len();
-        }
-    }
-    Ok(bytes)
-}
-
-/// alignfs: a sealed journal kept for reuse in `folder`, if there is one.
-fn recycled_journal(folder: &Path) -> std::io::Result<Option<PathBuf>> {
-    for entry in std::fs::read_dir(folder)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|ext| ext == RECYCLED_EXTENSION) && path.is_file() {
-            return Ok(Some(path));
-        }
-    }
-    Ok(None)
+    recycled_journals(journal)?
+        .iter()
+        .try_fold(0, |bytes, path| Ok(bytes + path.metadata()?.len()))
 }
 
 /// The persist mode allows setting the durability guarantee of previous writes
@@ -224,8 +220,8 @@ impl Writer {
 
         let comp = self.compression;
         let compt = self.compression_threshold;
-        *self = match recycled_journal(&folder)? {
-            Some(recycled) => Self::recycle(&recycled, new_path.clone())?,
+        *self = match recycled_journals(&new_path)?.first() {
+            Some(recycled) => Self::recycle(recycled, new_path.clone())?,
             None => Self::create_new(new_path.clone())?,
         };
         self.set_compression(comp, compt);
@@ -242,13 +238,7 @@ impl Writer {
     /// the rest of its life would be written into blocks the file system allocates anew,
     /// each sync after zeros written ahead; a kept journal's blocks are written already.
     pub fn better_sealed_on_reopen(&mut self) -> crate::Result<bool> {
-        if !self.reopened {
-            return Ok(false);
-        }
-        let Some(folder) = self.path.parent() else {
-            return Ok(false);
-        };
-        if recycled_journal(folder)?.is_none() {
+        if !self.reopened || recycled_journals(&self.path)?.is_empty() {
             return Ok(false);
         }
         let end = self.pos()?;
