@@ -138,22 +138,33 @@ fn a_flushed_journal_is_reused_and_its_old_entries_are_not_read_again() {
     assert_eq!(keyspace.get("after").unwrap().as_deref(), Some(&b"reopen"[..]));
 }
 
+/// A store's journal holding `count` batches of one 3000-byte value each, each synced.
+fn write_synced(dir: &Path, count: u32, round: u8) {
+    let (db, keyspace) = open(dir);
+    for i in 0..count {
+        keyspace.insert(format!("key-{i}"), big_value(round, i)[..3000].to_vec()).expect("an insert");
+        db.persist(PersistMode::SyncData).expect("a sync");
+    }
+}
+
+/// Renames the store's (only) journal to the next number, as a rotation does with a kept
+/// file; returns its new path and number.
+fn rename_to_next_journal(dir: &Path) -> (PathBuf, u64) {
+    let old = files_with_extension(dir, "jnl").pop().expect("a journal");
+    let number = journal_number(&old) + 1;
+    let renamed = old.with_file_name(format!("{number}.jnl"));
+    std::fs::rename(&old, &renamed).unwrap();
+    (renamed, number)
+}
+
 #[test]
 fn a_reused_journal_whose_header_a_crash_lost_reads_as_empty() {
     let dir = scratch();
-    {
-        let (db, keyspace) = open(dir.path());
-        for i in 0..50u32 {
-            keyspace.insert(format!("key-{i}"), big_value(7, i)[..3000].to_vec()).expect("an insert");
-            db.persist(PersistMode::SyncData).expect("a sync");
-        }
-    }
+    write_synced(dir.path(), 50, 7);
     // As if this journal had been flushed, kept, and renamed to the next number by a
     // rotation, and a crash came before the new journal's first sync: the file holds the
     // old journal whole, under the new name.
-    let old = files_with_extension(dir.path(), "jnl").pop().expect("a journal");
-    let renamed = old.with_file_name(format!("{}.jnl", journal_number(&old) + 1));
-    std::fs::rename(&old, &renamed).unwrap();
+    let (renamed, _) = rename_to_next_journal(dir.path());
 
     let (db, keyspace) = open(dir.path());
     assert_eq!(keyspace.get("key-0").unwrap(), None, "an earlier journal's entries were replayed");
@@ -169,19 +180,10 @@ fn a_reused_journal_whose_header_a_crash_lost_reads_as_empty() {
 #[test]
 fn a_reused_journal_whose_new_header_alone_was_durable_reads_as_empty() {
     let dir = scratch();
-    {
-        let (db, keyspace) = open(dir.path());
-        for i in 0..50u32 {
-            keyspace.insert(format!("key-{i}"), big_value(7, i)[..3000].to_vec()).expect("an insert");
-            db.persist(PersistMode::SyncData).expect("a sync");
-        }
-    }
+    write_synced(dir.path(), 50, 7);
     // As above, but the new header reached the disk: the old journal's batches follow
     // it where the new journal's would, whole, with their checksums and markers.
-    let old = files_with_extension(dir.path(), "jnl").pop().expect("a journal");
-    let number = journal_number(&old) + 1;
-    let renamed = old.with_file_name(format!("{number}.jnl"));
-    std::fs::rename(&old, &renamed).unwrap();
+    let (renamed, number) = rename_to_next_journal(dir.path());
     let mut bytes = std::fs::read(&renamed).unwrap();
     assert_eq!(bytes[0], 6, "the journal starts with a header");
     bytes[1..9].copy_from_slice(&number.to_le_bytes());
@@ -324,13 +326,7 @@ fn a_store_an_older_build_wrote_opens_and_takes_new_commits() {
 #[test]
 fn a_journal_whose_durable_header_is_damaged_is_refused() {
     let dir = scratch();
-    {
-        let (db, keyspace) = open(dir.path());
-        for i in 0..5u32 {
-            keyspace.insert(format!("key-{i}"), big_value(5, i)[..3000].to_vec()).expect("an insert");
-            db.persist(PersistMode::SyncData).expect("a sync");
-        }
-    }
+    write_synced(dir.path(), 5, 5);
     let journal = files_with_extension(dir.path(), "jnl").pop().expect("a journal");
     let mut bytes = std::fs::read(&journal).unwrap();
     bytes[0] = 0;
