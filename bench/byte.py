@@ -385,7 +385,7 @@ def main() -> int:
         raise SystemExit(f"unknown workload(s) {', '.join(sorted(unknown))}: one of {', '.join(WORKLOADS)}")
     ensure_tools()
     enable_fuse_uring()
-    run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench", "-p", "alignfs-preload"],
+    run(["cargo", "build", "--release", "--locked", "-q", "--workspace"],
         capture=False)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     out = args.out or REPO / "bench" / "results" / f"{stamp}-byte{'-quick' if args.quick else ''}"

@@ -844,7 +844,7 @@ def main() -> int:
         mountbench.ensure_tools()
         mountbench.enable_fuse_uring()
         log("building release binaries")
-        run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli", "-p", "alignfs-bench"])
+        run(["cargo", "build", "--release", "--locked", "-q", "--workspace"])
         rounds = 1 if args.quick else args.rounds
         stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
         out = args.out or REPO / "bench" / "results" / f"{stamp}-compare"

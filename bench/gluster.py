@@ -181,7 +181,7 @@ def main() -> int:
     if os.geteuid() != 0:
         sys.exit("bench/gluster.py: needs root (namespaces, mounts, drop_caches)")
     if not ALIGNFS.exists():
-        subprocess.run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli"], cwd=REPO, check=True)
+        subprocess.run(["cargo", "build", "--release", "--locked", "-q", "--workspace"], cwd=REPO, check=True)
     out = args.out or REPO / "bench" / "results" / (datetime.datetime.now().strftime("%Y-%m-%d-%H%M") + "-gluster")
     out.mkdir(parents=True, exist_ok=True)
 

@@ -123,7 +123,7 @@ def main() -> int:
     if args.alignfs:
         ALIGNFS = args.alignfs.resolve()
     else:
-        run(["cargo", "build", "--release", "--locked", "-q", "-p", "alignfs-cli"], check=True)
+        run(["cargo", "build", "--release", "--locked", "-q", "--workspace"], check=True)
     rounds = args.rounds or (1 if args.quick else 3)
     file_size = 64 * MIB if args.quick else 4 * GIB
     io_size = 8 * MIB if args.quick else 512 * MIB

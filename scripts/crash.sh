@@ -13,14 +13,14 @@
 # Ends with "suite totals: N passed, N failed" (one per round).
 #
 # Environment: CRASH_ROUNDS (default 300), SCRAP_CRASH_ROUNDS (default 150),
-# BYTE_CRASH_ROUNDS (default 60), SQLITE_ROUNDS per journal mode (default 50),
+# BYTE_CRASH_ROUNDS (default 60), SQLITE_ROUNDS per journal mode (default 30),
 # PG_ROUNDS (default 3), FIO_ROUNDS (default 10); 0 skips a loop. CRASH_SEED (default
 # random, printed) replays the mixed workload. The soak is scripts/crash-soak.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rounds=${CRASH_ROUNDS:-300}
 command -v fusermount3 >/dev/null || { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null || exit 1; }
-cargo build --release --locked -q -p alignfs-cli -p alignfs-crash || exit 1
+cargo build --release --locked -q --workspace || exit 1
 seed_args=()
 [[ -n ${CRASH_SEED:-} ]] && seed_args=(--seed "$CRASH_SEED")
 out=$(mktemp)
@@ -61,7 +61,7 @@ profile_rounds byte "${BYTE_CRASH_ROUNDS:-60}"
 bin=$(pwd)/target/release/alignfs
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
-sqlite_rounds=${SQLITE_ROUNDS:-50}
+sqlite_rounds=${SQLITE_ROUNDS:-30}
 sqlite_loop() {
     local mode=$1 transport=$2 work shm last=0 acked round pid runner
     work=$(mktemp -d /var/tmp/alignfs-crash-sqlite.XXXXXX)

@@ -21,7 +21,7 @@ if ((${#missing[@]})); then
 fi
 command -v fsx >/dev/null || cargo install --locked -q fsx@0.3.2 || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --locked -q -p alignfs-cli || exit 1
+cargo build --release --locked -q --workspace || exit 1
 bin=$repo/target/release/alignfs
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh

@@ -16,7 +16,7 @@ if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null || { echo "apt-get install failed" >&2; exit 1; }
 fi
-cargo build --release --locked -q -p alignfs-cli || exit 1
+cargo build --release --locked -q --workspace || exit 1
 work=$(mktemp -d /var/tmp/alignfs-s3.XXXXXX)
 # The Debian clients run on the system Python, whatever python3 comes first in PATH.
 export PATH="/usr/bin:$PATH"

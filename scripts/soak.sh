@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 seed=${1:-$RANDOM}
 ops=${FSX_OPS:-10000000}
 command -v fsx >/dev/null || cargo install --locked -q fsx@0.3.2
-cargo build --release --locked -q -p alignfs-cli
+cargo build --release --locked -q --workspace
 bin=$(pwd)/target/release/alignfs
 work=$(mktemp -d /var/tmp/alignfs-soak.XXXXXX)
 shm=$(mktemp -d /dev/shm/alignfs-soak.XXXXXX)

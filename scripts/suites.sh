@@ -7,14 +7,14 @@
 # "suite totals: N passed, N failed" (pjdfstest counts its individual tests).
 #
 # Environment: SUITES_QUICK=1 shortens the long runs (for iterating locally);
-# FSX_OPS (default 30000) sets operations per fsx seed; KEEP=1 keeps the work directory.
+# FSX_OPS (default 20000) sets operations per fsx seed; KEEP=1 keeps the work directory.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 
 export DEBIAN_FRONTEND=noninteractive
 quick=${SUITES_QUICK:-0}
-fsx_ops=${FSX_OPS:-30000}
+fsx_ops=${FSX_OPS:-20000}
 
 # --- tools -------------------------------------------------------------------------------
 packages=(fuse3 fio stress-ng dbench rocksdb-tools sqlite3 libacl1-dev acl attr git pkg-config)
@@ -28,7 +28,7 @@ command -v pjdfstest >/dev/null || cargo install --locked -q pjdfstest@0.2.2 || 
 command -v fsx >/dev/null || cargo install --locked -q fsx@0.3.2 || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 id tests >/dev/null 2>&1 || echo 'tests:x:::pjdfstest dummy user:/:/usr/sbin/nologin' | newusers
-cargo build --release --locked -q -p alignfs-cli -p alignfs-crash || exit 1
+cargo build --release --locked -q --workspace || exit 1
 bin=$repo/target/release/alignfs
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh
@@ -292,7 +292,7 @@ run_stress_ng() {
         return 1
     fi
 }
-check "stress-ng --class filesystem --verify ($main_transport)" run_stress_ng "$([[ $quick == 1 ]] && echo 1s || echo 3s)"
+check "stress-ng --class filesystem --verify ($main_transport)" run_stress_ng "$([[ $quick == 1 ]] && echo 1s || echo 2s)"
 rm -rf "$mnt/stress-ng"
 
 run_dbench() {
@@ -300,7 +300,7 @@ run_dbench() {
     dbench -D "$mnt/dbench" -t "$1" 2 >"$work/dbench.out" 2>&1 || { tail -20 "$work/dbench.out"; return 1; }
     grep Throughput "$work/dbench.out"
 }
-check "dbench" run_dbench "$([[ $quick == 1 ]] && echo 10 || echo 60)"
+check "dbench" run_dbench "$([[ $quick == 1 ]] && echo 10 || echo 20)"
 rm -rf "$mnt/dbench"
 
 # --- applications ------------------------------------------------------------------------
