@@ -50,7 +50,7 @@ counters! {
     journal_records: "journal records committed",
     journal_bytes: "journal payload bytes committed",
     checkpoints: "checkpoints written",
-    migrations_full: "blocks flushed as soon as their scrap page became full (scrap: stage 2)",
+    migrations_full: "blocks merged as soon as their residue unit became full (scrap: stage 2; nvstore: a completed fragment page)",
     migrations_sync: "blocks flushed by fsync or unmount (scrap)",
     migrations_idle: "blocks merged while the volume was idle (scrap: stage 1, filled from the SSD; uhs: the NVM buffer drained)",
     migrations_dropped: "merges dropped because a writer changed the block meanwhile (a new SSD block it took is freed unused)",

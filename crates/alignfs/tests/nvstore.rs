@@ -253,6 +253,42 @@ fn fragment_pages_are_synced_when_the_volume_is_idle() {
     store.close().unwrap();
 }
 
+/// A fragment page that an append completed is merged without waiting for the volume to
+/// be idle, in runs of 256; a page that overwrites completed waits for the idle sync.
+#[test]
+fn pages_appends_complete_are_merged_while_writes_go_on() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&VolumeOptions { background: true, ..no_clean_pages() });
+    b(&store).put(b"rewritten", &vec![1u8; 128 * 4096]).unwrap();
+    for block in 0..128u64 {
+        b(&store).write(b"rewritten", block * 4096, &[2u8; 2048]).unwrap();
+        b(&store).write(b"rewritten", block * 4096 + 2048, &[3u8; 2048]).unwrap();
+    }
+    b(&store).put(b"log", b"").unwrap();
+    let piece: Vec<u8> = (0..2048u32).map(|i| (i % 251) as u8).collect();
+    let mut expected = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    // Appends go on (so the volume is never idle) until the merger has taken a run.
+    while counter(&store, Counter::migrations_full) < 64 {
+        assert!(std::time::Instant::now() < deadline, "pages appends completed were never merged");
+        b(&store).write(b"log", expected.len() as u64, &piece).unwrap();
+        expected.extend_from_slice(&piece);
+    }
+    assert!(expected.len() >= 256 * 4096, "merged before 256 pages were complete");
+    assert_eq!(counter(&store, Counter::migrations_idle), 0, "the volume was never idle");
+    let pages = store.volume().stats().usage.fast_pages_used;
+    assert!(pages >= 128, "the pages overwrites completed wait for the idle sync ({pages} pages left)");
+    assert!(pages < 128 + (expected.len() / 4096) as u64, "the merged pages' fragments are gone");
+    assert_eq!(b(&store).get(b"log").unwrap(), expected);
+    let rewritten: Vec<u8> = (0..128).flat_map(|_| [[2u8; 2048], [3u8; 2048]].concat()).collect();
+    assert_eq!(b(&store).get(b"rewritten").unwrap(), rewritten);
+    store.close().unwrap();
+    let store = fixture.open(&quiet());
+    assert_eq!(b(&store).get(b"log").unwrap(), expected);
+    assert_eq!(b(&store).get(b"rewritten").unwrap(), rewritten);
+    store.close().unwrap();
+}
+
 /// The KV directory is part of the volume: missing, foreign or reused directories are
 /// clear errors that change nothing.
 #[test]

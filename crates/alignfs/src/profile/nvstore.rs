@@ -2,8 +2,9 @@
 //! The aligned middle of a write goes to new SSD blocks; each unaligned piece is one
 //! fragment put into the KV store, kept as the block's fragment page in DRAM; when the
 //! device is idle, a background sync merges fragment pages into whole blocks and deletes
-//! their fragments. Every SSD block carries a CRC32C verified on every read. Every write
-//! is durable when it returns (docs/NVSTORE.md).
+//! their fragments; so does a merger, at once, for fragment pages that appends
+//! completed. Every SSD block carries a CRC32C verified on every read. Every
+//! write is durable when it returns (docs/NVSTORE.md).
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -12,9 +13,11 @@ use std::time::Duration;
 use super::{drain_when_idle, spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
-use crate::partition::{Residue, Rules};
+use crate::meta::Inode;
+use crate::partition::{Plan, Residue, Rules};
 use crate::residue::{KvFragments, ResidueStore};
-use crate::volume::{Inner, VolumeOptions};
+use crate::stats::Counter;
+use crate::volume::{FullBlocks, Inner, VolumeOptions, Wakeup};
 
 impl Profile {
     pub const NVSTORE: Profile = Profile(4);
@@ -23,6 +26,13 @@ impl Profile {
 /// How long the volume must see no write before fragment pages are synced (NVStore's
 /// lazy sync "when the system I/O is idle").
 const IDLE_BEFORE_SYNC: Duration = Duration::from_millis(500);
+
+/// How many completed fragment pages the merger waits for (1 MiB of 4 KiB blocks). Each
+/// merge costs one flush of the SSD and a synced KV record per 32 blocks; on one disk,
+/// the flushes slow the KV store's syncs. 8 writers of 2 KiB appends ran at 26-28 MiB/s
+/// with runs of 256 against 21-24 with runs of 64, for the same device traffic. Fewer
+/// wait for the idle sync.
+const FULL_PAGES_PER_MERGE: usize = 256;
 
 pub(super) struct NvStore;
 
@@ -70,11 +80,22 @@ impl ProfileSpec for NvStore {
         Ok(Arc::new(KvFragments::new(Arc::clone(log), memory, page, setup.units_to_restore)?))
     }
     fn policy(&self, _options: &VolumeOptions) -> Box<dyn Policy> {
-        Box::new(NvStorePolicy)
+        Box::new(NvStorePolicy(Arc::default()))
     }
 }
 
-struct NvStorePolicy;
+/// A fragment page that an append completed (an append fills a block in pieces) is
+/// merged soon after, not when the device is next idle: beyond the paper's lazy sync, so
+/// that its fragments are deleted while the KV store's memtable still holds them and
+/// never reach its tables. Every other page waits for the idle sync, which is what
+/// coalesces overwrites: an overwrite may come back to the same block.
+#[derive(Default)]
+struct CompletedPages {
+    blocks: FullBlocks,
+    due: Wakeup,
+}
+
+struct NvStorePolicy(Arc<CompletedPages>);
 
 impl Policy for NvStorePolicy {
     /// Aligned blocks go to the SSD, unaligned pieces become fragments (never a read
@@ -84,11 +105,43 @@ impl Policy for NvStorePolicy {
         Rules { residue: Residue::Partial, max_segments: UPAGE_MAX_CHUNKS }
     }
 
-    /// Watermark syncs (the fragment pages' memory) and the idle sync.
+    /// Queue the pages an append completed. The write is not committed yet, so the
+    /// object's size is still the one before it.
+    fn residue_stored(&self, _engine: &Inner, inode: &Inode, plan: &Plan, full: &[u64]) {
+        if full.is_empty() || plan.new_size <= inode.attr().size {
+            return;
+        }
+        if self.0.blocks.push(inode.ino, full) >= FULL_PAGES_PER_MERGE {
+            self.0.due.notify();
+        }
+    }
+
+    /// Watermark syncs (the fragment pages' memory), the idle sync, and the merger of
+    /// completed fragment pages.
     fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
         let sync = spawn("alignfs-nvstore-sync".into(), move || drain_when_idle(&worker, IDLE_BEFORE_SYNC))?;
-        Ok(vec![engine.start_maintenance()?, sync])
+        let (worker, pages) = (Arc::clone(engine), Arc::clone(&self.0));
+        let merger = spawn("alignfs-nvstore-merge".into(), move || {
+            while !worker.shutting_down() {
+                pages.due.wait(Duration::from_millis(100));
+                if worker.shutting_down() {
+                    break;
+                }
+                // Woken by the timeout with fewer queued: those wait for the idle sync.
+                if pages.blocks.len() < FULL_PAGES_PER_MERGE {
+                    continue;
+                }
+                if let Err(e) = pages.blocks.merge(&worker, Counter::migrations_full) {
+                    tracing::warn!("merging completed fragment pages: {e}");
+                }
+            }
+        })?;
+        Ok(vec![engine.start_maintenance()?, sync, merger])
+    }
+
+    fn wake_workers(&self) {
+        self.0.due.notify();
     }
 
     /// Table 2: a read that hits a fragment page merges it with the device block (FP → DP).

@@ -31,6 +31,8 @@ pub use read::SeekTarget;
 pub use resize::FallocateMode;
 pub use write::MAX_FILE_BYTES;
 
+pub(crate) use migrate::FullBlocks;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;

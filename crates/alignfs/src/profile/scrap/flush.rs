@@ -86,34 +86,4 @@ impl ScrapState {
         }
         Ok(())
     }
-
-    /// Flush the blocks whose residue unit became full (WSBuffer's stage 2: no read
-    /// needed), a batch at a time, until the queue is empty. Returns how many moved.
-    pub(crate) fn flush_full_units(&self, engine: &Inner) -> Result<u64> {
-        let mut moved = 0;
-        // Blocks a writer holds wait for the next round.
-        let mut busy = Vec::new();
-        let result = loop {
-            let batch: Vec<(Ino, u64)> = {
-                let mut queue = self.full_units.lock();
-                queue.sort_unstable();
-                queue.dedup();
-                let n = queue.len().min(engine.migration_batch());
-                queue.drain(..n).collect()
-            };
-            if batch.is_empty() {
-                break Ok(moved);
-            }
-            let files: Vec<(Arc<Inode>, u64)> = batch.into_iter().filter_map(|(ino, lb)| Some((engine.meta.get(ino)?, lb))).collect();
-            match engine.migrate_blocks_watched(files, Counter::migrations_full) {
-                Ok((n, mut left)) => {
-                    moved += n;
-                    busy.append(&mut left);
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        self.full_units.lock().extend(busy);
-        result
-    }
 }

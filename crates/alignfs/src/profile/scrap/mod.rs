@@ -20,7 +20,8 @@ use crate::layout::MAX_SSDS;
 use crate::meta::{DataOp, Freed, Ino, Inode, Op};
 use crate::partition::{Plan, Residue, Rules};
 use crate::residue::{ResidueStore, ScrapPages};
-use crate::volume::{Inner, VolumeOptions, Wakeup};
+use crate::stats::Counter;
+use crate::volume::{FullBlocks, Inner, VolumeOptions, Wakeup};
 
 impl Profile {
     pub const SCRAP: Profile = Profile(2);
@@ -77,7 +78,7 @@ impl ProfileSpec for Scrap {
             request_threshold: options.request_threshold.unwrap_or(DEFAULT_REQUEST_THRESHOLD),
             flush_workers: options.flush_workers.max(1),
             unsynced_sizes: Mutex::new(HashMap::new()),
-            full_units: Mutex::new(Vec::new()),
+            full_units: FullBlocks::default(),
             dirty_since: Mutex::new(HashMap::new()),
             flush_due: Wakeup::default(),
         })))
@@ -93,7 +94,7 @@ pub(crate) struct ScrapState {
     /// Files whose size a crash would not keep: ino → the size last journaled.
     unsynced_sizes: Mutex<HashMap<Ino, u64>>,
     /// Blocks whose scrap page became full, for stage 2.
-    full_units: Mutex<Vec<(Ino, u64)>>,
+    full_units: FullBlocks,
     /// Blocks holding residue, and since when (stage 1 takes the oldest).
     dirty_since: Mutex<HashMap<(Ino, u64), Instant>>,
     /// Wakes the flushers.
@@ -135,7 +136,7 @@ impl Policy for ScrapPolicy {
             }
         }
         if !full.is_empty() {
-            self.0.full_units.lock().extend(full.iter().map(|&lb| (inode.ino, lb)));
+            self.0.full_units.push(inode.ino, full);
             self.0.flush_due.notify();
         }
     }
@@ -163,7 +164,7 @@ impl Policy for ScrapPolicy {
                     if engine.shutting_down() {
                         break;
                     }
-                    if let Err(e) = state.flush_full_units(&engine).and_then(|_| state.flush_when_idle(&engine)) {
+                    if let Err(e) = state.full_units.merge(&engine, Counter::migrations_full).and_then(|_| state.flush_when_idle(&engine)) {
                         tracing::warn!("flushing scrap pages: {e}");
                     }
                 }
