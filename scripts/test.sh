@@ -184,7 +184,6 @@ bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
 # The scrap profile's benchmarks, smoke runs: against ext4 through the mount, and its
 # throughput on 1, 2 and 4 simulated SSDs.
 bench/scrap.py --quick --out "$work/bench-scrap" | sed -n '/^| target/,/^$/p' || suites=1
-cargo build --release --locked -q --workspace
 target/release/alignfs-ssd-scaling --quick || suites=1
 # The uhs NBD benchmark's smoke run: uhs, UHS-NB and the NBD peers through fio, on the
 # read cell (the comparison below runs its write cells).
