@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use alignfs::device::power_loss::{DirSnapshot, Event, PowerLog, RecordedSsd, Replay, Survival};
 use alignfs::device::{BlockDevice, SimSsd};
+use alignfs::layout::{Superblock, FORMAT_VERSION};
 use alignfs::personality::{Bucket, ObjectStore};
 use alignfs::stats::Counter;
 use alignfs::test_support::{scaled, seed};
@@ -323,6 +324,48 @@ fn the_kv_directory_is_checked() {
     let store = ObjectStore::open(Devices::with_kv(replacement, first.kv.path()), quiet()).unwrap();
     assert!(store.buckets().unwrap().is_empty(), "a forced format starts empty");
     store.close().unwrap();
+}
+
+/// A volume an older build formatted (format version 3) opens as it is when read-only;
+/// opened writable, it is raised to version 4 before its KV store is opened, since a
+/// journal this build starts has a header that a version-3 build would read as the
+/// journal's end. A version-3 build refuses version 4; this one refuses what it does not
+/// know.
+#[test]
+fn an_older_volume_is_raised_to_this_format_version_before_its_kv_store_is_written() {
+    let fixture = Fixture::new(Profile::NVSTORE.default_geometry());
+    let store = fixture.open(&quiet());
+    b(&store).put(b"kept", b"across versions").unwrap();
+    store.close().unwrap();
+    let on_disk = || Superblock::decode(&fixture.ssd.peek(0, 4096), "ssd").unwrap();
+    assert_eq!(on_disk().version, FORMAT_VERSION, "a new volume has this build's version");
+    fixture.ssd.poke(0, &Superblock { version: 3, ..on_disk() }.encode());
+
+    let read_only = fixture.open(&VolumeOptions { read_only: true, ..quiet() });
+    assert_eq!(read_only.volume().superblock().version, 3);
+    assert_eq!(b(&read_only).get(b"kept").unwrap(), b"across versions");
+    read_only.close().unwrap();
+    assert_eq!(on_disk().version, 3, "a read-only open writes nothing");
+
+    let store = fixture.open(&quiet());
+    assert_eq!((store.volume().superblock().version, on_disk().version), (FORMAT_VERSION, FORMAT_VERSION));
+    b(&store).put(b"new", b"after the raise").unwrap();
+    store.close().unwrap();
+    let store = fixture.open(&quiet());
+    assert_eq!(b(&store).get(b"kept").unwrap(), b"across versions");
+    assert_eq!(b(&store).get(b"new").unwrap(), b"after the raise");
+    store.close().unwrap();
+
+    let current = on_disk();
+    for unknown in [2, FORMAT_VERSION + 1] {
+        fixture.ssd.poke(0, &Superblock { version: unknown, ..current.clone() }.encode());
+        let refused = alignfs::Volume::open(fixture.devices(), quiet());
+        assert!(
+            matches!(&refused, Err(Error::Corrupt { problem, .. }) if problem.contains(&format!("format version {unknown}"))),
+            "version {unknown}: {:?}",
+            refused.err()
+        );
+    }
 }
 
 /// NVStore's Table 2 for reads: a read that hits a fragment page merges it with its block

@@ -7,7 +7,13 @@ use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::profile::Profile;
 
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
-pub const VERSION: u32 = 3;
+/// The version this build writes. 4: an `nvstore` volume's KV journals may start with a
+/// header, which a version-3 build would read as the journal's end (cutting off
+/// acknowledged commits); the on-media format is otherwise version 3's.
+pub const FORMAT_VERSION: u32 = 4;
+/// The oldest version this build opens. A version-3 `nvstore` volume is raised to 4 when
+/// opened writable, before its KV store is (`Volume::open`).
+pub const OLDEST_FORMAT_VERSION: u32 = 3;
 /// Most SSDs one volume spans.
 pub const MAX_SSDS: u32 = 64;
 
@@ -19,6 +25,8 @@ pub enum DeviceRole {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format version the copy was written with.
+    pub version: u32,
     pub role: DeviceRole,
     pub profile: Profile,
     pub uuid: [u8; 16],
@@ -60,7 +68,7 @@ impl Superblock {
     /// The 4 KiB image, checksummed.
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::new();
-        e.raw(MAGIC).u32(VERSION).u32(self.role as u32).u32(self.profile.code()).raw(&self.uuid);
+        e.raw(MAGIC).u32(self.version).u32(self.role as u32).u32(self.profile.code()).raw(&self.uuid);
         let g = &self.geometry;
         e.u32(g.block_bytes).u32(g.page_bytes).u32(g.split_bytes).u32(g.io_workers);
         e.u64(self.fast_bytes).u64(self.ssd_bytes);
@@ -91,8 +99,10 @@ impl Superblock {
         let mut d = Decoder::new(bytes);
         d.take(MAGIC.len()).map_err(short)?;
         let version = d.u32().map_err(short)?;
-        if version != VERSION {
-            return Err(corrupt(format!("format version {version}, this alignfs reads version {VERSION}")));
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+            return Err(corrupt(format!(
+                "format version {version}; this alignfs reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}"
+            )));
         }
         let role = match d.u32().map_err(short)? {
             1 => DeviceRole::Fast,
@@ -147,7 +157,7 @@ impl Superblock {
         if ssd_count > 1 && ssd_bytes % (u64::from(ssd_count) * u64::from(geometry.split_bytes)) != 0 {
             return Err(corrupt(format!("{ssd_bytes} bytes do not split into {ssd_count} SSDs of whole split units")));
         }
-        Ok(Superblock { role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns, ssd_count, ssd_index })
+        Ok(Superblock { version, role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns, ssd_count, ssd_index })
     }
 }
 
@@ -159,6 +169,7 @@ mod tests {
     fn sample() -> Superblock {
         let geometry = Geometry::default();
         Superblock {
+            version: FORMAT_VERSION,
             role: DeviceRole::Fast,
             profile: Profile::ORCH,
             uuid: [7; 16],

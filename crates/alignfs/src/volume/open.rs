@@ -19,7 +19,7 @@ use crate::journal::{
     checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, MetaStore, PmemWindow, Replay, SsdWindow,
 };
 use crate::kv::{restore_fragment_pages, FragmentBlock, FragmentLog, KvMeta};
-use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock};
+use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock, FORMAT_VERSION};
 use crate::map::SsdBlock;
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
 use crate::profile::ResidueSetup;
@@ -156,6 +156,7 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
         return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
     }
     Ok(Superblock {
+        version: FORMAT_VERSION,
         role: DeviceRole::Fast,
         profile: options.profile,
         uuid: *uuid::Uuid::new_v4().as_bytes(),
@@ -174,6 +175,20 @@ fn write_fresh_checkpoint(slots: &mut CheckpointSlots) -> Result<()> {
     slots.clear()?;
     let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
     slots.write(&checkpoint_payload(&fresh, &[], &AsIs), 1)
+}
+
+/// `superblock`, raised to this build's format version on every SSD first if it is older.
+/// A KV store opened writable may start a journal with a header, which an older build
+/// would read as the journal's end; it refuses the raised version instead.
+fn raise_format_version(ssd: &dyn BlockDevice, superblock: Superblock) -> Result<Superblock> {
+    if superblock.version == FORMAT_VERSION {
+        return Ok(superblock);
+    }
+    let raised = Superblock { version: FORMAT_VERSION, ..superblock };
+    for member in 0..raised.ssd_count {
+        write_ssd_superblock(ssd, u64::from(member), &Superblock { ssd_index: member, ..raised.clone() }.encode())?;
+    }
+    Ok(raised)
 }
 
 /// Write (and flush) the superblock sector of SSD `member`.
@@ -237,6 +252,11 @@ impl Volume {
                 format!("a {profile} volume needs its memory-semantic SSD")
             }));
         }
+        let superblock = if superblock.profile.devices().kv_store && !options.read_only {
+            raise_format_version(ssd.as_ref(), superblock)?
+        } else {
+            superblock
+        };
         let kv = kv.map(|dir| KvLocation { dir, syncs: kv_syncs });
         Self::assemble(fast, ssd, byte, kv.as_ref(), superblock, meta_name, options, started)
     }
