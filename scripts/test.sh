@@ -113,6 +113,7 @@ grep -q "holds no alignfs KV store" "$work/err"
 if [[ -e $work/nv2.img ]]; then echo "smoke: a refused mkfs created a device" >&2; exit 1; fi
 "$bin" mkfs --profile nvstore --ssd "$work/nv3.img:64M" --kv "$work/nv3-kv" >/dev/null
 "$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" --json | grep '"profile": "nvstore"' >/dev/null
+"$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" | grep "(profile nvstore, format version 4)" >/dev/null
 "$bin" fsck --ssd "$work/nv.img" | grep ': clean$' >/dev/null
 if "$bin" fsck --ssd "$work/nv3.img" >"$work/out"; then echo "smoke: fsck without the volume's --kv must fail" >&2; exit 1; fi
 if "$bin" mount --ssd "$work/nv.img" --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then

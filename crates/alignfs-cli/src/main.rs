@@ -395,7 +395,7 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
 }
 
 fn print_report(r: &VolumeReport) {
-    println!("volume {} (profile {})", r.uuid, r.profile);
+    println!("volume {} (profile {}, format version {})", r.uuid, r.profile, r.format_version);
     if let Some(d) = &r.daemon {
         println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
         if !d.front_end.is_empty() {

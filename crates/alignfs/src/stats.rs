@@ -179,6 +179,9 @@ impl StatsSnapshot {
 pub struct VolumeReport {
     pub uuid: String,
     pub profile: String,
+    /// The superblock's format version (`docs/format/superblock.md`).
+    #[serde(default)]
+    pub format_version: u32,
     pub fast_device: String,
     pub ssd_device: String,
     pub residue: String,

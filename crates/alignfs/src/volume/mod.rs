@@ -336,6 +336,7 @@ impl Volume {
         VolumeReport {
             uuid: self.superblock().uuid_string(),
             profile: self.superblock().profile.name().to_string(),
+            format_version: self.superblock().version,
             fast_device,
             ssd_device,
             residue,
