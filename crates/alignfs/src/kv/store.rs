@@ -17,6 +17,12 @@ use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
 use super::fragments::FragmentLog;
+
+/// The fragments' memtable (fjall's default is 64 MiB; BlueStore runs its RocksDB with
+/// 256 MiB write buffers). Fragments that an idle sync or a merge deletes while their
+/// memtable still holds them are never flushed; the larger it is, the more writes an
+/// idle period can catch. Kept in the store's keyspace config when it is created.
+const FRAGMENT_MEMTABLE_BYTES: u64 = 256 << 20;
 use super::records::{
     decode_name_key, decode_object_id, decode_object_key, encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey,
     BlockValue, FragmentKey, FragmentValue, Onode,
@@ -164,7 +170,9 @@ impl KvMeta {
         // written once to the journal and once at flush instead of again at every level.
         let fragments = db
             .keyspace("fragments", || {
-                KeyspaceCreateOptions::default().with_kv_separation(Some(KvSeparationOptions::default().compression(CompressionType::None)))
+                KeyspaceCreateOptions::default()
+                    .with_kv_separation(Some(KvSeparationOptions::default().compression(CompressionType::None)))
+                    .max_memtable_size(FRAGMENT_MEMTABLE_BYTES)
             })
             .map_err(|e| kv_error(dir, "open a keyspace", e))?;
         let db_for_sync = db.clone();
