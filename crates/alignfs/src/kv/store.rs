@@ -17,12 +17,6 @@ use parking_lot::{Condvar, Mutex};
 use smallvec::SmallVec;
 
 use super::fragments::FragmentLog;
-
-/// The fragments' memtable (fjall's default is 64 MiB; BlueStore runs its RocksDB with
-/// 256 MiB write buffers). Fragments that an idle sync or a merge deletes while their
-/// memtable still holds them are never flushed; the larger it is, the more writes an
-/// idle period can catch. Kept in the store's keyspace config when it is created.
-const FRAGMENT_MEMTABLE_BYTES: u64 = 256 << 20;
 use super::records::{
     decode_name_key, decode_object_id, decode_object_key, encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey,
     BlockValue, FragmentKey, FragmentValue, Onode,
@@ -39,6 +33,12 @@ use crate::stats::Counter;
 /// The file that marks a directory as an alignfs KV store (it holds the volume's uuid), so
 /// that formatting with `force` replaces only a store, never other files.
 const MARKER: &str = "ALIGNFS-KV";
+
+/// The fragments' memtable (fjall's default is 64 MiB; BlueStore runs its RocksDB with
+/// 256 MiB write buffers). Fragments that an idle sync or a merge deletes while their
+/// memtable still holds them are never flushed; the larger it is, the more writes an
+/// idle period can catch. Kept in the store's keyspace config when it is created.
+const FRAGMENT_MEMTABLE_BYTES: u64 = 256 << 20;
 
 /// The `volume` keyspace's keys.
 const UUID_KEY: &[u8] = b"uuid";

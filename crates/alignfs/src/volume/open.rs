@@ -233,7 +233,9 @@ impl Volume {
 
     /// Open a formatted volume: check the superblocks, load the newest checkpoint, replay
     /// the journal, rebuild the allocators, start the profile's workers. Nothing is
-    /// written before every check passed.
+    /// written before every check passed, except that a KV store's own open may seal a
+    /// journal, and so an older `nvstore` volume opened writable has its superblocks
+    /// raised to this build's format version first.
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
         let Devices { fast, ssd, kv, kv_syncs, byte } = devices;
