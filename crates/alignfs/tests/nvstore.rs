@@ -341,6 +341,15 @@ fn an_older_volume_is_raised_to_this_format_version_before_its_kv_store_is_writt
     assert_eq!(on_disk().version, FORMAT_VERSION, "a new volume has this build's version");
     fixture.ssd.poke(0, &Superblock { version: 3, ..on_disk() }.encode());
 
+    // Another volume's KV directory, or none, is refused before the raise.
+    let other = Fixture::new(Profile::NVSTORE.default_geometry());
+    let wrong_kv = Devices::with_kv(Arc::clone(&fixture.ssd) as Arc<dyn BlockDevice>, other.kv.path());
+    let refused = alignfs::Volume::open(wrong_kv, quiet());
+    assert!(matches!(refused, Err(Error::VolumeMismatch { .. })), "{:?}", refused.err());
+    let no_kv = alignfs::Volume::open(Devices::ssd_only(Arc::clone(&fixture.ssd) as Arc<dyn BlockDevice>), quiet());
+    assert!(matches!(no_kv, Err(Error::WrongDevices(_))), "{:?}", no_kv.err());
+    assert_eq!(on_disk().version, 3, "a refused open writes nothing");
+
     let read_only = fixture.open(&VolumeOptions { read_only: true, ..quiet() });
     assert_eq!(read_only.volume().superblock().version, 3);
     assert_eq!(b(&read_only).get(b"kept").unwrap(), b"across versions");

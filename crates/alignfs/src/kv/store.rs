@@ -144,6 +144,31 @@ impl KvMeta {
         Ok(())
     }
 
+    /// Check, without opening it, that `dir` holds the store of the volume `uuid`: its
+    /// marker names that volume. Lets a caller refuse a wrong directory before writing
+    /// anything else.
+    pub fn check_owner(dir: &Path, uuid: [u8; 16]) -> Result<()> {
+        if !dir.is_dir() {
+            return Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()));
+        }
+        let marker = dir.join(MARKER);
+        let found = match std::fs::read_to_string(&marker) {
+            Ok(found) => found,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::BadPath(dir.to_path_buf(), "holds no alignfs KV store (no ALIGNFS-KV marker)".into()))
+            }
+            Err(e) => return Err(Error::io(format!("read {}", marker.display()), e)),
+        };
+        let ssd = uuid::Uuid::from_bytes(uuid);
+        match uuid::Uuid::parse_str(found.trim()) {
+            Ok(volume) if volume == ssd => Ok(()),
+            Ok(volume) => {
+                Err(Error::VolumeMismatch { fast: format!("KV store {} of volume {volume}", dir.display()), ssd: ssd.to_string() })
+            }
+            Err(_) => Err(Error::BadPath(dir.to_path_buf(), format!("its {MARKER} marker names no volume"))),
+        }
+    }
+
     /// The store in `dir`, which must belong to the volume `uuid`.
     pub fn open(dir: &Path, uuid: [u8; 16], syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
         if !dir.is_dir() {

@@ -9,4 +9,4 @@ pub use crate::profile::Profile;
 pub use alloc::BitmapAllocator;
 pub use block_refs::BlockRefs;
 pub use checksums::{BlockChecksums, Mismatch};
-pub use superblock::{DeviceRole, Superblock, FORMAT_VERSION, MAX_SSDS, OLDEST_FORMAT_VERSION};
+pub use superblock::{DeviceRole, Superblock, FORMAT_VERSION, MAX_SSDS};

@@ -255,6 +255,8 @@ impl Volume {
             }));
         }
         let superblock = if superblock.profile.devices().kv_store && !options.read_only {
+            // A directory of another volume, or none, is refused before anything is written.
+            KvMeta::check_owner(kv.as_deref().ok_or_else(|| missing_kv(&superblock))?, superblock.uuid)?;
             raise_format_version(ssd.as_ref(), superblock)?
         } else {
             superblock
@@ -393,12 +395,14 @@ fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &
     Ok(Recovered { meta, store, counters: checkpoint.counters, recovery, fragments: None, checksums: None })
 }
 
+fn missing_kv(superblock: &Superblock) -> Error {
+    Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
+}
+
 /// The records of the volume's KV store, with what a crash left behind (objects without a
 /// name, fragments no record names) deleted unless the volume opens read-only.
 fn recover_kv(kv: Option<&KvLocation>, superblock: &Superblock, options: &VolumeOptions, started: Instant) -> Result<Recovered> {
-    let kv = kv.ok_or_else(|| {
-        Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
-    })?;
+    let kv = kv.ok_or_else(|| missing_kv(superblock))?;
     let dir = kv.dir.as_path();
     let mut store = KvMeta::open(dir, superblock.uuid, kv.syncs.clone())?;
     let loaded = store.load(superblock.geometry.block_bytes)?;
