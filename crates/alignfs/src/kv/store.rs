@@ -7,14 +7,13 @@
 //! orders commits, so batch order is apply order. A batch that fails leaves memory ahead
 //! of the disk: the store refuses every later commit and the volume must be reopened.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode};
 use parking_lot::{Condvar, Mutex};
-use smallvec::SmallVec;
 
 use super::fragments::FragmentLog;
 use super::records::{
@@ -26,8 +25,8 @@ use crate::device::power_loss::{PowerLog, RecordedDir};
 use crate::error::{Error, Result};
 use crate::journal::{CommitContext, GroupSync, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
-use crate::map::{BlockEntry, FileMap, PageNo};
-use crate::meta::{DataOp, FileKind, Freed, Ino, Inode, InodeData, MetaState, NamespaceOp, Op};
+use crate::map::{BlockEntry, FileMap};
+use crate::meta::{FileKind, Freed, Ino, Inode, InodeData, MetaState, Op, Touched};
 use crate::stats::Counter;
 
 /// The file that marks a directory as an alignfs KV store (it holds the volume's uuid), so
@@ -615,69 +614,6 @@ impl Drop for RunningSync<'_> {
     }
 }
 
-/// The keys a commit's ops change, found before they apply (an unlink's or a rename's
-/// object is known only then).
-#[derive(Default)]
-struct Touched {
-    /// Blocks whose entry changes, with the units they held before.
-    blocks: BTreeMap<(Ino, u64), SmallVec<[PageNo; 1]>>,
-    /// The units of objects the ops free.
-    freed_units: Vec<(Ino, PageNo)>,
-    /// Objects whose attribute record changes, or which go away.
-    objects: BTreeSet<Ino>,
-    /// Objects whose size may change.
-    sizes: BTreeSet<Ino>,
-    names: BTreeSet<(Ino, Vec<u8>)>,
-}
-
-impl Touched {
-    fn of(meta: &MetaState, ops: &[Op]) -> Touched {
-        let mut t = Touched::default();
-        for op in ops {
-            match op {
-                Op::Data(DataOp::Map { ino, lblock, .. }) => {
-                    t.blocks.entry((*ino, *lblock)).or_insert_with(|| {
-                        meta.get(*ino).and_then(|i| i.map.lock().get(lblock).map(|e| e.fast_pages().collect())).unwrap_or_default()
-                    });
-                }
-                Op::Data(DataOp::Extend { ino, .. }) | Op::Data(DataOp::SetSize { ino, .. }) => {
-                    t.sizes.insert(*ino);
-                }
-                Op::Namespace(NamespaceOp::Create { parent, name, attr, .. }) => {
-                    t.names.insert((*parent, name.clone()));
-                    t.objects.extend([*parent, attr.ino]);
-                }
-                Op::Namespace(NamespaceOp::Link { parent, name, ino, .. }) => {
-                    t.names.insert((*parent, name.clone()));
-                    t.objects.extend([*parent, *ino]);
-                }
-                Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
-                    t.objects.extend(meta.child(*parent, name));
-                    t.names.insert((*parent, name.clone()));
-                    t.objects.insert(*parent);
-                }
-                Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, .. }) => {
-                    t.objects.extend(meta.child(*from_parent, from_name));
-                    t.objects.extend(meta.child(*to_parent, to_name));
-                    t.names.insert((*from_parent, from_name.clone()));
-                    t.names.insert((*to_parent, to_name.clone()));
-                    t.objects.extend([*from_parent, *to_parent]);
-                }
-                Op::Namespace(NamespaceOp::SetAttr { ino, .. }) | Op::Namespace(NamespaceOp::SetXattr { ino, .. }) => {
-                    t.objects.insert(*ino);
-                }
-                Op::Namespace(NamespaceOp::Free { ino }) => {
-                    t.objects.insert(*ino);
-                    if let Some(inode) = meta.get(*ino) {
-                        t.freed_units.extend(inode.map.lock().values().flat_map(BlockEntry::fast_pages).map(|u| (*ino, u)));
-                    }
-                }
-            }
-        }
-        t
-    }
-}
-
 /// A map entry as the flattened block map records it.
 fn block_value(entry: &BlockEntry, checksums: Option<&BlockChecksums>) -> [u8; super::records::BLOCK_VALUE_BYTES] {
     match entry {
@@ -716,8 +652,9 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::map::PageNo;
     use crate::map::SsdBlock;
-    use crate::meta::{apply, Attr};
+    use crate::meta::{apply, Attr, DataOp, NamespaceOp};
     use crate::stats::Stats;
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};

@@ -3,8 +3,10 @@
 //! recovered volume is exactly the one that was acknowledged.
 
 mod op;
+mod touched;
 
 pub use op::{apply, DataOp, Freed, NamespaceOp, Op};
+pub(crate) use touched::Touched;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
