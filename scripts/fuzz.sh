@@ -3,7 +3,8 @@
 # checkpoint payload, journal record ops, journal replay, map entry / upage header, a
 # block volume's layout attribute, what an NBD client sends, nvstore's KV records, and
 # the recovery of nvstore's KV journal (vendor/fjall's, with our sync markers), and the
-# recovery of the emulated memory-semantic SSD (`byte`) from its device DRAM. Each must
+# recovery of the emulated memory-semantic SSD (`byte`) from its device DRAM, and
+# `byte`'s in-place metadata area (records, bitmap, header). Each must
 # never panic, loop or disagree with its own encoder. Ends with "suite totals: ...".
 #
 # FUZZ_SECONDS per target (default 12; CI). Long run: FUZZ_SECONDS=3600 scripts/fuzz.sh
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-12}
 rustup toolchain list | grep '^nightly' >/dev/null || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
 command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
-targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages kv_records kv_journal mssd_recovery)
+targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages kv_records kv_journal mssd_recovery lines_area)
 build_log=$(mktemp)
 cargo +nightly fuzz build -O >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
 rm -f "$build_log"

@@ -113,7 +113,7 @@ grep -q "holds no alignfs KV store" "$work/err"
 if [[ -e $work/nv2.img ]]; then echo "smoke: a refused mkfs created a device" >&2; exit 1; fi
 "$bin" mkfs --profile nvstore --ssd "$work/nv3.img:64M" --kv "$work/nv3-kv" >/dev/null
 "$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" --json | grep '"profile": "nvstore"' >/dev/null
-"$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" | grep "(profile nvstore, format version 4)" >/dev/null
+"$bin" stat --ssd "$work/nv3.img" --kv "$work/nv3-kv" | grep "(profile nvstore, format version 5)" >/dev/null
 "$bin" fsck --ssd "$work/nv.img" | grep ': clean$' >/dev/null
 if "$bin" fsck --ssd "$work/nv3.img" >"$work/out"; then echo "smoke: fsck without the volume's --kv must fail" >&2; exit 1; fi
 if "$bin" mount --ssd "$work/nv.img" --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
@@ -125,7 +125,15 @@ grep -q "object store, not a file system" "$work/err"
 # option on another profile is noted as unused.
 "$bin" mkfs --profile byte --ssd "$work/byte.img:64M" --fast "$shm/byte-dram" | grep "write log" >/dev/null
 "$bin" stat --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep "^ flash_program_bytes" >/dev/null
+"$bin" stat --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep "format version 5, metadata in place)" >/dev/null
 "$bin" fsck --ssd "$work/byte.img" --fast "$shm/byte-dram" | grep ': clean$' >/dev/null
+# The journal instead of in-place metadata, by choice; a profile without byte stores refuses in place.
+"$bin" mkfs --profile byte --meta-store journal --ssd "$work/byte-j.img:64M" --fast "$shm/byte-j-dram" >/dev/null
+"$bin" stat --ssd "$work/byte-j.img" --fast "$shm/byte-j-dram" | grep "^  journal:" >/dev/null
+if "$bin" mkfs --profile orch --meta-store in-place --ssd "$work/orch-ip.img:64M" --fast "$shm/orch-ip" 2>"$work/err"; then
+    echo "smoke: in-place metadata needs a memory-semantic SSD" >&2; exit 1
+fi
+grep -q "cannot keep metadata in place" "$work/err"
 if "$bin" mkfs --profile byte --ssd "$work/byte.img" --fast "$shm/byte-dram" 2>"$work/err"; then
     echo "smoke: mkfs over an existing byte volume must refuse" >&2; exit 1
 fi

@@ -32,7 +32,7 @@ fn devices(block: bool) -> Devices {
     let ssd = DeviceSpec { path: dir.path().join("ssd.img"), size: Some(64 << 20) };
     let ssds = std::slice::from_ref(&ssd);
     if block {
-        let format = FormatOptions { profile: Profile::UHS, geometry: Profile::UHS.default_geometry(), force: false };
+        let format = FormatOptions { profile: Profile::UHS, geometry: Profile::UHS.default_geometry(), force: false, ..Default::default() };
         let layout = BlockLayout { nvm_ranges: vec![NVM_RANGE], ..BlockLayout::new(VOLUME_BYTES) };
         format_block_paths(Some(&fast), ssds, &format, layout, None).unwrap().1.close().unwrap();
     } else {

@@ -156,7 +156,7 @@ impl AlignfsSystem {
         };
         let ssd_spec = DeviceSpec { path: ssd.clone(), size: Some(at.ssd_bytes) };
         let geometry = Geometry { split_bytes: at.split_bytes, io_workers: at.io_workers, ..profile.default_geometry() };
-        let options = FormatOptions { geometry, profile, force: true };
+        let options = FormatOptions { geometry, profile, force: true, ..FormatOptions::default() };
         let (_, volume) = format_paths(fast_spec.as_ref(), std::slice::from_ref(&ssd_spec), None, &options, None::<IoBackend>)
             .with_context(|| format!("format a {name} volume in {}", at.dir.display()))?;
         volume.close()?;

@@ -17,7 +17,7 @@ use alignfs::personality::BlockLayout;
 use alignfs::profile::Personality;
 use alignfs::stats::{Counter, VolumeReport};
 use alignfs::volume::{format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
-use alignfs::{FormatOptions, Geometry, Profile, ReadMode, VolumeOptions};
+use alignfs::{FormatOptions, Geometry, MetaStoreChoice, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -166,6 +166,11 @@ struct MkfsArgs {
     /// Overwrite devices that already hold an alignfs volume.
     #[arg(long)]
     force: bool,
+    /// `byte`: keep the metadata `in-place` (ByteFS's layout: 128-byte inodes, entries
+    /// and bitmap words as 64-byte lines, each commit one device transaction; the
+    /// default) or in the `journal` and checkpoints the other profiles use.
+    #[arg(long, value_name = "STORE", value_parser = ["in-place", "journal"])]
+    meta_store: Option<String>,
 }
 
 #[derive(Args)]
@@ -215,7 +220,14 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     } else {
         None
     };
-    let options = FormatOptions { geometry, profile, force: args.force };
+    let meta_store = match args.meta_store.as_deref() {
+        None => MetaStoreChoice::ProfileDefault,
+        Some("journal") => MetaStoreChoice::Journal,
+        Some(_) => MetaStoreChoice::InPlace,
+    };
+    // Refused before any device file is created.
+    meta_store.in_place(profile)?;
+    let options = FormatOptions { geometry, profile, force: args.force, meta_store };
     let block_layout = block_layout(args, profile)?;
     let (sb, volume, block) = match block_layout {
         Some(layout) => {
@@ -247,6 +259,12 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     if profile.devices().kv_store {
         let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path));
         println!("  metadata:  KV store {}", kv.display());
+    } else if sb.in_place_meta {
+        println!(
+            "  metadata:  in place, {} of 64-byte lines; a {} redo area for the block interface alone",
+            bytesize::ByteSize(2 * sb.layout.checkpoint_bytes),
+            bytesize::ByteSize(sb.layout.journal_bytes)
+        );
     } else {
         println!(
             "  metadata:  journal {}, checkpoint slots 2 x {}",
@@ -395,7 +413,8 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
 }
 
 fn print_report(r: &VolumeReport) {
-    println!("volume {} (profile {}, format version {})", r.uuid, r.profile, r.format_version);
+    let meta = if r.in_place_meta { ", metadata in place" } else { "" };
+    println!("volume {} (profile {}, format version {}{meta})", r.uuid, r.profile, r.format_version);
     if let Some(d) = &r.daemon {
         println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
         if !d.front_end.is_empty() {
@@ -444,6 +463,19 @@ fn print_report(r: &VolumeReport) {
     if kv_store {
         println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
         println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
+    } else if r.in_place_meta {
+        // A full area refuses new files and data (ENOSPC); deletes still go through.
+        println!(
+            "  metadata:  {} of {} of 64-byte lines used, in place ({:.1}%)",
+            bytesize::ByteSize(r.usage.journal_used_bytes),
+            bytesize::ByteSize(r.usage.journal_capacity_bytes),
+            pct(r.usage.journal_used_bytes, r.usage.journal_capacity_bytes),
+        );
+        println!(
+            "  open:      in-place metadata read in {:.3} ms{}",
+            r.recovery_us as f64 / 1000.0,
+            if r.records_replayed > 0 { " (a block-only commit was replayed from the redo area)" } else { "" }
+        );
     } else {
         println!(
             "  journal:   {} of {} used",

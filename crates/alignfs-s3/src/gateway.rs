@@ -1130,7 +1130,8 @@ mod tests {
     fn listings_page_through_keys_and_common_prefixes_as_the_model_says() {
         let kv = tempfile::tempdir().unwrap();
         let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(64 << 20));
-        let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+        let format =
+            FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
         ObjectStore::format(&Devices::with_kv(Arc::clone(&ssd), kv.path()), &format).unwrap();
         let store =
             ObjectStore::open(Devices::with_kv(ssd, kv.path()), VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap();

@@ -16,6 +16,7 @@ use alignfs::codec::{Decoder, Encoder};
 use alignfs::device::PmemRegion;
 use alignfs::journal::{checkpoint_payload, decode_entry, decode_ops, decode_state, encode_entry, encode_ops, AsIs, Journal, PmemWindow};
 use alignfs::kv::records::{encode_name_key, AttrRecord, BlockKey, BlockValue, FragmentKey, FragmentValue, Onode};
+use alignfs::lines::{parse_image, LineStore};
 use alignfs::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
 use alignfs::meta::{apply, Attr, DataOp, FileKind, Ino, MetaState, NamespaceOp, Op};
 use alignfs::personality::BlockLayout;
@@ -23,6 +24,8 @@ use alignfs::personality::BlockLayout;
 /// The geometry the targets decode with: 8 pages of 4 KiB per block.
 const PAGES_PER_BLOCK: usize = 8;
 const PAGE_BYTES: u32 = 4096;
+/// The volume of the `lines_area` seeds (fuzz/fuzz_targets/lines_area.rs).
+const LINES_UUID: [u8; 16] = [0x42; 16];
 
 fn attr(ino: u64, kind: FileKind, perm: u16, size: u64) -> Attr {
     let t = 1_700_000_000_000_000_000 + ino as i64;
@@ -128,6 +131,10 @@ fn main() {
         let checkpoint = checkpoint_payload(&state, &[i as u64, 7, 0], &AsIs);
         decode_state(&checkpoint, PAGES_PER_BLOCK, PAGE_BYTES).unwrap_or_else(|e| panic!("checkpoint {i}: {e:?}"));
         seeds.put("checkpoint", &i.to_string(), &checkpoint);
+        // The same state as `byte`'s in-place metadata area.
+        let area = LineStore::image_of(&state, LINES_UUID, 16 << 10).expect("the state fits 16 KiB of lines");
+        parse_image(&area, LINES_UUID, PAGES_PER_BLOCK, PAGE_BYTES).unwrap_or_else(|e| panic!("lines area {i}: {e:?}"));
+        seeds.put("lines_area", &i.to_string(), &area);
     }
 
     for (i, entry) in entries().iter().enumerate() {

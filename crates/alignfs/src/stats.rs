@@ -70,6 +70,8 @@ counters! {
     write_back_blocks_by_line: "blocks a page cache wrote back with few 64-byte lines changed: only those lines were written (byte: modified ratio <= 1/8)",
     write_back_blocks_unchanged: "blocks a page cache wrote back unchanged: nothing was written (byte)",
     page_cache_fill_bytes: "bytes read back after a file's last close to put in the kernel's page cache (mount --fill-on-close)",
+    meta_lines_stored: "64-byte lines of in-place metadata a commit changed (byte: stored through the byte interface; block-only: written in the 4 KiB sectors that hold them, to the redo area and in place)",
+    meta_transactions: "device transactions (byte interface) or redo writes (block-only) committed by the in-place metadata (byte)",
 }
 
 /// What opening the volume took.
@@ -182,6 +184,9 @@ pub struct VolumeReport {
     /// The superblock's format version (`docs/format/superblock.md`).
     #[serde(default)]
     pub format_version: u32,
+    /// The metadata is stored in place (`byte`), not in a journal and checkpoints.
+    #[serde(default)]
+    pub in_place_meta: bool,
     pub fast_device: String,
     pub ssd_device: String,
     pub residue: String,

@@ -76,7 +76,7 @@ fn a_uhs_block_volume_survives_every_power_loss_image() {
         let fast = Arc::new(PmemRegion::recorded(FAST_BYTES, Arc::clone(&log)).unwrap());
         let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(SSD_BYTES)), Arc::clone(&log)));
         let devices = Devices::new(Arc::clone(&fast) as Arc<dyn ByteTier>, Arc::clone(&ssd));
-        let format = FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false };
+        let format = FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false, ..Default::default() };
         BlockVolume::format(&devices, &format, layout()).unwrap();
         let disk = BlockVolume::open(devices, options()).unwrap();
         let setup_end = log.position();

@@ -65,7 +65,8 @@ fn a_full_uhs_volume_checkpoints_its_whole_map() {
 
     let ssd = Arc::new(SimSsd::new(64 << 20)) as Arc<dyn BlockDevice>;
     let devices = alignfs::Devices::new(Arc::new(PmemRegion::anonymous(4 << 20).unwrap()), ssd);
-    let format = alignfs::FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false };
+    let format =
+        alignfs::FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false, ..Default::default() };
     let size = 60 << 20;
     BlockVolume::format(&devices, &format, BlockLayout::new(size)).unwrap();
     let options = VolumeOptions { background: false, ..VolumeOptions::default() };

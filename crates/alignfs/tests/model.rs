@@ -13,7 +13,7 @@ use alignfs::stats::Counter;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
 use alignfs::volume::{FallocateMode, SeekTarget};
-use alignfs::{Error, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
+use alignfs::{Error, FormatOptions, Geometry, Ino, MetaStoreChoice, Profile, ReadMode, Volume, VolumeOptions};
 use common::Devices;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -31,6 +31,7 @@ struct Case {
     roomy: bool,
     /// `byte`: `false` runs on the device's block interface alone.
     byte_interface: bool,
+    meta_store: MetaStoreChoice,
 }
 
 fn write_size(rng: &mut StdRng, g: &Geometry) -> u64 {
@@ -96,7 +97,7 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     } else {
         Devices::new(case.fast_bytes, 96 << 20)
     };
-    devices.format(g);
+    devices.format_with(FormatOptions { geometry: g, profile: case.profile, meta_store: case.meta_store, force: false });
     let options = VolumeOptions {
         read_mode: case.read_mode,
         scrap_mem_bytes: case.fast_bytes,
@@ -104,6 +105,8 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
         ..VolumeOptions::default()
     };
     let mut volume = devices.open(options.clone()).unwrap();
+    let in_place = case.profile == Profile::BYTE && case.meta_store != MetaStoreChoice::Journal;
+    assert_eq!(volume.superblock().in_place_meta, in_place, "{}", case.name);
     let files: Vec<Ino> = (0..3).map(|i| volume.create_file(Ino::ROOT, format!("f{i}").as_bytes(), 0o644, 0, 0).unwrap().ino).collect();
     let mut model: Vec<Vec<u8>> = vec![Vec::new(); files.len()];
     let mut unsynced: Vec<Unsynced> = vec![Unsynced::default(); files.len()];
@@ -252,6 +255,7 @@ fn cases() -> Vec<Case> {
         read_mode,
         roomy,
         byte_interface: true,
+        meta_store: MetaStoreChoice::ProfileDefault,
     };
     let scrap_case = |name, geometry, fast_bytes, read_mode, roomy| Case {
         name,
@@ -261,6 +265,7 @@ fn cases() -> Vec<Case> {
         read_mode,
         roomy,
         byte_interface: true,
+        meta_store: MetaStoreChoice::ProfileDefault,
     };
     let byte = Geometry::for_profile(Profile::BYTE);
     let byte_case = |name, geometry, read_mode, byte_interface| Case {
@@ -271,6 +276,7 @@ fn cases() -> Vec<Case> {
         read_mode,
         roomy: byte_interface,
         byte_interface,
+        meta_store: MetaStoreChoice::ProfileDefault,
     };
     vec![
         orch("default geometry, buffered reads", default, 64 << 20, ReadMode::Buffered, true),
@@ -285,6 +291,7 @@ fn cases() -> Vec<Case> {
         byte_case("byte, buffered reads", byte, ReadMode::Buffered, true),
         byte_case("byte, 16K blocks, direct reads", Geometry { block_bytes: 16 << 10, ..byte }, ReadMode::Direct, true),
         byte_case("byte, block interface only", byte, ReadMode::Buffered, false),
+        Case { meta_store: MetaStoreChoice::Journal, ..byte_case("byte, journal and checkpoints", byte, ReadMode::Direct, true) },
     ]
 }
 

@@ -24,7 +24,7 @@ struct Fixture {
 impl Fixture {
     fn new(geometry: Geometry) -> Fixture {
         let fixture = Fixture { ssd: Arc::new(SimSsd::new(64 << 20)), kv: tempfile::tempdir().unwrap() };
-        let format = FormatOptions { geometry, profile: Profile::NVSTORE, force: false };
+        let format = FormatOptions { geometry, profile: Profile::NVSTORE, force: false, ..Default::default() };
         ObjectStore::format(&fixture.devices(), &format).unwrap();
         let store = fixture.open(&quiet());
         store.create_bucket(b"b").unwrap();
@@ -295,7 +295,8 @@ fn pages_appends_complete_are_merged_while_writes_go_on() {
 #[test]
 fn the_kv_directory_is_checked() {
     let ssd = || Arc::new(SimSsd::new(16 << 20)) as Arc<dyn BlockDevice>;
-    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+    let format =
+        FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
     let refused = alignfs::Volume::format(&Devices::ssd_only(ssd()), &format);
     assert!(matches!(refused, Err(Error::WrongDevices(m)) if m.contains("KV store")));
 
@@ -767,7 +768,8 @@ fn acknowledged_operations_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let (ssd, kv) = (dir.path().join("ssd.img"), dir.path().join("kv"));
     let spec = alignfs::volume::DeviceSpec { path: ssd.clone(), size: Some(96 << 20) };
-    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+    let format =
+        FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
     let store = alignfs::volume::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1;
     store.create_bucket(b"b").unwrap();
     store.close().unwrap();
@@ -833,7 +835,8 @@ fn recorded_store() -> (Arc<PowerLog>, tempfile::TempDir, ObjectStore) {
     let ssd: Arc<dyn BlockDevice> = Arc::new(RecordedSsd::new(Arc::new(SimSsd::new(POWER_LOSS_SSD_BYTES)), Arc::clone(&log)));
     let kv = tempfile::tempdir().unwrap();
     let devices = || Devices::with_recorded_kv(Arc::clone(&ssd), kv.path(), Arc::clone(&log));
-    let format = FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false };
+    let format =
+        FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
     ObjectStore::format(&devices(), &format).unwrap();
     let store = ObjectStore::open(devices(), no_clean_pages()).unwrap();
     store.create_bucket(b"b").unwrap();

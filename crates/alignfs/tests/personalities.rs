@@ -42,7 +42,7 @@ fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions, Option<t
         profile.default_geometry()
     };
     let options = VolumeOptions { scrap_mem_bytes: 1 << 20, ..VolumeOptions::default() };
-    (devices, FormatOptions { geometry, profile, force: false }, options, kv_dir)
+    (devices, FormatOptions { geometry, profile, force: false, ..Default::default() }, options, kv_dir)
 }
 
 #[test]
@@ -304,7 +304,7 @@ fn uhs_drains_full_segments_and_keeps_every_byte() {
     for buffered in [true, false] {
         let ssd = Arc::new(SimSsd::new(32 << 20)) as Arc<dyn BlockDevice>;
         let devices = Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(512 << 10).unwrap()), ssd);
-        let format = FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false };
+        let format = FormatOptions { geometry: Profile::UHS.default_geometry(), profile: Profile::UHS, force: false, ..Default::default() };
         BlockVolume::format(&devices, &format, BlockLayout::new(VOLUME_BYTES)).unwrap();
         // 20 KiB writes cross the threshold: their whole blocks go direct and drop what
         // the buffer held for them, between the drains.

@@ -27,7 +27,7 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
     let mut rng = StdRng::seed_from_u64(seed("scrap::a_volume_on_three_ssds_uses_them_all_and_reopens"));
     let members: Vec<Arc<SimSsd>> = (0..3).map(|_| Arc::new(SimSsd::new(MEMBER))).collect();
     let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false, ..Default::default() };
     Volume::format(&Devices::ssd_only(set_of(&members)), &format).unwrap();
     let before: Vec<u64> = members.iter().map(|m| m.writes.load(Ordering::Relaxed)).collect();
     let volume = Volume::open(Devices::ssd_only(set_of(&members)), options()).unwrap();
@@ -70,7 +70,7 @@ fn a_volume_on_three_ssds_uses_them_all_and_reopens() {
 /// A fresh `scrap` volume of 64 KiB scrap pages on one SSD, with SSD IOs of up to `split_bytes`.
 fn one_ssd_volume(ssd: &Arc<SimSsd>, split_bytes: u32) -> Volume {
     let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes, io_workers: 1 };
-    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false };
+    let format = FormatOptions { geometry, profile: Profile::SCRAP, force: false, ..Default::default() };
     Volume::format(&Devices::ssd_only(Arc::clone(ssd) as Arc<dyn BlockDevice>), &format).unwrap();
     Volume::open(Devices::ssd_only(Arc::clone(ssd) as Arc<dyn BlockDevice>), options()).unwrap()
 }

@@ -61,7 +61,7 @@ fn measure(args: &Args, buffer_mib: u64, rng: &mut StdRng) -> Result<Row> {
     let shm = tempfile_dir(&args.fast_dir)?;
     let fast = DeviceSpec { path: shm.join("nvm"), size: Some(buffer_mib * MIB) };
     let ssd = DeviceSpec { path: work.join("ssd.img"), size: Some(args.volume * MIB * 5 / 4) };
-    let format = FormatOptions { profile: Profile::UHS, geometry: Profile::UHS.default_geometry(), force: false };
+    let format = FormatOptions { profile: Profile::UHS, geometry: Profile::UHS.default_geometry(), force: false, ..Default::default() };
     let (_, volume) = format_block_paths(Some(&fast), std::slice::from_ref(&ssd), &format, BlockLayout::new(args.volume * MIB), None)
         .context("format")?;
     volume.close()?;

@@ -9,8 +9,14 @@ use crate::profile::Profile;
 pub const MAGIC: &[u8; 8] = b"ALIGNFS\x01";
 /// The version this build writes. 4: an `nvstore` volume's KV journals may start with a
 /// header, which a version-3 build would read as the journal's end (cutting off
-/// acknowledged commits); the on-media format is otherwise version 3's.
-pub const FORMAT_VERSION: u32 = 4;
+/// acknowledged commits); the on-media format is otherwise version 3's. 5: a flags word
+/// after `ssd_index` says whether the metadata is stored in place (`byte`).
+pub const FORMAT_VERSION: u32 = 5;
+/// The first version with the flags word.
+const FLAGS_VERSION: u32 = 5;
+/// Flag: the metadata area holds in-place records (crate::lines), not a journal and
+/// checkpoints.
+const FLAG_IN_PLACE_META: u32 = 1;
 /// The oldest version this build opens. A version-3 `nvstore` volume is raised to 4 when
 /// opened writable, before its KV store is (`Volume::open`).
 pub const OLDEST_FORMAT_VERSION: u32 = 3;
@@ -41,6 +47,9 @@ pub struct Superblock {
     /// Each holds `ssd_bytes / ssd_count`; the metadata area is on SSD 0.
     pub ssd_count: u32,
     pub ssd_index: u32,
+    /// The metadata area holds in-place records (`byte`, docs/BYTE.md), not a journal and
+    /// checkpoint slots. Always `false` before version 5.
+    pub in_place_meta: bool,
 }
 
 impl Superblock {
@@ -77,6 +86,9 @@ impl Superblock {
         e.u64(f.journal_offset).u64(f.journal_bytes).u64(f.pages_offset).u64(f.page_count);
         e.i64(self.created_unix_ns);
         e.u32(self.ssd_count).u32(self.ssd_index);
+        if self.version >= FLAGS_VERSION {
+            e.u32(if self.in_place_meta { FLAG_IN_PLACE_META } else { 0 });
+        }
         let crc = crc32c(&e.bytes);
         e.u32(crc);
         let mut bytes = e.bytes;
@@ -133,6 +145,11 @@ impl Superblock {
         let created_unix_ns = d.i64().map_err(short)?;
         let ssd_count = d.u32().map_err(short)?;
         let ssd_index = d.u32().map_err(short)?;
+        let flags = if version >= FLAGS_VERSION { d.u32().map_err(short)? } else { 0 };
+        if flags & !FLAG_IN_PLACE_META != 0 {
+            return Err(corrupt(format!("unknown flags {flags:#x}")));
+        }
+        let in_place_meta = flags & FLAG_IN_PLACE_META != 0;
         let covered = d.position();
         let stored = d.u32().map_err(short)?;
         let actual = crc32c(&bytes[..covered]);
@@ -157,7 +174,23 @@ impl Superblock {
         if ssd_count > 1 && ssd_bytes % (u64::from(ssd_count) * u64::from(geometry.split_bytes)) != 0 {
             return Err(corrupt(format!("{ssd_bytes} bytes do not split into {ssd_count} SSDs of whole split units")));
         }
-        Ok(Superblock { version, role, profile, uuid, geometry, fast_bytes, ssd_bytes, layout, created_unix_ns, ssd_count, ssd_index })
+        if in_place_meta && !profile.devices().memory_semantic {
+            return Err(corrupt(format!("profile {} cannot keep its metadata in place", profile.name())));
+        }
+        Ok(Superblock {
+            version,
+            role,
+            profile,
+            uuid,
+            geometry,
+            fast_bytes,
+            ssd_bytes,
+            layout,
+            created_unix_ns,
+            ssd_count,
+            ssd_index,
+            in_place_meta,
+        })
     }
 }
 
@@ -180,6 +213,7 @@ mod tests {
             created_unix_ns: 42,
             ssd_count: 1,
             ssd_index: 0,
+            in_place_meta: false,
         }
     }
 
@@ -187,6 +221,29 @@ mod tests {
     fn round_trip() {
         let sb = sample();
         assert_eq!(Superblock::decode(&sb.encode(), "dev").unwrap(), sb);
+    }
+
+    /// Version 5's flags word: in-place metadata on a byte volume reads back; a version-4
+    /// image has no flags word; the flag on another profile, or an unknown flag, is refused.
+    #[test]
+    fn the_flags_word_names_in_place_metadata() {
+        let geometry = Profile::BYTE.default_geometry();
+        let layout = MetaLayout::for_profile(Profile::BYTE, 0, 8 * GIB, &geometry).unwrap();
+        let byte =
+            Superblock { role: DeviceRole::Ssd, profile: Profile::BYTE, geometry, fast_bytes: 0, layout, in_place_meta: true, ..sample() };
+        assert_eq!(Superblock::decode(&byte.encode(), "dev").unwrap(), byte);
+        let v4 = Superblock { version: 4, in_place_meta: false, ..byte.clone() };
+        let image = v4.encode();
+        assert_eq!(image[140..144], crc32c(&image[..140]).to_le_bytes(), "a version-4 checksum follows ssd_index");
+        assert_eq!(Superblock::decode(&v4.encode(), "dev").unwrap(), v4);
+        let orch = Superblock { in_place_meta: true, ..sample() };
+        assert!(Superblock::decode(&orch.encode(), "dev").is_err(), "orch cannot keep metadata in place");
+        let mut unknown = byte.encode();
+        unknown[140] |= 2;
+        let crc = crc32c(&unknown[..144]);
+        unknown[144..148].copy_from_slice(&crc.to_le_bytes());
+        let refused = Superblock::decode(&unknown, "dev").unwrap_err().to_string();
+        assert!(refused.contains("unknown flags"), "{refused}");
     }
 
     #[test]

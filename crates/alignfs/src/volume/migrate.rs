@@ -561,7 +561,11 @@ mod tests {
         let fast = Arc::new(crate::device::PmemRegion::anonymous(8 << 20).unwrap());
         let devices = crate::Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
         let profile = crate::Profile::UHS;
-        Volume::format(&devices, &crate::FormatOptions { geometry: profile.default_geometry(), profile, force: false }).unwrap();
+        Volume::format(
+            &devices,
+            &crate::FormatOptions { geometry: profile.default_geometry(), profile, force: false, ..Default::default() },
+        )
+        .unwrap();
         let v = Volume::open(devices, crate::VolumeOptions { background: false, ..crate::VolumeOptions::default() }).unwrap();
         let f = v.create_file(Ino::ROOT, b"volume", 0o644, 0, 0).unwrap().ino;
         let inode = v.inner.file(f).unwrap();

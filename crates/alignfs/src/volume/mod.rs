@@ -130,11 +130,39 @@ pub struct FormatOptions {
     pub profile: Profile,
     /// Overwrite devices that already hold a volume.
     pub force: bool,
+    pub meta_store: MetaStoreChoice,
 }
 
 impl Default for FormatOptions {
     fn default() -> Self {
-        FormatOptions { geometry: Geometry::default(), profile: Profile::ORCH, force: false }
+        FormatOptions { geometry: Geometry::default(), profile: Profile::ORCH, force: false, meta_store: MetaStoreChoice::default() }
+    }
+}
+
+/// How a new volume keeps its metadata, where the profile offers a choice: `byte` stores
+/// it in place by default (ByteFS's layout, docs/BYTE.md) or in the journal and
+/// checkpoints the other profiles use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MetaStoreChoice {
+    #[default]
+    ProfileDefault,
+    Journal,
+    InPlace,
+}
+
+impl MetaStoreChoice {
+    /// Whether a volume of `profile` formatted with this choice stores metadata in place.
+    pub fn in_place(self, profile: Profile) -> Result<bool> {
+        let memory_semantic = profile.devices().memory_semantic;
+        match self {
+            MetaStoreChoice::ProfileDefault => Ok(memory_semantic),
+            MetaStoreChoice::Journal => Ok(false),
+            MetaStoreChoice::InPlace if memory_semantic => Ok(true),
+            MetaStoreChoice::InPlace => Err(Error::WrongDevices(format!(
+                "profile {} cannot keep metadata in place: that needs a memory-semantic SSD",
+                profile.name()
+            ))),
+        }
     }
 }
 
@@ -337,6 +365,7 @@ impl Volume {
             uuid: self.superblock().uuid_string(),
             profile: self.superblock().profile.name().to_string(),
             format_version: self.superblock().version,
+            in_place_meta: self.superblock().in_place_meta,
             fast_device,
             ssd_device,
             residue,

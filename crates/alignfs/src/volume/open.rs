@@ -20,6 +20,7 @@ use crate::journal::{
 };
 use crate::kv::{restore_fragment_pages, FragmentBlock, FragmentLog, KvMeta};
 use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock, FORMAT_VERSION};
+use crate::lines::LineStore;
 use crate::map::SsdBlock;
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
 use crate::profile::ResidueSetup;
@@ -167,14 +168,19 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
         created_unix_ns: now_ns(),
         ssd_count,
         ssd_index: 0,
+        in_place_meta: options.meta_store.in_place(options.profile)?,
     })
 }
 
 /// Checkpoint generation 1: the root directory alone, owned by the formatting user.
 fn write_fresh_checkpoint(slots: &mut CheckpointSlots) -> Result<()> {
     slots.clear()?;
-    let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
-    slots.write(&checkpoint_payload(&fresh, &[], &AsIs), 1)
+    slots.write(&checkpoint_payload(&fresh_state(), &[], &AsIs), 1)
+}
+
+/// A new volume's state: the root directory alone, owned by the formatting user.
+fn fresh_state() -> MetaState {
+    MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns())
 }
 
 /// `superblock`, raised to this build's format version on every SSD first if it is older.
@@ -288,6 +294,8 @@ impl Volume {
         let layout = superblock.layout;
         let recovered = if superblock.profile.devices().kv_store {
             recover_kv(kv, &superblock, &options, started)?
+        } else if superblock.in_place_meta {
+            recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?
         } else {
             let meta_device = match (&fast, &byte) {
                 (Some(fast), _) => MetaDevice::Fast(fast),
@@ -395,6 +403,37 @@ fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &
     Ok(Recovered { meta, store, counters: checkpoint.counters, recovery, fragments: None, checksums: None })
 }
 
+/// The state the in-place records hold.
+fn recover_lines(
+    ssd: &Arc<dyn BlockDevice>,
+    byte: Option<&Arc<MemorySemanticSsd>>,
+    superblock: &Superblock,
+    meta_name: &str,
+    options: &VolumeOptions,
+    started: Instant,
+) -> Result<Recovered> {
+    let geometry = superblock.geometry;
+    let (store, loaded) = LineStore::open(
+        Arc::clone(ssd),
+        byte.cloned(),
+        &superblock.layout,
+        superblock.uuid,
+        meta_name.to_string(),
+        geometry.pages_per_block(),
+        geometry.page_bytes,
+        options.read_only,
+    )?;
+    let recovery = RecoveryReport {
+        duration: started.elapsed(),
+        checkpoint_generation: 0,
+        records_replayed: u64::from(loaded.redo_replayed),
+        torn_tail_dropped: false,
+        orphans_dropped: loaded.orphans.len() as u64,
+        clean: !loaded.redo_replayed,
+    };
+    Ok(Recovered { meta: loaded.state, store: Box::new(store), counters: loaded.counters, recovery, fragments: None, checksums: None })
+}
+
 fn missing_kv(superblock: &Superblock) -> Error {
     Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
 }
@@ -484,9 +523,13 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, meta: MetaDevice<'_>, options: &For
     for member in 0..members {
         write_ssd_superblock(ssd.as_ref(), member, &[0u8; SUPERBLOCK_BYTES as usize])?;
     }
-    let (journal, mut slots) = windows(meta, &layout, &ssd.describe())?;
-    journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
-    write_fresh_checkpoint(&mut slots)?;
+    if superblock.in_place_meta {
+        LineStore::format(Arc::clone(ssd), &layout, superblock.uuid, ssd.describe(), &fresh_state())?;
+    } else {
+        let (journal, mut slots) = windows(meta, &layout, &ssd.describe())?;
+        journal.write_durable(0, &vec![0u8; layout.journal_bytes as usize])?;
+        write_fresh_checkpoint(&mut slots)?;
+    }
     for member in (0..members).rev() {
         let copy = Superblock { ssd_index: member as u32, ..superblock.clone() };
         write_ssd_superblock(ssd.as_ref(), member, &copy.encode())?;
@@ -506,7 +549,7 @@ fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, syncs: Option<&Arc<P
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd, layout)? };
     KvMeta::clear_dir(dir, options.force)?;
     write_ssd_superblock(ssd, 0, &[0u8; SUPERBLOCK_BYTES as usize])?;
-    let fresh = MetaState::fresh(rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw(), now_ns());
+    let fresh = fresh_state();
     drop(KvMeta::create(dir, superblock.uuid, &fresh.get(Ino::ROOT).expect("a fresh state has its root"), syncs.cloned())?);
     write_ssd_superblock(ssd, 0, &superblock.encode())?;
     Ok(superblock)

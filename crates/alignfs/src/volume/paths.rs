@@ -412,7 +412,7 @@ mod tests {
         let (dir, _shm, fast, _) = scratch_devices();
         let ssd = DeviceSpec { path: dir.path().join("scrap.img"), size: Some(16 << 20) };
         let geometry = Geometry::for_profile(crate::Profile::SCRAP);
-        let options = FormatOptions { geometry, profile: crate::Profile::SCRAP, force: false };
+        let options = FormatOptions { geometry, profile: crate::Profile::SCRAP, force: false, ..Default::default() };
         assert!(matches!(format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &options, None), Err(Error::WrongDevices(_))));
         let (superblock, volume) = format_paths(None, std::slice::from_ref(&ssd), None, &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
@@ -433,7 +433,12 @@ mod tests {
         let (dir, shm, _, _) = scratch_devices();
         let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
         let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
-        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        let options = FormatOptions {
+            geometry: Geometry::for_profile(crate::Profile::BYTE),
+            profile: crate::Profile::BYTE,
+            force: false,
+            ..Default::default()
+        };
         assert!(matches!(format_paths(None, std::slice::from_ref(&ssd), None, &options, None), Err(Error::WrongDevices(_))));
         let (superblock, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
         let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
@@ -474,7 +479,12 @@ mod tests {
         let (dir, shm, _, _) = scratch_devices();
         let ssd = DeviceSpec { path: dir.path().join("flash.img"), size: Some(16 << 20) };
         let dram = DeviceSpec { path: shm.path().join("dram"), size: None };
-        let options = FormatOptions { geometry: Geometry::for_profile(crate::Profile::BYTE), profile: crate::Profile::BYTE, force: false };
+        let options = FormatOptions {
+            geometry: Geometry::for_profile(crate::Profile::BYTE),
+            profile: crate::Profile::BYTE,
+            force: false,
+            ..Default::default()
+        };
         let (_, volume) = format_paths(Some(&dram), std::slice::from_ref(&ssd), None, &options, None).unwrap();
         ((dir, shm), dram, ssd, volume)
     }

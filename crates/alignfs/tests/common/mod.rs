@@ -47,7 +47,10 @@ impl Devices {
     }
 
     pub fn format(&self, geometry: Geometry) {
-        let options = FormatOptions { geometry, profile: self.profile, ..FormatOptions::default() };
+        self.format_with(FormatOptions { geometry, profile: self.profile, ..FormatOptions::default() });
+    }
+
+    pub fn format_with(&self, options: FormatOptions) {
         if let Some(config) = &self.memory_semantic {
             let flash = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
             let device = MemorySemanticSsd::format(flash, Arc::clone(&self.fast) as Arc<dyn ByteTier>, config, MssdOptions::default());
@@ -59,6 +62,12 @@ impl Devices {
 
     pub fn open(&self, options: VolumeOptions) -> alignfs::Result<Volume> {
         Volume::open(self.devices(), options)
+    }
+
+    /// The memory-semantic SSD on the media, recovered (`byte`).
+    pub fn open_device(&self) -> Arc<MemorySemanticSsd> {
+        let ssd = Arc::clone(&self.ssd) as Arc<dyn BlockDevice>;
+        Arc::new(MemorySemanticSsd::open(ssd, Arc::clone(&self.fast) as Arc<dyn ByteTier>, MssdOptions::default()).unwrap().0)
     }
 
     /// The devices the profile takes.
