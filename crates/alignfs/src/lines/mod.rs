@@ -120,9 +120,10 @@ impl LineStore {
     pub fn format(ssd: Arc<dyn BlockDevice>, layout: &MetaLayout, uuid: [u8; 16], device: String, state: &MetaState) -> Result<()> {
         let mut store = LineStore::empty(ssd, None, layout, uuid, device);
         store.put_state(state)?;
-        let end = store.dirty.last().map_or(1, |l| l + 1).div_ceil(LINES_PER_SECTOR) * LINES_PER_SECTOR;
+        // The whole bitmap, whatever an earlier volume left there, and the records.
+        let lines = store.dirty.last().map_or(0, |l| l + 1).max(store.shape.first_record);
         let writes = vec![
-            IoRequest { op: IoOp::Write, offset_bytes: store.base, buf: store.sectors_from_mirror(0, end / LINES_PER_SECTOR) },
+            IoRequest { op: IoOp::Write, offset_bytes: store.base, buf: store.sectors_from_mirror(0, lines.div_ceil(LINES_PER_SECTOR)) },
             IoRequest { op: IoOp::Write, offset_bytes: store.redo.0, buf: AlignedBuf::zeroed(SECTOR) },
         ];
         run_batch(store.ssd.as_ref(), writes)?;
