@@ -2,7 +2,10 @@
 """ByteFS's measurements (issue 21, item 5): host-to-device write traffic, split by
 interface and into metadata and data, flash programs, and throughput, on
 
-  byte        a `byte` mount (byte interface on), with the device's latency model
+  byte        a `byte` mount (byte interface on), with the device's latency model, its
+              metadata in place (ByteFS's layout: 64-byte lines, one device transaction
+              per commit)
+  byte-journal  the same with the journal and checkpoints (mkfs --meta-store journal)
   block-only  the same profile with --no-byte-interface (the paper's block-only baseline)
   ext4        ext4 on a loop device over an image on this disk: its block-layer
               counters give its real host-to-device traffic
@@ -18,7 +21,7 @@ that of the modelled device; ext4's is this machine's disk, so only traffic is c
 with ext4. They run twice: through the mount, and in the workload's own process through
 the LD_PRELOAD shim (no FUSE round trip per request; throughput only). Where the bytes go: for the byte systems, data = whole blocks written
 (ssd_write_bytes) + residue bytes; metadata = the rest of the host-to-device traffic
-(journal records, checkpoints). For ext4, the journal's logged blocks
+(in-place metadata lines, or journal records and checkpoints). For ext4, the journal's logged blocks
 (/proc/fs/jbd2, from its per-transaction averages) are shown as its metadata; the
 checkpointed copies of that metadata are in the rest.
 
@@ -54,7 +57,7 @@ from run import enable_fuse_uring, ensure_tools, log, mount_transport, run  # no
 REPO = Path(__file__).resolve().parent.parent
 ALIGNFS = REPO / "target" / "release" / "alignfs"
 MACRO = REPO / "target" / "release" / "alignfs-macro"
-SYSTEMS = ["byte", "block-only", "ext4"]
+SYSTEMS = ["byte", "byte-journal", "block-only", "ext4"]
 # The same two byte volumes opened in the workload's own process through the LD_PRELOAD
 # shim, no FUSE: what the device saves, without a kernel round trip per request diluting
 # it. Throughput only (the device's counters live in that process).
@@ -105,7 +108,8 @@ class System:
         else:
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
-            run([ALIGNFS, "mkfs", "--profile", "byte", "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
+            store = ["--meta-store", "journal"] if self.name == "byte-journal" else []
+            run([ALIGNFS, "mkfs", "--profile", "byte", *store, "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
             if not self.in_process:
                 options = ["--device-latency"] + (["--no-byte-interface"] if self.block_only else [])
                 run([ALIGNFS, "mount", "--ssd", self.image, "--fast", self.dram, *options, "--log",
@@ -260,7 +264,7 @@ def fmt(v, unit: str = "") -> str:
 
 def report(medians: dict, meta: dict) -> str:
     lines = [
-        "# ByteFS's measurements: byte, block-only, ext4",
+        "# ByteFS's measurements: byte, byte-journal, block-only, ext4",
         "",
         f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}.",
         "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model,",
@@ -292,7 +296,7 @@ def report(medians: dict, meta: dict) -> str:
             )
     lines += ["", "## Against the issue's targets", ""]
     for workload in WORKLOADS:
-        b, k, e = (medians.get((workload, s)) for s in SYSTEMS)
+        b, j, k, e = (medians.get((workload, s)) for s in SYSTEMS)
         if not (b and k and e):
             continue
         traffic = per_op(e, "host_write") / per_op(b, "host_write") if per_op(b, "host_write") else float("inf")
@@ -303,12 +307,16 @@ def report(medians: dict, meta: dict) -> str:
             f"- {workload}: ext4 writes {traffic:.1f}× byte's host→device bytes (metadata: ext4's journal alone "
             f"{meta_ratio:.1f}× byte's metadata); byte runs at {speed:.2f}× block-only's throughput"
         )
+        if j:
+            meta_j = (j["host_write"] - j["data"]) / j["ops"]
+            lines.append(f"  - metadata in place: {meta_b:,.0f} B/op, against {meta_j:,.0f} with the journal and checkpoints; "
+                         f"{b['ops_per_s'] / j['ops_per_s']:.2f}× the journal's throughput")
     lines += ["", "## In-process (LD_PRELOAD shim, no FUSE), on the modelled device", "",
               "| workload | byte ops/s [min–max] | block-only ops/s [min–max] | byte ÷ block-only | through the mount |",
               "| --- | --- | --- | --- | --- |"]
     for workload in WORKLOADS:
         b, k = (medians.get((workload, s)) for s in IN_PROCESS)
-        mb, mk = (medians.get((workload, s)) for s in SYSTEMS[:2])
+        mb, mk = (medians.get((workload, s)) for s in ("byte", "block-only"))
         if not (b and k):
             continue
         cells = [f"{fmt(m['ops_per_s'])} [{fmt(m['ops_per_s_range'][0])}–{fmt(m['ops_per_s_range'][1])}]" for m in (b, k)]
@@ -327,10 +335,10 @@ def plot(out: Path, medians: dict) -> None:
 
     workloads = [w for w in WORKLOADS if any((w, s) in medians for s in SYSTEMS)]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    width = 0.26
-    colors = {"byte": "#1f77b4", "block-only": "#ff7f0e", "ext4": "#7f7f7f"}
+    width = 0.2
+    colors = {"byte": "#1f77b4", "byte-journal": "#2ca02c", "block-only": "#ff7f0e", "ext4": "#7f7f7f"}
     for i, system in enumerate(SYSTEMS):
-        xs = [j + (i - 1) * width for j in range(len(workloads))]
+        xs = [j + (i - 1.5) * width for j in range(len(workloads))]
         cells = [medians.get((w, system)) for w in workloads]
         total = [per_op(m, "host_write") or 0 if m else 0 for m in cells]
         # Metadata on top, hatched: for ext4 its journal, for the byte systems all but data.
