@@ -43,8 +43,8 @@ const SECTOR: usize = IO_ALIGN;
 const LINES_PER_SECTOR: u64 = (SECTOR / LINE) as u64;
 /// Record lines per bitmap line.
 const BITS_PER_LINE: u64 = LINE as u64 * 8;
-/// Header of the redo area: magic | uuid | count u32 | images crc u32 | header crc u32,
-/// then the sector numbers (u32 each).
+/// Header of the redo area: magic | uuid | count u32 | images crc u32 | header crc u32
+/// (of the fields before it and the list), then the sector numbers (u32 each).
 const REDO_HEADER_BYTES: usize = 8 + 16 + 4 + 4 + 4;
 
 /// Where a record lives.
@@ -473,11 +473,12 @@ impl LineStore {
         }
         let mut e = Encoder::new();
         e.raw(REDO_MAGIC).raw(&self.uuid).u32(sectors.len() as u32).u32(crc32c(&images[SECTOR..]));
-        let crc = crc32c(&e.bytes);
-        e.u32(crc);
+        let mut list = Encoder::new();
         for &s in sectors {
-            e.u32(s as u32);
+            list.u32(s as u32);
         }
+        let crc = redo_header_crc(&e.bytes, &list.bytes);
+        e.u32(crc).raw(&list.bytes);
         images[..e.bytes.len()].copy_from_slice(&e.bytes);
         run_batch(self.ssd.as_ref(), vec![IoRequest { op: IoOp::Write, offset_bytes: self.redo.0, buf: images }])?;
         self.ssd.flush()?;
@@ -505,10 +506,11 @@ impl LineStore {
         let mut d = Decoder::new(&head);
         let parsed = (|| {
             let (magic, uuid, count, images_crc) = (d.take(8)?, d.take(16)?, d.u32()? as usize, d.u32()?);
-            let covered = d.position();
+            let fields = d.position();
             let crc = d.u32()?;
-            let valid = magic == REDO_MAGIC && uuid == self.uuid && crc == crc32c(&head[..covered]);
+            let list = d.position();
             let sectors = (0..count).map(|_| d.u32().map(u64::from)).collect::<Result<Vec<_>, _>>()?;
+            let valid = magic == REDO_MAGIC && uuid == self.uuid && crc == redo_header_crc(&head[..fields], &head[list..d.position()]);
             Ok::<_, crate::codec::Short>(valid.then_some((sectors, images_crc)))
         })();
         let Ok(Some((sectors, images_crc))) = parsed else { return Ok(BTreeSet::new()) };
@@ -537,6 +539,12 @@ impl LineStore {
         run_batch(self.ssd.as_ref(), vec![IoRequest { op: IoOp::Write, offset_bytes: self.redo.0, buf: AlignedBuf::zeroed(SECTOR) }])?;
         self.ssd.flush()
     }
+}
+
+/// The redo header's checksum covers its fields and the sector list: a header sector torn
+/// past its first 512 bytes must not pair a new count with an old commit's list.
+fn redo_header_crc(fields: &[u8], list: &[u8]) -> u32 {
+    crc32c(&[fields, list].concat())
 }
 
 /// Where the bitmap and the records are in an area of a given size.
@@ -828,6 +836,48 @@ mod tests {
             bad[byte] = if set { bad[byte] | mask } else { bad[byte] & !mask };
             assert!(matches!(parse_image(&bad, UUID, 1, 4096), Err(Error::Corrupt { .. })), "line {line} set {set}");
         }
+    }
+
+    /// A commit of more than 119 sectors has a sector list past the header sector's first
+    /// 512 bytes. A header torn there (new count and checksum, an older commit's list) is
+    /// ignored, not replayed into the wrong sectors.
+    #[test]
+    fn a_redo_header_torn_inside_its_list_is_ignored() {
+        const AREA: u64 = 2 << 20;
+        let layout = MetaLayout {
+            checkpoint_bytes: AREA / 2,
+            checkpoint_a_offset: 0,
+            checkpoint_b_offset: AREA / 2,
+            journal_offset: AREA,
+            journal_bytes: AREA,
+            pages_offset: 2 * AREA,
+            page_count: 0,
+        };
+        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(2 * AREA));
+        let mut store = LineStore::empty(Arc::clone(&ssd), None, &layout, UUID, "test".into());
+        let evens: Vec<u64> = (0..200).map(|i| 2 * i).collect();
+        let odds: Vec<u64> = (0..200).map(|i| 2 * i + 1).collect();
+        let header = |ssd: &Arc<dyn BlockDevice>| {
+            let request = IoRequest { op: IoOp::Read, offset_bytes: AREA, buf: AlignedBuf::zeroed(SECTOR) };
+            run_batch(ssd.as_ref(), vec![request]).unwrap().pop().unwrap()
+        };
+        store.mirror.fill(1);
+        store.write_through_redo(&evens).unwrap();
+        let older = header(&ssd);
+        store.mirror.fill(2);
+        store.write_through_redo(&odds).unwrap();
+        let newer = header(&ssd);
+
+        let replayed_after = |head: &[u8]| {
+            let mut buf = AlignedBuf::zeroed(SECTOR);
+            buf.copy_from_slice(head);
+            run_batch(ssd.as_ref(), vec![IoRequest { op: IoOp::Write, offset_bytes: AREA, buf }]).unwrap();
+            let mut fresh = LineStore::empty(Arc::clone(&ssd), None, &layout, UUID, "test".into());
+            fresh.replay_redo(true).unwrap().into_iter().collect::<Vec<_>>()
+        };
+        assert_eq!(replayed_after(&newer), odds, "a whole header replays");
+        let torn = [&newer[..512], &older[512..]].concat();
+        assert!(replayed_after(&torn).is_empty(), "a header torn inside its list is not replayed");
     }
 
     /// Allocation takes the first free run after the last one, wraps around once, and says
