@@ -147,9 +147,7 @@ impl KvMeta {
     /// marker names that volume. Lets a caller refuse a wrong directory before writing
     /// anything else.
     pub fn check_owner(dir: &Path, uuid: [u8; 16]) -> Result<()> {
-        if !dir.is_dir() {
-            return Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()));
-        }
+        require_store_dir(dir)?;
         let marker = dir.join(MARKER);
         let found = match std::fs::read_to_string(&marker) {
             Ok(found) => found,
@@ -170,9 +168,7 @@ impl KvMeta {
 
     /// The store in `dir`, which must belong to the volume `uuid`.
     pub fn open(dir: &Path, uuid: [u8; 16], syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
-        if !dir.is_dir() {
-            return Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()));
-        }
+        require_store_dir(dir)?;
         let store = KvMeta::open_dir(dir, syncs)?;
         match store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))? {
             Some(found) if *found == uuid => Ok(store),
@@ -480,7 +476,7 @@ impl MetaStore for KvMeta {
             ));
         }
         self.log.check()?;
-        let touched = Touched::of(cx.meta, ops);
+        let touched = Touched::with_units(cx.meta, ops);
         let freed = apply();
         if let Err(e) = self.write_touched(cx, &touched) {
             self.failed = true;
@@ -615,6 +611,14 @@ impl Drop for RunningSync<'_> {
 }
 
 /// A map entry as the flattened block map records it.
+fn require_store_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(Error::BadPath(dir.to_path_buf(), "holds no KV store (name the volume's with --kv)".into()))
+    }
+}
+
 fn block_value(entry: &BlockEntry, checksums: Option<&BlockChecksums>) -> [u8; super::records::BLOCK_VALUE_BYTES] {
     match entry {
         BlockEntry::Ssd { block, overlays, shared } => BlockValue {

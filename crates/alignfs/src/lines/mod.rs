@@ -734,7 +734,7 @@ impl MetaStore for LineStore {
         if !ops.iter().all(Op::releases_space) && self.free_lines() < reserve {
             return Err(Error::MetadataFull(format!("the metadata area has {} free lines", self.free_lines())));
         }
-        let touched = Touched::of(cx.meta, ops);
+        let touched = Touched::keys(cx.meta, ops);
         let freed = apply();
         let written = self.write_touched(cx.meta, &touched).and_then(|()| self.persist(Some(cx.stats)));
         if written.is_err() {

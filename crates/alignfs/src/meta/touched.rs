@@ -12,9 +12,10 @@ use crate::map::{BlockEntry, PageNo};
 /// object is known only then).
 #[derive(Default)]
 pub(crate) struct Touched {
-    /// Blocks whose entry changes, with the units they held before.
+    /// Blocks whose entry changes, with the units they held before (found only by
+    /// [`Touched::with_units`]).
     pub blocks: BTreeMap<(Ino, u64), SmallVec<[PageNo; 1]>>,
-    /// The units of objects the ops free.
+    /// The units of objects the ops free (found only by [`Touched::with_units`]).
     pub freed_units: Vec<(Ino, PageNo)>,
     /// Objects whose attribute record changes, or which go away.
     pub objects: BTreeSet<Ino>,
@@ -24,13 +25,25 @@ pub(crate) struct Touched {
 }
 
 impl Touched {
-    pub fn of(meta: &MetaState, ops: &[Op]) -> Touched {
+    /// The keys alone.
+    pub fn keys(meta: &MetaState, ops: &[Op]) -> Touched {
+        Touched::of(meta, ops, false)
+    }
+
+    /// The keys, and the residue units each touched block and each freed object held:
+    /// what a store that files residue under its units (the KV store) must let go of.
+    pub fn with_units(meta: &MetaState, ops: &[Op]) -> Touched {
+        Touched::of(meta, ops, true)
+    }
+
+    fn of(meta: &MetaState, ops: &[Op], units: bool) -> Touched {
         let mut t = Touched::default();
         for op in ops {
             match op {
                 Op::Data(DataOp::Map { ino, lblock, .. }) => {
                     t.blocks.entry((*ino, *lblock)).or_insert_with(|| {
-                        meta.get(*ino).and_then(|i| i.map.lock().get(lblock).map(|e| e.fast_pages().collect())).unwrap_or_default()
+                        let before = units.then(|| meta.get(*ino)).flatten();
+                        before.and_then(|i| i.map.lock().get(lblock).map(|e| e.fast_pages().collect())).unwrap_or_default()
                     });
                 }
                 Op::Data(DataOp::Extend { ino, .. }) | Op::Data(DataOp::SetSize { ino, .. }) => {
@@ -61,7 +74,7 @@ impl Touched {
                 }
                 Op::Namespace(NamespaceOp::Free { ino }) => {
                     t.objects.insert(*ino);
-                    if let Some(inode) = meta.get(*ino) {
+                    if let Some(inode) = units.then(|| meta.get(*ino)).flatten() {
                         t.freed_units.extend(inode.map.lock().values().flat_map(BlockEntry::fast_pages).map(|u| (*ino, u)));
                     }
                 }
