@@ -610,7 +610,6 @@ impl Drop for RunningSync<'_> {
     }
 }
 
-/// A map entry as the flattened block map records it.
 fn require_store_dir(dir: &Path) -> Result<()> {
     if dir.is_dir() {
         Ok(())
@@ -619,6 +618,7 @@ fn require_store_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// A map entry as the flattened block map records it.
 fn block_value(entry: &BlockEntry, checksums: Option<&BlockChecksums>) -> [u8; super::records::BLOCK_VALUE_BYTES] {
     match entry {
         BlockEntry::Ssd { block, overlays, shared } => BlockValue {
