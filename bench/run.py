@@ -418,12 +418,20 @@ class Bench:
             d = self.systems.dirs[system] / "rocksdb"
 
             def go(d=d, env=self.systems.env(system)):
-                return parse_db_bench(run(db_bench_cmd(d, "fillrandom,overwrite,readrandom", self.args.rocksdb_keys, SEED), env=env))
+                return parse_db_bench(run(db_bench_cmd(d, ROCKSDB_BENCHMARKS, self.args.rocksdb_keys, SEED), env=env))
 
             results, counters = self.measured(system, go)
             for bench_name, metrics in results.items():
                 self.record("rocksdb", bench_name, system, round_no, metrics, counters if bench_name == "fillrandom" else None)
             shutil.rmtree(d, ignore_errors=True)
+
+
+# readrandom runs twice. First straight after the writes, as an application would read, on
+# whatever tables the compactions have left so far: that shape depends on how fast each
+# system wrote (one table on one system, four on another, in the same run), so `tables`
+# records how many the reads saw. Then after a full compaction, on the same one-table
+# database on every system: the comparison of the file systems' reads.
+ROCKSDB_BENCHMARKS = "fillrandom,overwrite,levelstats,readrandom,compact,levelstats,readrandom"
 
 
 def db_bench_cmd(db: Path, benchmarks: str, keys: int, seed: int) -> list:
@@ -448,19 +456,35 @@ def db_bench_cmd(db: Path, benchmarks: str, keys: int, seed: int) -> list:
 
 
 def parse_db_bench(out: str) -> dict:
-    """ops/s and latency percentiles of each benchmark in db_bench's text output."""
-    results, current = {}, None
+    """ops/s and latency percentiles of each benchmark in db_bench's text output, `compact`
+    left out. A benchmark run a second time is named `<name>-compacted` (ROCKSDB_BENCHMARKS);
+    one after `levelstats` carries the table counts it printed (`tables`, `l0_tables`)."""
+    results, current, levels, in_levels = {}, None, None, False
     for line in out.splitlines():
+        if line.startswith("Level Files Size(MB)"):
+            levels, in_levels = {}, True
+            continue
+        if in_levels:
+            m = re.match(r"^\s*(\d+)\s+(\d+)\s+\d+\s*$", line)
+            if m:
+                levels[int(m.group(1))] = int(m.group(2))
+            elif not line.startswith("---"):
+                in_levels = False
+            continue
         m = re.match(r"^(\w+)\s+:\s+([\d.]+) micros/op (\d+) ops/sec", line)
         if m:
-            current = m.group(1)
+            current = m.group(1) if m.group(1) not in results else m.group(1) + "-compacted"
             results[current] = {"ops_per_s": float(m.group(3)), "op_mean_us": float(m.group(2)), "cdf_us": []}
+            if levels is not None:
+                results[current].update(tables=sum(levels.values()), l0_tables=levels.get(0, 0))
+                levels = None
             continue
         m = re.match(r"^Percentiles: (.*)", line)
         if m and current:
             pct = dict((float(k), float(v)) for k, v in re.findall(r"P([\d.]+): ([\d.]+)", m.group(1)))
             results[current]["cdf_us"] = sorted(pct.items())
             results[current]["io_p99_us"] = pct.get(99.0, 0.0)
+    results.pop("compact", None)
     if not results:
         raise RuntimeError("db_bench printed no results:\n" + out[-2000:])
     return results
@@ -494,6 +518,7 @@ def summarize(cells: list) -> list:
                 "fsync_p99_us": statistics.median(c.get("fsync_p99_us", 0) for c in cs),
                 "cdf_us": mid.get("cdf_us", []),
                 "fsync_cdf_us": mid.get("fsync_cdf_us", []),
+                "tables": [f"{c['tables']}/{c['l0_tables']}" for c in cs if "tables" in c],
                 "over_time": mid.get("over_time", []),
                 "alignfs_counters": mid.get("alignfs_counters"),
             }
@@ -508,6 +533,9 @@ TARGETS = {
     ("overwrite", "1MiB±10% fsync"): [("alignfs", "ext4", 1.3)],
     ("overwrite", "1B-2MiB no fsync"): [("preload", "ext4", 1.3)],
     ("reads", "1MiB±10% randread"): [("alignfs", "ext4", 0.8)],
+    ("rocksdb", "fillrandom"): [("alignfs", "ext4", 4.0)],
+    ("rocksdb", "readrandom-compacted"): [("alignfs", "ext4", 0.8)],
+    ("macro", "varmail"): [("alignfs", "ext4", 1.0)],
 }
 
 
@@ -611,6 +639,13 @@ def write_report(out: Path, args, rows: list, meta: dict) -> None:
             f"| {r['group']} | {r['workload']} | {fmt(100 * c['to_ssd_share']) + ' %' if wrote else '–'} | "
             f"{fmt(100 * c['to_fast_share']) + ' %' if wrote else '–'} | {ios} | {c['fg_rmw_reads']} | {c['migrations']} | {fmt(read_amp, 2)} |"
         )
+    tables = {}
+    for r in rows:
+        if r["group"] == "rocksdb" and r["tables"]:
+            tables.setdefault(r["workload"], []).append(f"{r['system']} {', '.join(r['tables'])}")
+    if tables:
+        md += ["", "## RocksDB tables each readrandom saw (per round: all / level 0)", ""]
+        md += [f"- {workload}: {'; '.join(systems)}" for workload, systems in tables.items()]
     md += ["", "## Plots", ""]
     for png in sorted(out.glob("*.png")):
         md.append(f"![{png.stem}]({png.name})")
@@ -704,7 +739,7 @@ def verify(groups: list, args, cells: list, out: Path) -> list:
         "reads": len(args.sizes) * len(ALL_SYSTEMS),
         "threads": 2 * len(args.thread_counts) * len(ALL_SYSTEMS),
         "macro": len(args.macro_files) * len(FS_SYSTEMS),
-        "rocksdb": 3 * len(FS_SYSTEMS),
+        "rocksdb": 4 * len(FS_SYSTEMS),
     }
     problems = []
     for group in groups:
