@@ -258,3 +258,49 @@ fn a_record_on_lines_freed_before_a_reopen_is_stored_whole() {
     assert!(volume.getxattr(ino, b"user.b").unwrap() == [0; 16384], "the value reads back as zeros");
     volume.close().unwrap();
 }
+
+/// A commit that needs more lines than the area can give it is refused before its ops
+/// apply (ENOSPC), however small the reserve kept for deletes: the volume keeps what it
+/// had, goes on working, and reopens to the same state.
+#[test]
+fn a_commit_larger_than_the_free_lines_is_refused_before_it_applies() {
+    let devices = devices();
+    let volume = devices.open(options(true)).unwrap();
+    let lines = |volume: &Volume| {
+        let usage = volume.stats().usage;
+        (usage.journal_used_bytes / 64, usage.journal_capacity_bytes / 64)
+    };
+    let (_, capacity) = lines(&volume);
+    let reserve = capacity / 32;
+    // 16 KiB attribute values (257 lines each), three to a file, until the area is within
+    // two of the reserve.
+    let mut values = 0;
+    while lines(&volume).1 - lines(&volume).0 >= reserve + 2 * 257 {
+        let holder = match volume.lookup(Ino::ROOT, format!("h{}", values / 3).as_bytes()) {
+            Ok(attr) => attr.ino,
+            Err(_) => volume.create_file(Ino::ROOT, format!("h{}", values / 3).as_bytes(), 0o644, 0, 0).unwrap().ino,
+        };
+        volume.setxattr(holder, format!("user.{values}").as_bytes(), &[values as u8; 16384], XattrSet::CreateOrReplace).unwrap();
+        values += 1;
+    }
+    assert!(reserve > 2 * 257, "the area is large enough for the reserve to matter");
+    // Writes whose maps need more lines than are free (a line per four blocks), and more
+    // than are free above the reserve.
+    let free = lines(&volume).1 - lines(&volume).0;
+    let f = volume.create_file(Ino::ROOT, b"big", 0o644, 0, 0).unwrap().ino;
+    let before = dump(&volume);
+    for lines_wanted in [free + 64, free - reserve + 64] {
+        let refused = volume.write(f, 0, &vec![5u8; 4 * lines_wanted as usize * 4096]);
+        assert!(matches!(refused, Err(Error::MetadataFull(_))), "{lines_wanted} lines: {refused:?}");
+        assert!(dump(&volume) == before, "the refused write of {lines_wanted} lines left something behind");
+    }
+    assert_eq!(volume.check(), []);
+    // Still working: smaller writes fit, deletes free space.
+    volume.write(f, 0, &[6u8; 3 * 4096]).unwrap();
+    volume.removexattr(volume.lookup(Ino::ROOT, b"h0").unwrap().ino, b"user.0").unwrap();
+    let after = dump(&volume);
+    volume.close().unwrap();
+    let volume = devices.open(options(true)).unwrap();
+    assert_eq!(dump(&volume), after);
+    volume.close().unwrap();
+}

@@ -66,6 +66,9 @@ impl Record {
         }
     }
 
+    /// The most lines a record can have: its length is a `u16` count of payload bytes.
+    pub const MAX_LINES: u64 = (HEADER_BYTES + u16::MAX as usize).div_ceil(LINE) as u64;
+
     /// The record's lines, header first, zero-padded to whole lines. `None` if it is
     /// longer than a record may be (only a map chunk whose blocks all carry many residue
     /// units comes near; its limit is 64 KiB).
