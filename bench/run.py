@@ -428,7 +428,7 @@ class Bench:
 
 # readrandom runs twice. First straight after the writes, as an application would read, on
 # whatever tables the compactions have left so far: that shape depends on how fast each
-# system wrote (one table on one system, four on another, in the same run), so `tables`
+# system wrote (seven tables on alignfs, three on ext4, in one run), so `tables`
 # records how many the reads saw. Then after a full compaction, on the same one-table
 # database on every system: the comparison of the file systems' reads.
 ROCKSDB_BENCHMARKS = "fillrandom,overwrite,levelstats,readrandom,compact,levelstats,readrandom"
