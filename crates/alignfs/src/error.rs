@@ -7,16 +7,15 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message, not a separate source, so that a chain of
+    /// causes printed in full names it once.
+    #[error("{context}: {error}")]
+    Io { context: String, error: std::io::Error },
     #[error("{structure} at byte {offset} of {device}: {problem}")]
     Corrupt { structure: &'static str, device: String, offset: u64, problem: String },
-    #[error("{device} already holds an alignfs volume (uuid {uuid}); pass --force to overwrite it")]
-    AlreadyFormatted { device: String, uuid: String },
+    /// A device to be formatted holds an alignfs structure (`found` says which).
+    #[error("{device} already holds {found}; pass --force to overwrite it")]
+    AlreadyFormatted { device: String, found: String },
     #[error("{0} does not hold an alignfs volume (no superblock magic)")]
     NotFormatted(String),
     #[error("the fast tier and the SSD belong to different volumes ({fast} vs {ssd})")]
@@ -66,8 +65,9 @@ pub enum Error {
     Unsupported(String),
     #[error("operation not permitted: {0}")]
     NotPermitted(String),
-    #[error("{0} is in use by another alignfs process (a mounted volume's daemon?)")]
-    InUse(PathBuf),
+    /// Another open of the device holds it: a daemon serving the volume, or a reader.
+    #[error("{} is in use by {}", path.display(), holder.map_or_else(|| "another process".to_string(), |pid| format!("process {pid}")))]
+    InUse { path: PathBuf, holder: Option<u32> },
     #[error("no such extended attribute")]
     NoAttribute,
     #[error("too large: {0}")]
@@ -93,7 +93,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Error::Io { context: context.into(), source }
+        Error::Io { context: context.into(), error: source }
     }
 
     pub(crate) fn corrupt(structure: &'static str, device: &str, offset: u64, problem: impl Into<String>) -> Self {
@@ -103,7 +103,7 @@ impl Error {
     /// The errno a POSIX front end should return for this error.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { error, .. } => error.raw_os_error().unwrap_or(libc::EIO),
             Error::Corrupt { .. } | Error::Injected(_) => libc::EIO,
             Error::AlreadyFormatted { .. } | Error::Exists => libc::EEXIST,
             Error::NotFormatted(_) | Error::VolumeMismatch { .. } => libc::EINVAL,
@@ -121,7 +121,7 @@ impl Error {
             Error::Unsupported(_) => libc::EOPNOTSUPP,
             Error::NotPermitted(_) => libc::EPERM,
             Error::NoAttribute => libc::ENODATA,
-            Error::InUse(_) => libc::EBUSY,
+            Error::InUse { .. } => libc::EBUSY,
             Error::TooLarge(_) => libc::E2BIG,
             Error::BeyondEnd => libc::ENXIO,
             Error::OutOfRange { .. } => libc::EINVAL,

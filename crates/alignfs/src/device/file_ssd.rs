@@ -9,7 +9,6 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::FlockOperation;
 use rustix::io::ReadWriteFlags;
 
 pub use super::io_engine::IoBackend;
@@ -47,8 +46,30 @@ pub struct FileSsd {
 impl FileSsd {
     pub fn open(path: &Path, options: &SsdOptions) -> Result<FileSsd> {
         let name = path.display().to_string();
+        if path.is_dir() {
+            return Err(Error::BadPath(path.into(), "is a directory; an SSD is a block device or an image file".into()));
+        }
+        if options.create_len.is_some() {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create directory {}", parent.display()), e))?;
+            }
+        }
+        let mut cached = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(options.create_len.is_some())
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(format!("open SSD {name}"), e))?;
+        let metadata = cached.metadata().map_err(|e| Error::io(format!("stat SSD {name}"), e))?;
+        let is_block_device = metadata.file_type().is_block_device();
+        if !is_block_device && !metadata.is_file() {
+            return Err(Error::BadPath(path.into(), "the SSD must be a block device or a regular file".into()));
+        }
+        // Locked before anything grows it: a device another process holds is left as it is.
+        super::claim::hold(&cached, path, options.shared)?;
         if let Some(len) = options.create_len {
-            preallocate(path, len)?;
+            preallocate(&cached, path, len)?;
         }
         let direct = OpenOptions::new()
             .read(true)
@@ -56,18 +77,6 @@ impl FileSsd {
             .custom_flags(libc::O_DIRECT)
             .open(path)
             .map_err(|e| Error::io(format!("open SSD {name} with O_DIRECT"), e))?;
-        let mut cached = OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io(format!("open SSD {name}"), e))?;
-        let metadata = cached.metadata().map_err(|e| Error::io(format!("stat SSD {name}"), e))?;
-        let is_block_device = metadata.file_type().is_block_device();
-        if !is_block_device && !metadata.is_file() {
-            return Err(Error::BadPath(path.into(), "the SSD must be a block device or a regular file".into()));
-        }
-        let lock = if options.shared { FlockOperation::NonBlockingLockShared } else { FlockOperation::NonBlockingLockExclusive };
-        match rustix::fs::flock(&cached, lock) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => return Err(Error::InUse(path.into())),
-            Err(e) => return Err(Error::io(format!("lock SSD {name}"), e.into())),
-        }
         let len = cached.seek(SeekFrom::End(0)).map_err(|e| Error::io(format!("size SSD {name}"), e))?;
         let write_through = is_block_device && cache_is_write_through(metadata.rdev());
         let in_memory = rustix::fs::fstatfs(&cached).is_ok_and(|fs| fs.f_type as u64 == libc::TMPFS_MAGIC as u64);
@@ -82,18 +91,8 @@ impl FileSsd {
 /// write to each would make the host file system convert it and commit that change at the
 /// next fdatasync: a metadata commit on every durable write to fresh space. Writing the
 /// image once (about 1.5 GiB/s here) takes that off the fast path for good.
-fn preallocate(path: &Path, len: u64) -> Result<()> {
+fn preallocate(file: &File, path: &Path, len: u64) -> Result<()> {
     let name = path.display().to_string();
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create directory {}", parent.display()), e))?;
-    }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| Error::io(format!("create SSD image {name}"), e))?;
     let metadata = file.metadata().map_err(|e| Error::io(format!("stat {name}"), e))?;
     if metadata.file_type().is_block_device() {
         return Ok(());
@@ -102,7 +101,7 @@ fn preallocate(path: &Path, len: u64) -> Result<()> {
     if old_len >= len {
         return Ok(());
     }
-    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, len)
+    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len)
         .map_err(|e| Error::io(format!("preallocate {len} bytes for {name}"), e.into()))?;
     initialize(path, old_len / 4096 * 4096, len)
 }

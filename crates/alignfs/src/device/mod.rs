@@ -9,6 +9,7 @@
 //! the caller, never bad input.
 
 mod aligned;
+pub mod claim;
 mod faults;
 mod file_ssd;
 mod io_engine;

@@ -47,6 +47,10 @@ pub struct PmemRegion {
     line_flush: LineFlush,
     name: String,
     recorder: Option<Arc<PowerLog>>,
+    /// The open file whose lock says this process uses the region.
+    lock: Option<std::fs::File>,
+    /// A page-cache mapping of a file on tmpfs (rather than on a disk's file system).
+    on_tmpfs: bool,
 }
 
 // SAFETY: the mapping is plain shared memory; concurrent access to disjoint bytes is
@@ -56,16 +60,34 @@ unsafe impl Send for PmemRegion {}
 unsafe impl Sync for PmemRegion {}
 
 impl PmemRegion {
-    /// Map `path` (created and sized to `len_bytes` if `create`).
+    /// Map `path` (created, or grown, to `create_len` bytes when given), held alone for as
+    /// long as the region lives.
     pub fn open(path: &Path, create_len: Option<u64>) -> Result<PmemRegion> {
+        PmemRegion::open_locked(path, create_len, false)
+    }
+
+    /// Map `path` beside other readers ([`super::claim`]): a writer holds it alone.
+    pub fn open_shared(path: &Path) -> Result<PmemRegion> {
+        PmemRegion::open_locked(path, None, true)
+    }
+
+    fn open_locked(path: &Path, create_len: Option<u64>, shared: bool) -> Result<PmemRegion> {
         let name = path.display().to_string();
+        if path.is_dir() {
+            return Err(Error::BadPath(path.into(), "is a directory; a fast tier is a file on tmpfs or a DAX file system".into()));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(create_len.is_some())
             .truncate(false)
             .open(path)
-            .map_err(|e| Error::io(format!("open fast tier {name}"), e))?;
+            .map_err(|e| Error::io(format!("open {name}"), e))?;
+        if !file.metadata().map_err(|e| Error::io(format!("stat {name}"), e))?.is_file() {
+            return Err(Error::BadPath(path.into(), "is not a regular file; a fast tier is a file on tmpfs or a DAX file system".into()));
+        }
+        // Locked before anything grows it: a region another process holds is left as it is.
+        super::claim::hold(&file, path, shared)?;
         if let Some(len) = create_len {
             let current = file.metadata().map_err(|e| Error::io(format!("stat {name}"), e))?.len();
             if current < len {
@@ -77,11 +99,17 @@ impl PmemRegion {
         if len == 0 {
             return Err(Error::InvalidArgument(format!("fast tier {name} is empty")));
         }
-        if let Some(ptr) = map_sync(&file, len) {
-            return Ok(PmemRegion::new(Mapping::Sync { ptr, len }, len, PersistMode::CacheLineFlush, name));
-        }
-        let raw = MmapOptions::new().len(len).map_raw(&file).map_err(|e| Error::io(format!("mmap fast tier {name}"), e))?;
-        Ok(PmemRegion::new(Mapping::Raw(raw), len, PersistMode::StoreOrder, name))
+        let mut region = match map_sync(&file, len) {
+            Some(ptr) => PmemRegion::new(Mapping::Sync { ptr, len }, len, PersistMode::CacheLineFlush, name),
+            None => {
+                let raw = MmapOptions::new().len(len).map_raw(&file).map_err(|e| Error::io(format!("mmap {name}"), e))?;
+                let mut region = PmemRegion::new(Mapping::Raw(raw), len, PersistMode::StoreOrder, name);
+                region.on_tmpfs = rustix::fs::fstatfs(&file).is_ok_and(|fs| fs.f_type as u64 == libc::TMPFS_MAGIC as u64);
+                region
+            }
+        };
+        region.lock = Some(file);
+        Ok(region)
     }
 
     /// Anonymous, zeroed memory (tests, simulation).
@@ -113,7 +141,7 @@ impl PmemRegion {
     }
 
     fn new(mapping: Mapping, len: usize, mode: PersistMode, name: String) -> PmemRegion {
-        PmemRegion { mapping, len, mode, line_flush: LineFlush::detect(), name, recorder: None }
+        PmemRegion { mapping, len, mode, line_flush: LineFlush::detect(), name, recorder: None, lock: None, on_tmpfs: false }
     }
 
     pub fn len_bytes(&self) -> u64 {
@@ -127,7 +155,8 @@ impl PmemRegion {
     pub fn describe(&self) -> String {
         let how = match self.mode {
             PersistMode::CacheLineFlush => format!("DAX MAP_SYNC, persist by {:?}", self.line_flush),
-            PersistMode::StoreOrder => "page-cache mapping (tmpfs), persist by store ordering".into(),
+            PersistMode::StoreOrder if self.on_tmpfs => "page-cache mapping (tmpfs), persist by store ordering".into(),
+            PersistMode::StoreOrder => "page-cache mapping of a file on disk, persist by store ordering".into(),
             PersistMode::Volatile => "anonymous memory (volatile)".into(),
         };
         format!("{} ({} bytes, {how})", self.name, self.len)

@@ -85,6 +85,9 @@ pub struct KvMeta {
     /// Batches are ordered under the commit lock and synced together after it.
     group: Arc<KvGroupSync>,
     log: Arc<FragmentLog>,
+    /// The directory, open and locked for as long as the store is open
+    /// ([`crate::device::claim`]): one process at a time.
+    _claim: std::fs::File,
 }
 
 pub(super) fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
@@ -97,7 +100,7 @@ impl KvMeta {
     pub fn create(dir: &Path, uuid: [u8; 16], root: &Inode, syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
         let mut store = KvMeta::open_dir(dir, syncs)?;
         if store.volume.get(UUID_KEY).map_err(|e| kv_error(dir, "read", e))?.is_some() {
-            return Err(Error::AlreadyFormatted { device: dir.display().to_string(), uuid: "a KV store".into() });
+            return Err(Error::AlreadyFormatted { device: dir.display().to_string(), found: "a KV store".into() });
         }
         let mut batch = store.db.batch().durability(Some(PersistMode::SyncAll));
         batch.insert(&store.volume, UUID_KEY, uuid.to_vec());
@@ -125,13 +128,25 @@ impl KvMeta {
         if entries.next().is_none() {
             return Ok(false);
         }
-        match std::fs::read_to_string(dir.join(MARKER)) {
-            Ok(_) if force => Ok(true),
-            Ok(uuid) => Err(Error::AlreadyFormatted { device: format!("KV store {}", dir.display()), uuid: uuid.trim().to_string() }),
-            Err(_) => Err(Error::WrongDevices(format!(
+        match KvMeta::marker(dir)? {
+            Some(_) if force => Ok(true),
+            Some(uuid) => {
+                Err(Error::AlreadyFormatted { device: dir.display().to_string(), found: format!("the KV store of nvstore volume {uuid}") })
+            }
+            None => Err(Error::WrongDevices(format!(
                 "{} is not empty and holds no alignfs KV store; name a new or empty directory",
                 dir.display()
             ))),
+        }
+    }
+
+    /// The volume `dir`'s marker names (as its text says it), if `dir` holds a store.
+    pub fn marker(dir: &Path) -> Result<Option<String>> {
+        let marker = dir.join(MARKER);
+        match std::fs::read_to_string(&marker) {
+            Ok(text) => Ok(Some(text.trim().to_string())),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory) => Ok(None),
+            Err(e) => Err(Error::io(format!("read {}", marker.display()), e)),
         }
     }
 
@@ -183,6 +198,9 @@ impl KvMeta {
 
     /// `syncs`: record the directory after each sync (power-loss tests).
     fn open_dir(dir: &Path, syncs: Option<Arc<PowerLog>>) -> Result<KvMeta> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let claim = std::fs::File::open(dir).map_err(|e| Error::io(format!("open {}", dir.display()), e))?;
+        crate::device::claim::hold(&claim, dir, false)?;
         let db = Database::builder(dir).open().map_err(|e| kv_error(dir, "open", e))?;
         let keyspace = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| kv_error(dir, "open a keyspace", e));
         // Fragment values live in blob files, so compaction moves only their keys: a
@@ -218,6 +236,7 @@ impl KvMeta {
                 failed: AtomicBool::new(false),
                 recorder: syncs.map(|log| RecordedDir::new(dir, log)),
             }),
+            _claim: claim,
         })
     }
 

@@ -125,6 +125,26 @@ pub enum Personality {
     Objects,
 }
 
+impl Personality {
+    /// What such a volume is, with its article: "a file system".
+    pub fn noun(self) -> &'static str {
+        match self {
+            Personality::Files => "a file system",
+            Personality::Block => "a block volume",
+            Personality::Objects => "an object store",
+        }
+    }
+
+    /// The command that serves such a volume.
+    pub fn served_by(self) -> &'static str {
+        match self {
+            Personality::Files => "alignfs mount",
+            Personality::Block => "alignfs nbd",
+            Personality::Objects => "alignfs s3",
+        }
+    }
+}
+
 /// The devices a profile's volume is made of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceNeeds {

@@ -13,6 +13,7 @@ mod migrate;
 mod namespace;
 mod open;
 mod paths;
+pub mod probe;
 mod read;
 mod resize;
 mod write;
@@ -24,8 +25,8 @@ pub use namespace::{
 };
 pub use open::Devices;
 pub use paths::{
-    default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths, open_object_paths,
-    open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH,
+    check_format_devices, default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths,
+    open_object_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH,
 };
 pub use read::SeekTarget;
 pub use resize::FallocateMode;
@@ -296,7 +297,11 @@ impl Volume {
     }
 
     pub fn describe_devices(&self) -> (String, String, String) {
-        let fast = self.inner.fast.as_ref().map_or_else(|| "none".to_string(), |f| f.describe());
+        let fast = match (&self.inner.fast, &self.inner.byte) {
+            (Some(fast), _) => fast.describe(),
+            (None, Some(device)) => device.describe_dram(),
+            (None, None) => "none".to_string(),
+        };
         (fast, self.inner.ssd.describe(), self.inner.residue.describe())
     }
 

@@ -124,17 +124,6 @@ fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(B
     Ok((journal, slots))
 }
 
-/// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume.
-pub(super) fn refuse_existing(existing: &[(Vec<u8>, String)]) -> Result<()> {
-    for (bytes, device) in existing {
-        if Superblock::has_magic(bytes) {
-            let uuid = Superblock::decode(bytes, device).map_or("unreadable".into(), |sb| sb.uuid_string());
-            return Err(Error::AlreadyFormatted { device: device.clone(), uuid });
-        }
-    }
-    Ok(())
-}
-
 /// The usable bytes of an SSD (or of every member of a device set): whole blocks, and
 /// whole split units when there are several SSDs, so no IO straddles two.
 fn usable_ssd_bytes(ssd: &dyn BlockDevice, geometry: &Geometry) -> u64 {
@@ -491,7 +480,10 @@ fn apply_records(meta: &MetaState, replay: &Replay, superblock: &Superblock, met
 fn format_with_fast_tier(fast: &Arc<dyn ByteTier>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
     let geometry = options.geometry;
     if !options.force {
-        refuse_existing(&[(read_fast_superblock(fast.as_ref()), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+        super::probe::refuse_superblocks(&[
+            (read_fast_superblock(fast.as_ref()), fast.describe()),
+            (read_ssd_superblock(ssd, 0)?, ssd.describe()),
+        ])?;
     }
     let layout = MetaLayout::on_fast_tier(fast.len_bytes(), ssd.len_bytes(), &geometry)?;
     let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
@@ -515,7 +507,7 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, meta: MetaDevice<'_>, options: &For
     if !options.force {
         let existing: Vec<(Vec<u8>, String)> =
             (0..members).map(|m| Ok((read_ssd_superblock(ssd.as_ref(), m)?, ssd.describe()))).collect::<Result<_>>()?;
-        refuse_existing(&existing)?;
+        super::probe::refuse_superblocks(&existing)?;
     }
     let layout = MetaLayout::for_profile(options.profile, 0, usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
@@ -543,7 +535,7 @@ fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, syncs: Option<&Arc<P
     let name = options.profile.name();
     let dir = kv.ok_or_else(|| Error::WrongDevices(format!("profile {name} keeps its metadata in a KV store: name its directory")))?;
     if !options.force {
-        refuse_existing(&[(read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+        super::probe::refuse_superblocks(&[(read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
     }
     let layout = MetaLayout::superblock_only(usable_ssd_bytes(ssd, &options.geometry), &options.geometry)?;
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd, layout)? };

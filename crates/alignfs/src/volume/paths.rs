@@ -41,11 +41,14 @@ impl DeviceSpec {
             return Err(Error::InvalidArgument("empty device path".into()));
         }
         if let Some((path, size)) = text.rsplit_once(':') {
-            if let Ok(bytes) = parse_size(size) {
-                if path.is_empty() {
-                    return Err(Error::InvalidArgument(format!("no path before the size in {text:?}")));
+            match parse_size(size) {
+                Ok(_) if path.is_empty() => return Err(Error::InvalidArgument(format!("no path before the size in {text:?}"))),
+                Ok(bytes) => return Ok(DeviceSpec { path: path.into(), size: Some(bytes) }),
+                // `PATH:SIZE` with a size that does not parse, unless a file has that name.
+                Err(e) if size.starts_with(|c: char| c.is_ascii_digit()) && !Path::new(text).exists() => {
+                    return Err(Error::InvalidArgument(format!("{text:?}: {e}")))
                 }
-                return Ok(DeviceSpec { path: path.into(), size: Some(bytes) });
+                Err(_) => {}
             }
         }
         Ok(DeviceSpec { path: text.into(), size: None })
@@ -58,7 +61,9 @@ fn ssd_options(geometry: &Geometry, create_len: Option<u64>, backend: Option<IoB
 
 /// Create (when sized) and format the devices the profile takes: a fast tier and one SSD
 /// (`orch`), one or more SSDs alone (`scrap`; `fast` must then be `None`), or one SSD and
-/// a KV store directory (`nvstore`; `kv`, by default beside the SSD).
+/// a KV store directory (`nvstore`; `kv`, by default beside the SSD). Refuses devices a
+/// process holds, and devices that hold any alignfs structure unless `options.force`
+/// ([`super::probe`]); a format that fails removes the files it created.
 pub fn format_paths(
     fast: Option<&DeviceSpec>,
     ssds: &[DeviceSpec],
@@ -66,10 +71,11 @@ pub fn format_paths(
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, Volume)> {
-    let devices = create_devices(fast, ssds, kv, options, backend)?;
-    let superblock = Volume::format(&devices, options)?;
-    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
-    Ok((superblock, Volume::open(devices, quiet)?))
+    formatting(fast, ssds, kv, options, |created| {
+        let devices = create_devices(fast, ssds, kv, options, backend, created)?;
+        let superblock = Volume::format(&devices, options)?;
+        Ok((superblock, Volume::open(devices, quiet())?))
+    })
 }
 
 /// [`format_paths`] for a block volume (the `uhs` profile's personality).
@@ -80,10 +86,11 @@ pub fn format_block_paths(
     layout: BlockLayout,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, BlockVolume)> {
-    let devices = create_devices(fast, ssds, None, options, backend)?;
-    let superblock = BlockVolume::format(&devices, options, layout)?;
-    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
-    Ok((superblock, BlockVolume::open(devices, quiet)?))
+    formatting(fast, ssds, None, options, |created| {
+        let devices = create_devices(fast, ssds, None, options, backend, created)?;
+        let superblock = BlockVolume::format(&devices, options, layout)?;
+        Ok((superblock, BlockVolume::open(devices, quiet())?))
+    })
 }
 
 /// [`format_paths`] for an object store (the `nvstore` profile's personality).
@@ -93,62 +100,135 @@ pub fn format_object_paths(
     options: &FormatOptions,
     backend: Option<IoBackend>,
 ) -> Result<(Superblock, ObjectStore)> {
-    let devices = create_devices(None, ssds, kv, options, backend)?;
-    let superblock = ObjectStore::format(&devices, options)?;
-    let quiet = VolumeOptions { background: false, ..VolumeOptions::default() };
-    Ok((superblock, ObjectStore::open(devices, quiet)?))
+    formatting(None, ssds, kv, options, |created| {
+        let devices = create_devices(None, ssds, kv, options, backend, created)?;
+        let superblock = ObjectStore::format(&devices, options)?;
+        Ok((superblock, ObjectStore::open(devices, quiet())?))
+    })
 }
 
-/// The devices of a volume about to be formatted, created when sized.
+/// A freshly formatted volume is opened without background workers.
+fn quiet() -> VolumeOptions {
+    VolumeOptions { background: false, ..VolumeOptions::default() }
+}
+
+/// The paths a format created, removed again unless it succeeds.
+#[derive(Default)]
+struct Created(Vec<PathBuf>);
+
+impl Created {
+    /// Note that `path` is about to be created, if it does not exist yet.
+    fn note(&mut self, path: &Path) {
+        if !path.exists() {
+            self.0.push(path.to_path_buf());
+        }
+    }
+
+    fn remove(&mut self) {
+        for path in self.0.drain(..).rev() {
+            let removed = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if let Err(e) = removed.or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) }) {
+                tracing::warn!("remove {} after a failed format: {e}", path.display());
+            }
+        }
+    }
+}
+
+/// Check the devices, run `format`, and remove what it created if it fails.
+fn formatting<T>(
+    fast: Option<&DeviceSpec>,
+    ssds: &[DeviceSpec],
+    kv: Option<&Path>,
+    options: &FormatOptions,
+    format: impl FnOnce(&mut Created) -> Result<T>,
+) -> Result<T> {
+    check_format_devices(fast, ssds, kv, options)?;
+    let mut created = Created::default();
+    let result = format(&mut created);
+    if result.is_err() {
+        created.remove();
+    }
+    result
+}
+
+/// The checks a format runs before it creates or writes anything: the geometry, whether
+/// the profile takes these devices, and that none is held by a process or (unless
+/// `options.force`) holds an alignfs structure. Reads only; a caller that must read a
+/// device before formatting (to size a block volume) runs it first.
+pub fn check_format_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], kv: Option<&Path>, options: &FormatOptions) -> Result<()> {
+    options.geometry.validate(options.profile)?;
+    check_device_set(fast.is_some(), ssds.len(), kv.is_some(), options.profile)?;
+    let kv = options.profile.devices().kv_store.then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
+    let mut targets: Vec<&Path> = fast.iter().map(|f| f.path.as_path()).chain(ssds.iter().map(|s| s.path.as_path())).collect();
+    targets.extend(kv.as_deref());
+    super::probe::check_targets(&targets, options.force)
+}
+
+/// Whether a profile takes these devices: a fast tier (or the device's DRAM), how many
+/// SSDs, a KV directory.
+fn check_device_set(fast: bool, ssds: usize, kv: bool, profile: crate::Profile) -> Result<()> {
+    let (name, needs) = (profile.name(), profile.devices());
+    match (fast, needs.fast_tier, ssds) {
+        (_, _, 0) => Err(Error::WrongDevices("no SSD named".into())),
+        (false, true, _) => Err(Error::WrongDevices(format!("profile {name} needs a fast tier"))),
+        (false, _, _) if needs.memory_semantic => Err(Error::WrongDevices(format!("profile {name} needs the device's DRAM file (--fast)"))),
+        (true, false, _) if !needs.memory_semantic => {
+            Err(Error::WrongDevices(format!("profile {name} has no fast tier; name only the SSDs")))
+        }
+        _ if kv && !needs.kv_store => Err(Error::WrongDevices(format!("profile {name} keeps no KV store; drop the KV directory"))),
+        (_, _, n) if n as u64 > u64::from(needs.max_ssds) => {
+            let most = if needs.max_ssds == 1 { "one SSD".to_string() } else { format!("{} SSDs at most", needs.max_ssds) };
+            Err(Error::WrongDevices(format!("profile {name} takes {most}, not {n}")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The devices of a volume about to be formatted (checked by [`formatting`]), created
+/// when sized.
 fn create_devices(
     fast: Option<&DeviceSpec>,
     ssds: &[DeviceSpec],
     kv: Option<&Path>,
     options: &FormatOptions,
     backend: Option<IoBackend>,
+    created: &mut Created,
 ) -> Result<Devices> {
-    options.geometry.validate(options.profile)?;
-    let (profile, needs) = (options.profile.name(), options.profile.devices());
-    match (fast, needs.fast_tier, ssds.len()) {
-        (_, _, 0) => return Err(Error::WrongDevices("no SSD named".into())),
-        (None, true, _) => return Err(Error::WrongDevices(format!("profile {profile} needs a fast tier"))),
-        (Some(_), false, _) if !needs.memory_semantic => {
-            return Err(Error::WrongDevices(format!("profile {profile} has no fast tier; name only the SSDs")))
-        }
-        _ if kv.is_some() && !needs.kv_store => {
-            return Err(Error::WrongDevices(format!("profile {profile} keeps no KV store; drop the KV directory")))
-        }
-        (_, _, n) if n as u64 > u64::from(needs.max_ssds) => {
-            let most = if needs.max_ssds == 1 { "one SSD".to_string() } else { format!("{} SSDs at most", needs.max_ssds) };
-            return Err(Error::WrongDevices(format!("profile {profile} takes {most}, not {n}")));
-        }
-        _ => {}
-    }
+    let needs = options.profile.devices();
     if needs.memory_semantic {
-        let dram = fast.ok_or_else(|| Error::WrongDevices(format!("profile {profile} needs the device's DRAM file (--fast)")))?;
-        return create_memory_semantic(dram, &ssds[0], options, backend);
+        let dram = fast.expect("checked: a memory-semantic SSD has its DRAM named");
+        return create_memory_semantic(dram, &ssds[0], options, backend, created);
     }
     let kv = needs.kv_store.then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
     if let Some(dir) = &kv {
         // Before any device file is created: a refused directory leaves nothing behind.
         KvMeta::check_dir(dir, options.force)?;
+        created.note(dir);
     }
     let mut members: Vec<Arc<dyn BlockDevice>> = Vec::with_capacity(ssds.len());
     for ssd in ssds {
+        created.note(&ssd.path);
         members.push(Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, ssd.size, backend, false))?));
     }
     let split = u64::from(options.geometry.split_bytes);
     let ssd = join_members(members, |m| DeviceSet::common_bytes(m, split))?;
     let fast = match fast {
-        Some(fast) => {
-            if let Some(parent) = fast.path.parent().filter(|p| !p.as_os_str().is_empty() && fast.size.is_some()) {
-                std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
-            }
-            Some(Arc::new(PmemRegion::open(&fast.path, fast.size)?) as Arc<dyn ByteTier>)
-        }
+        Some(fast) => Some(Arc::new(create_region(fast, fast.size, created)?) as Arc<dyn ByteTier>),
         None => None,
     };
     Ok(Devices { fast, ssd, kv, kv_syncs: None, byte: None })
+}
+
+/// A fast tier or a device's DRAM, created (with its directory) or grown to `len`.
+fn create_region(spec: &DeviceSpec, len: Option<u64>, created: &mut Created) -> Result<PmemRegion> {
+    if len == Some(0) {
+        return Err(Error::BadSize(format!("{} is to be created with 0 bytes", spec.path.display())));
+    }
+    if let Some(parent) = spec.path.parent().filter(|p| !p.as_os_str().is_empty() && len.is_some()) {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+    }
+    created.note(&spec.path);
+    PmemRegion::open(&spec.path, len)
 }
 
 /// The write log of a memory-semantic SSD of `logical_bytes`: the paper's 256 MiB for an
@@ -158,9 +238,15 @@ fn device_log_bytes(logical_bytes: u64) -> u64 {
 }
 
 /// A new memory-semantic SSD: its flash image (`ssd`; the size names the capacity the
-/// block interface offers, the image is created larger by the over-provisioning) and its
-/// DRAM file (`dram`). Refuses a device that holds a volume unless `options.force`.
-fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatOptions, backend: Option<IoBackend>) -> Result<Devices> {
+/// block interface offers, the image is created larger by the over-provisioning and a
+/// label page) and its DRAM file (`dram`).
+fn create_memory_semantic(
+    dram: &DeviceSpec,
+    ssd: &DeviceSpec,
+    options: &FormatOptions,
+    backend: Option<IoBackend>,
+    created: &mut Created,
+) -> Result<Devices> {
     let config = match ssd.size {
         Some(bytes) => MssdConfig { log_bytes: device_log_bytes(bytes), ..MssdConfig::new(bytes / MIB * MIB) },
         None => {
@@ -168,28 +254,11 @@ fn create_memory_semantic(dram: &DeviceSpec, ssd: &DeviceSpec, options: &FormatO
             MssdConfig::fitting(len, device_log_bytes(len))?
         }
     };
-    let (dram_bytes, flash_bytes) = MemorySemanticSsd::sizes(&config)?;
-    if !options.force && dram.path.exists() {
-        let existing = Arc::new(PmemRegion::open(&dram.path, None)?);
-        if MemorySemanticSsd::is_formatted(existing.as_ref()) && ssd.path.exists() {
-            if let Ok(devices) = open_memory_semantic(
-                existing,
-                &ssd.path,
-                &options.geometry,
-                backend,
-                &VolumeOptions { read_only: true, ..VolumeOptions::default() },
-            ) {
-                let volume = super::open::read_ssd_superblock(devices.ssd.as_ref(), 0)?;
-                super::open::refuse_existing(&[(volume, dram.path.display().to_string())])?;
-            }
-        }
-    }
-    let flash_len = ssd.size.map(|_| flash_bytes);
-    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, flash_len, backend, false))?);
-    if let Some(parent) = dram.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
-    }
-    let region = Arc::new(PmemRegion::open(&dram.path, Some(dram.size.unwrap_or(dram_bytes).max(dram_bytes)))?);
+    let (dram_bytes, image_bytes) = MemorySemanticSsd::sizes(&config)?;
+    created.note(&ssd.path);
+    let image_len = ssd.size.map(|_| image_bytes);
+    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, image_len, backend, false))?);
+    let region = Arc::new(create_region(dram, Some(dram.size.unwrap_or(dram_bytes).max(dram_bytes)), created)?);
     let device = MemorySemanticSsd::format(flash, region, &config, MssdOptions::default())?;
     Ok(Devices::memory_semantic(Arc::new(device)))
 }
@@ -300,7 +369,7 @@ fn open_devices(
     // A memory-semantic SSD's flash image holds pages where its FTL put them; its DRAM
     // (named as the fast tier) says what it is.
     if raw.as_ref().is_none_or(|sb| sb.profile.devices().memory_semantic) && fast.exists() && ssds.len() == 1 {
-        let region = Arc::new(PmemRegion::open(fast, None)?);
+        let region = Arc::new(open_region(fast, read_only)?);
         if MemorySemanticSsd::is_formatted(region.as_ref()) {
             if faults.is_some() {
                 return Err(Error::InvalidArgument("fault injection does not cover a memory-semantic SSD".into()));
@@ -329,12 +398,21 @@ fn open_devices(
     if !fast.exists() {
         return Err(missing(fast));
     }
-    let region = Arc::new(PmemRegion::open(fast, None)?);
+    let region = Arc::new(open_region(fast, read_only)?);
     let mut head = vec![0u8; SUPERBLOCK_BYTES.min(region.len_bytes()) as usize];
     region.read(0, &mut head);
     let geometry = Superblock::decode(&head, &fast.display().to_string()).map(|sb| sb.geometry).unwrap_or_default();
     let device: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(first, &ssd_options(&geometry, None, backend, read_only))?);
     Ok(Devices::new(region, with_faults(device)))
+}
+
+/// A formatted volume's fast tier or device DRAM: held alone by a writer, shared by readers.
+fn open_region(path: &Path, read_only: bool) -> Result<PmemRegion> {
+    if read_only {
+        PmemRegion::open_shared(path)
+    } else {
+        PmemRegion::open(path, None)
+    }
 }
 
 /// The SSD paths in the volume's order (by each one's `ssd_index`), checking that they
@@ -371,6 +449,8 @@ mod tests {
         assert_eq!(DeviceSpec::parse("/a/b").unwrap(), DeviceSpec { path: "/a/b".into(), size: None });
         assert_eq!(DeviceSpec::parse("/a:b").unwrap(), DeviceSpec { path: "/a:b".into(), size: None });
         assert!(DeviceSpec::parse(":1G").is_err());
+        assert!(matches!(DeviceSpec::parse("x.img:8Q"), Err(Error::InvalidArgument(m)) if m.contains("8Q")));
+        assert_eq!(DeviceSpec::parse("/a:b1").unwrap().path, Path::new("/a:b1"));
         assert!(DeviceSpec::parse("").is_err());
     }
 
@@ -615,17 +695,17 @@ mod tests {
         let (_, formatted) = format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None).unwrap();
         assert!(matches!(
             format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions { force: true, ..FormatOptions::default() }, None),
-            Err(Error::InUse(_))
+            Err(Error::InUse { .. })
         ));
         formatted.close().unwrap();
         let reader = VolumeOptions { read_only: true, ..VolumeOptions::default() };
         let writer = open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None).unwrap();
-        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse(_))));
-        assert!(matches!(open_paths(&fast.path, &ssd.path, reader.clone(), None), Err(Error::InUse(_))));
+        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse { .. })));
+        assert!(matches!(open_paths(&fast.path, &ssd.path, reader.clone(), None), Err(Error::InUse { .. })));
         writer.close().unwrap();
         let a = open_paths(&fast.path, &ssd.path, reader.clone(), None).unwrap();
         let b = open_paths(&fast.path, &ssd.path, reader, None).unwrap();
-        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse(_))));
+        assert!(matches!(open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None), Err(Error::InUse { .. })));
         drop((a, b));
         open_paths(&fast.path, &ssd.path, VolumeOptions::default(), None).unwrap().close().unwrap();
     }

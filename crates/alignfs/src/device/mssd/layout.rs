@@ -21,6 +21,10 @@ pub const LINE: u64 = 64;
 pub const PARTITION_BYTES: u64 = 16 * MIB;
 
 const MAGIC: &[u8; 8] = b"ALFSMSSD";
+/// The flash image's label, in its last page (beyond the flash pages): names the device
+/// the image belongs to, so that a flash image is known for what it is without its DRAM.
+const FLASH_LABEL_MAGIC: &[u8; 8] = b"ALFSFLSH";
+const FLASH_LABEL_BYTES: usize = 28;
 const VERSION: u32 = 1;
 const STATIC_HEADER: usize = 60;
 const HEAD_AT: u64 = 64;
@@ -52,7 +56,7 @@ impl MssdConfig {
     /// of `log_bytes`.
     pub fn fitting(flash_bytes: u64, log_bytes: u64) -> Result<MssdConfig> {
         let config = |mib: u64| MssdConfig { log_bytes, ..MssdConfig::new(mib * MIB) };
-        let fits = |mib: u64| Layout::new(&config(mib)).is_ok_and(|l| l.flash_bytes() <= flash_bytes);
+        let fits = |mib: u64| Layout::new(&config(mib)).is_ok_and(|l| l.image_bytes() <= flash_bytes);
         // Too small a size fails for want of erase blocks, so search down from the top.
         let largest = (1..=flash_bytes / MIB).rev().find(|&mib| fits(mib));
         largest.map(config).ok_or_else(|| Error::BadSize(format!("a flash image of {flash_bytes} bytes holds no memory-semantic SSD")))
@@ -137,6 +141,50 @@ impl Layout {
         u64::from(self.flash_pages) * PAGE
     }
 
+    /// The flash image: the flash pages and a page for its label.
+    pub fn image_bytes(&self) -> u64 {
+        self.flash_bytes() + PAGE
+    }
+
+    /// The label of this device's flash image (a whole page).
+    pub fn encode_flash_label(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PAGE as usize);
+        out.extend_from_slice(FLASH_LABEL_MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.flash_pages.to_le_bytes());
+        out.extend_from_slice(&self.incarnation.to_le_bytes());
+        let crc = crc32c(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(out.len(), FLASH_LABEL_BYTES);
+        out.resize(PAGE as usize, 0);
+        out
+    }
+}
+
+/// The device a DRAM header names (its incarnation); `None` where `head` (the region's
+/// first 64 bytes) holds no intact header.
+pub fn dram_label(head: &[u8]) -> Option<u64> {
+    let bytes = head.get(..64)?;
+    if &bytes[..8] != MAGIC {
+        return None;
+    }
+    let stored = u32::from_le_bytes(bytes[STATIC_HEADER..64].try_into().expect("4 bytes"));
+    (crc32c(&bytes[..STATIC_HEADER]) == stored).then(|| u64::from_le_bytes(bytes[44..52].try_into().expect("8 bytes")))
+}
+
+/// The device a flash image's label names (its incarnation), from the image's last page;
+/// `None` where that page holds no label (not a flash image, or one formatted before
+/// labels) or a damaged one.
+pub fn flash_label(last_page: &[u8]) -> Option<u64> {
+    let bytes = last_page.get(..FLASH_LABEL_BYTES)?;
+    if &bytes[..8] != FLASH_LABEL_MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes[24..28].try_into().expect("4 bytes"));
+    (crc32c(&bytes[..24]) == crc).then(|| u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes")))
+}
+
+impl Layout {
     pub fn erase_blocks(&self) -> u32 {
         self.flash_pages / self.pages_per_erase_block
     }

@@ -24,7 +24,7 @@ mod latency;
 mod layout;
 
 pub use latency::LatencyModel;
-pub use layout::{MssdConfig, LINE, PAGE};
+pub use layout::{dram_label, flash_label, MssdConfig, LINE, PAGE};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -171,13 +171,14 @@ pub struct MemorySemanticSsd {
 }
 
 impl MemorySemanticSsd {
-    /// DRAM and flash bytes a device of `config` needs.
+    /// DRAM and flash-image bytes a device of `config` needs.
     pub fn sizes(config: &MssdConfig) -> Result<(u64, u64)> {
         let layout = Layout::new(config)?;
-        Ok((layout.dram_bytes, layout.flash_bytes()))
+        Ok((layout.dram_bytes, layout.image_bytes()))
     }
 
-    /// Write an empty device's DRAM state (the flash needs no preparation) and open it.
+    /// Write an empty device's DRAM state and its flash image's label, and open it. The
+    /// label goes first: a DRAM header never names a flash image that does not name it back.
     pub fn format(
         flash: Arc<dyn BlockDevice>,
         dram: Arc<dyn ByteTier>,
@@ -187,6 +188,18 @@ impl MemorySemanticSsd {
         let mut layout = Layout::new(config)?;
         layout.incarnation = uuid::Uuid::new_v4().as_u64_pair().0;
         check_sizes(&layout, flash.as_ref(), dram.as_ref())?;
+        if flash.len_bytes() < layout.image_bytes() {
+            return Err(Error::BadSize(format!(
+                "the flash image ({}) holds {} bytes; this device needs {} (its flash and a label page)",
+                flash.describe(),
+                flash.len_bytes(),
+                layout.image_bytes()
+            )));
+        }
+        let mut label = AlignedBuf::zeroed(PAGE as usize);
+        label.copy_from_slice(&layout.encode_flash_label());
+        super::run_batch(flash.as_ref(), vec![IoRequest { op: IoOp::Write, offset_bytes: label_at(flash.as_ref()), buf: label }])?;
+        flash.flush()?;
         let state_bytes = layout.log(0) as usize;
         dram.zero(0, state_bytes);
         dram.write(0, &layout.encode_header());
@@ -201,6 +214,7 @@ impl MemorySemanticSsd {
         dram.read(0, &mut header);
         let layout = Layout::decode_header(&header, dram.len_bytes(), &dram.describe())?;
         check_sizes(&layout, flash.as_ref(), dram.as_ref())?;
+        check_label(&layout, flash.as_ref(), dram.as_ref())?;
         let counters = Arc::new(Counters::default());
         let (ftl, max_version) = Ftl::load(layout, flash, dram.clone(), counters.clone())?;
         let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().expect("8 bytes"));
@@ -314,6 +328,15 @@ impl MemorySemanticSsd {
         }
     }
 
+    /// The device's DRAM (write log, TxLogs, page map), for a volume's report.
+    pub fn describe_dram(&self) -> String {
+        format!(
+            "the device's DRAM, {} (its {} MiB write log, TxLogs and page map)",
+            self.inner.dram.describe(),
+            self.inner.layout.log_bytes >> 20
+        )
+    }
+
     /// Whether `dram` holds a formatted device's state (its header's magic).
     pub fn is_formatted(dram: &dyn ByteTier) -> bool {
         let mut head = [0u8; 8];
@@ -397,6 +420,32 @@ fn check_sizes(layout: &Layout, flash: &dyn BlockDevice, dram: &dyn ByteTier) ->
         )));
     }
     Ok(())
+}
+
+/// Where a flash image's label lives: its last whole page.
+fn label_at(flash: &dyn BlockDevice) -> u64 {
+    (flash.len_bytes() / PAGE - 1) * PAGE
+}
+
+/// Refuse a flash image whose label names another device: DRAM and flash of two devices
+/// would read as one with the wrong pages. An image without a label (formatted before
+/// labels, or its label page beyond an image exactly as large as its flash) is taken as
+/// it is.
+fn check_label(layout: &Layout, flash: &dyn BlockDevice, dram: &dyn ByteTier) -> Result<()> {
+    if flash.len_bytes() < layout.image_bytes() {
+        return Ok(());
+    }
+    let page =
+        super::run_batch(flash, vec![IoRequest { op: IoOp::Read, offset_bytes: label_at(flash), buf: AlignedBuf::zeroed(PAGE as usize) }])?;
+    match flash_label(&page[0]) {
+        Some(id) if id != layout.incarnation => Err(Error::WrongDevices(format!(
+            "the flash image {} belongs to memory-semantic SSD {id:016x}, the DRAM {} to {:016x}: name the DRAM and flash of one device",
+            flash.describe(),
+            dram.describe(),
+            layout.incarnation
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn read_txlog(layout: &Layout, dram: &dyn ByteTier, which: usize) -> Vec<u32> {

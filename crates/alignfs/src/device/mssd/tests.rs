@@ -416,3 +416,32 @@ fn a_full_device_cleans_every_page() {
     ssd.flush().unwrap();
     check(&ssd, &image, &[], "after a large write");
 }
+
+/// A flash image carries a label naming its device: DRAM of one device with the flash of
+/// another is refused, and each half is recognised alone (what `mkfs` checks before it
+/// writes).
+#[test]
+fn a_flash_image_names_its_device() {
+    let (a, b) = (media(), media());
+    let first = MemorySemanticSsd::format(Arc::clone(&a.flash), Arc::clone(&a.dram), &config(), options()).unwrap();
+    write_block(&first, 3, &[7; PAGE as usize]);
+    first.flush().unwrap();
+    drop(first);
+    drop(MemorySemanticSsd::format(Arc::clone(&b.flash), Arc::clone(&b.dram), &config(), options()).unwrap());
+    assert!(matches!(MemorySemanticSsd::open(Arc::clone(&a.flash), Arc::clone(&b.dram), options()), Err(Error::WrongDevices(_))));
+    let mut head = [0u8; 64];
+    a.dram.read(0, &mut head);
+    let last = run_batch(
+        a.flash.as_ref(),
+        vec![IoRequest { op: IoOp::Read, offset_bytes: a.flash.len_bytes() - PAGE, buf: AlignedBuf::zeroed(PAGE as usize) }],
+    )
+    .unwrap();
+    let id = dram_label(&head).expect("a formatted DRAM names its device");
+    assert_eq!(flash_label(&last[0]), Some(id), "the flash names the same device");
+    let mut other = [0u8; 64];
+    b.dram.read(0, &mut other);
+    assert_ne!(dram_label(&other), Some(id));
+    assert_eq!(flash_label(&[0u8; PAGE as usize]), None);
+    let (ssd, _) = MemorySemanticSsd::open(a.flash, a.dram, options()).unwrap();
+    assert!(read_all(&ssd)[3 * PAGE as usize..4 * PAGE as usize].iter().all(|&b| b == 7), "its own pair opens with its data");
+}
