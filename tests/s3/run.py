@@ -356,6 +356,83 @@ def limits_suite(binary, work):
         check("limits: a refused upload that waited for 100-continue closes its connection", refused_continue)
     finally:
         gw.stop()
+    slow_clients_suite(binary, work)
+
+
+def signed_put(gw, key, body):
+    """The head of a SigV4-signed PUT of `body` (to send by hand, body after it)."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+    request = AWSRequest(method="PUT", url=f"{gw.endpoint()}/{key}", data=body)
+    S3SigV4Auth(Credentials(ACCESS, SECRET), "s3", "us-east-1").add_auth(request)
+    head = f"PUT /{key} HTTP/1.1\r\nHost: 127.0.0.1:{gw.port}\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in request.headers.items() if k.lower() not in ("content-length",))
+    return (head + "\r\n").encode()
+
+
+def slow_clients_suite(binary, work):
+    """Clients that send part of a request and stall: each is cut off after the
+    timeouts, while the gateway serves others; at most --max-connections at once."""
+    gw = Gateway(binary, work, ["--header-timeout", "2", "--body-timeout", "2", "--max-connections", "40"])
+    gw.start()
+    try:
+        s3 = gw.client()
+        s3.create_bucket(Bucket="slow")
+
+        def half_sent_heads():
+            started = time.time()
+            socks = []
+            for _ in range(300):
+                sock = socket.create_connection(("127.0.0.1", gw.port))
+                sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")
+                socks.append(sock)
+            t = time.time()
+            s3.list_buckets()
+            served = time.time() - t
+            # At most 40 at once, each cut off after 2 s: a request waits for a slot, not forever.
+            assert served < 10, f"a request behind 300 stalled ones waited {served:.1f} s"
+            for sock in socks:
+                sock.settimeout(30)
+                try:
+                    data = sock.recv(100)
+                except OSError:
+                    data = b""
+                assert data == b"" or data.startswith(b"HTTP/1.1 408"), data
+                sock.close()
+            took = time.time() - started
+            # 300 / 40 slots x 2 s each, and some slack: every one closed, none held for good.
+            assert took < 40, f"the stalled connections took {took:.1f} s to be closed"
+            assert gw.proc.poll() is None
+        check("slow clients: 300 half-sent request heads are cut off after the header timeout while others are served", half_sent_heads)
+
+        def stalled_body():
+            body = b"x" * 100
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                sock.sendall(signed_put(gw, "slow/stalled", body) + body[:10])
+                sock.settimeout(30)
+                t = time.time()
+                reply = sock.recv(65536)
+                waited = time.time() - t
+                assert b"RequestTimeout" in reply, reply[:300]
+                assert 1.5 < waited < 10, waited
+            expect_error("404", lambda: s3.head_object(Bucket="slow", Key="stalled"))
+            with socket.create_connection(("127.0.0.1", gw.port)) as sock:
+                sock.sendall(signed_put(gw, "slow/whole", body) + body)
+                sock.settimeout(30)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "a whole signed PUT sent by hand"
+            assert s3.get_object(Bucket="slow", Key="whole")["Body"].read() == body
+        check("slow clients: a body that stalls gets RequestTimeout and stores nothing", stalled_body)
+
+        def quiet_log():
+            expect_error("NoSuchKey", lambda: s3.get_object(Bucket="slow", Key="missing"))
+            expect_error("SignatureDoesNotMatch", lambda: gw.client(secret="wrong-secret").list_buckets())
+            with open(os.path.join(work, "s3.log")) as f:
+                log = f.read()
+            assert " ERROR " not in log and "\x1b[" not in log, log[-2000:]
+        check("slow clients: a missing key and a bad signature are not logged as errors", quiet_log)
+    finally:
+        gw.stop()
 
 
 # --- other clients ---------------------------------------------------------------------
@@ -438,6 +515,71 @@ def clients_suite(gw, work):
         same_tree(src, out)
         rc("purge", remote + "rclone")
     check("rclone: mkdir, copy (multipart), check (MD5), copy back, purge", rclone)
+
+    # Keys that a client decoding its listing twice would mangle: each client lists them
+    # as they were put (and the listed names open the objects).
+    # Control characters XML carries (tab, DEL) list like any other; one it cannot (U+0001)
+    # is refused when the object is made, since it would break every listing of the bucket
+    # for a client that does not ask for URL-encoded names.
+    odd = ["pct%41", "a+b c", "%2e%2e/%2e%2e/etc/passwd", "dir with space/\u00e9 \u00fc.txt", "plus+/and%2F", "x/y z+1",
+           "tab\tkey", "del\x7fkey"]
+    every = sorted(odd)
+    s3 = gw.client()
+    s3.create_bucket(Bucket="odd")
+    for key in odd:
+        s3.put_object(Bucket="odd", Key=key, Body=key.encode())
+
+    def unlistable():
+        for make in [lambda: s3.put_object(Bucket="odd", Key="ctl\x01key", Body=b"x"),
+                     lambda: s3.create_multipart_upload(Bucket="odd", Key="cr\rkey"),
+                     lambda: s3.copy_object(Bucket="odd", Key="ctl\x02key", CopySource={"Bucket": "odd", "Key": "pct%41"})]:
+            expect_error("InvalidArgument", make)
+    check("boto3: a key holding a character XML cannot carry is refused when the object is made", unlistable)
+
+    def odd_boto3():
+        v2 = [o["Key"] for p in s3.get_paginator("list_objects_v2").paginate(Bucket="odd", PaginationConfig={"PageSize": 2})
+              for o in p.get("Contents", [])]
+        v1 = [o["Key"] for p in s3.get_paginator("list_objects").paginate(Bucket="odd", PaginationConfig={"PageSize": 2})
+              for o in p.get("Contents", [])]
+        assert v2 == every and v1 == every, (v1, v2)
+        for key in v2:
+            assert s3.get_object(Bucket="odd", Key=key)["Body"].read() == key.encode(), key
+        rolled = s3.list_objects_v2(Bucket="odd", Delimiter="/", Prefix="")
+        assert sorted(p["Prefix"] for p in rolled["CommonPrefixes"]) == ["%2e%2e/", "dir with space/", "plus+/", "x/"], rolled
+        uploads = {k: s3.create_multipart_upload(Bucket="odd", Key=k)["UploadId"] for k in every}
+        listed = [u["Key"] for p in s3.get_paginator("list_multipart_uploads").paginate(Bucket="odd", PaginationConfig={"PageSize": 3})
+                  for u in p.get("Uploads", [])]
+        assert sorted(listed) == every, listed
+        for key, upload in uploads.items():
+            s3.abort_multipart_upload(Bucket="odd", Key=key, UploadId=upload)
+    check("boto3: keys with %, +, spaces, .., non-ASCII and control characters list as they were put (v1, v2, uploads)", odd_boto3)
+
+    def odd_awscli():
+        aws = ["aws", "--endpoint-url", gw.endpoint()]
+        listed = json.loads(run(aws + ["s3api", "list-objects-v2", "--bucket", "odd"], env))
+        assert sorted(o["Key"] for o in listed["Contents"]) == every, listed
+        text = run(aws + ["s3", "ls", "--recursive", "s3://odd/"], env)
+        names = [line.split(None, 3)[3] for line in text.splitlines() if line.strip()]
+        assert sorted(names) == every, names
+    check("awscli: s3api list-objects-v2 and s3 ls list the odd keys as they were put", odd_awscli)
+
+    def odd_s3cmd():
+        cfg = os.path.join(work, "s3cfg")
+        text = run(["s3cmd", "-c", cfg, "ls", "--recursive", "s3://odd/"])
+        names = [line.split(None, 3)[3][len("s3://odd/"):] for line in text.splitlines() if "s3://odd/" in line]
+        assert sorted(names) == every, names
+    check("s3cmd: ls lists the odd keys as they were put", odd_s3cmd)
+
+    def odd_rclone():
+        env2 = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+        env2.update(RCLONE_S3_PROVIDER="Other", RCLONE_S3_ACCESS_KEY_ID=ACCESS, RCLONE_S3_SECRET_ACCESS_KEY=SECRET,
+                    RCLONE_S3_ENDPOINT=gw.endpoint(), RCLONE_S3_REGION="us-east-1", RCLONE_RETRIES="1")
+        text = run(["rclone", "lsf", "-R", "--files-only", ":s3:odd"], env2)
+        # rclone shows control characters as their Unicode pictures (U+2409 for a tab).
+        shown = {chr(0x2400 + c): chr(c) for c in range(32)} | {"\u2421": "\x7f"}
+        names = ["".join(shown.get(c, c) for c in line) for line in text.splitlines() if not line.startswith("20")]
+        assert sorted(names) == every, names
+    check("rclone: lsf -R lists the odd keys as they were put", odd_rclone)
 
 
 # --- kill -9 ---------------------------------------------------------------------------

@@ -4,11 +4,12 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use alignfs::profile::Personality;
 use alignfs::volume::{open_object_paths, ssd_superblock};
 use alignfs::VolumeOptions;
-use alignfs_s3::{Gateway, Limits, ServerConfig};
+use alignfs_s3::{ConnectionLimits, Gateway, Limits, ServerConfig};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -38,6 +39,17 @@ pub struct S3Args {
     /// (NVStore's FP and DP). When they fill it, the oldest are synced.
     #[arg(long, value_name = "SIZE", default_value = "1G")]
     fragment_mem: String,
+    /// Longest a client may take to send a request's head (and a kept-alive connection
+    /// may wait for its next request); then the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    header_timeout: f64,
+    /// Longest wait for the next piece of a request body; then the request fails with
+    /// RequestTimeout and the connection is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    body_timeout: f64,
+    /// Connections served at once; more wait in the listen queue until one closes.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
     /// Memory for clean pages: copies of SSD blocks that reads, and unaligned writes
     /// turning them into dirty pages, find without the device (NVStore's CP); 0 keeps none.
     #[arg(long, value_name = "SIZE", default_value = "256M")]
@@ -52,7 +64,11 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let profile = superblock.profile;
     if profile.personality() != Personality::Objects {
-        bail!("the volume is a {} volume, not an object store; format one with `alignfs mkfs --profile nvstore`", profile.name());
+        let (what, command) = (profile.personality().noun(), profile.personality().served_by());
+        bail!(
+            "the volume is {what} ({} profile), not an object store: serve it with `{command}`, or format one with `alignfs mkfs --profile nvstore`",
+            profile.name()
+        );
     }
     let auth = match &args.keys {
         Some(path) => Some(alignfs_s3::load_keys(path).map_err(anyhow::Error::msg)?),
@@ -60,6 +76,20 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let max_object_bytes = alignfs::geometry::parse_size(&args.max_object_size).context("--max-object-size")?;
     let limits = Limits { max_object_bytes, ..Limits::default() };
+    let seconds = |value: f64, flag: &str| -> Result<Duration> {
+        if !(value > 0.0 && value <= 86_400.0) {
+            bail!("--{flag} must be more than 0 and at most 86400 seconds");
+        }
+        Ok(Duration::from_secs_f64(value))
+    };
+    if !(1..=1_000_000).contains(&args.max_connections) {
+        bail!("--max-connections must be between 1 and 1000000");
+    }
+    let connections = ConnectionLimits {
+        header_timeout: seconds(args.header_timeout, "header-timeout")?,
+        body_idle_timeout: seconds(args.body_timeout, "body-timeout")?,
+        max_connections: args.max_connections,
+    };
     let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
     let options = VolumeOptions {
         read_only: args.read_only,
@@ -86,7 +116,7 @@ pub fn run(args: &S3Args) -> Result<()> {
         }
         println!("stopping: finishing requests in progress, then closing the store");
     };
-    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth }, shutdown))?;
+    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth, connections }, shutdown))?;
     // Bodies still streaming hold the store; the runtime's end drops them.
     drop(runtime);
     let store = Arc::try_unwrap(store).map_err(|_| anyhow::anyhow!("a request still holds the store"))?;

@@ -162,6 +162,9 @@ where
                     // s3s reports a payload whose signature or hash does not match here.
                     failure = Some(match e.downcast::<S3Error>() {
                         Ok(e) => *e,
+                        Err(e) if crate::timeouts::BodyTimedOut::caused(e.as_ref()) => {
+                            S3Error::with_message(S3ErrorCode::RequestTimeout, e.to_string())
+                        }
                         Err(e) => S3Error::with_message(S3ErrorCode::IncompleteBody, format!("the request body broke off: {e}")),
                     });
                     break;

@@ -14,6 +14,7 @@ use s3s::dto::*;
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 
 use crate::body::{self, hex, Algorithm, Declared, Received};
+use crate::listing;
 use crate::record::{self, Headers, ObjectRecord, PartRecord, UploadRecord};
 
 /// The bucket holding multipart uploads in progress: a name S3 cannot address (bucket
@@ -58,7 +59,7 @@ impl Gateway {
     }
 
     /// Run `f` on the blocking pool with the store.
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&ObjectStore) -> S3Result<T> + Send + 'static) -> S3Result<T> {
+    pub(crate) async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&ObjectStore) -> S3Result<T> + Send + 'static) -> S3Result<T> {
         let store = Arc::clone(&self.store);
         tokio::task::spawn_blocking(move || f(&store))
             .await
@@ -78,11 +79,16 @@ pub fn storage_error(error: Error, what: &str) -> S3Error {
         Error::ReadOnly => (S3ErrorCode::AccessDenied, "the gateway serves this store read-only".to_string()),
         _ => (S3ErrorCode::InternalError, format!("{what}: {error}")),
     };
-    tracing::warn!(%error, what, "S3 request failed");
+    // A client asking for what is not there is no event; the gateway failing is.
+    match &code {
+        S3ErrorCode::InternalError => tracing::error!(%error, what, "S3 request failed"),
+        S3ErrorCode::ServiceUnavailable => tracing::warn!(%error, what, "S3 request failed"),
+        _ => tracing::debug!(%error, what, "S3 request refused"),
+    }
     S3Error::with_message(code, message)
 }
 
-fn bucket<'s>(store: &'s ObjectStore, name: &str) -> S3Result<Bucket<'s>> {
+pub(crate) fn bucket<'s>(store: &'s ObjectStore, name: &str) -> S3Result<Bucket<'s>> {
     if name.as_bytes() == UPLOADS {
         return Err(s3_error!(NoSuchBucket));
     }
@@ -92,11 +98,26 @@ fn bucket<'s>(store: &'s ObjectStore, name: &str) -> S3Result<Bucket<'s>> {
     })
 }
 
-fn uploads(store: &ObjectStore) -> S3Result<Bucket<'_>> {
+pub(crate) fn uploads(store: &ObjectStore) -> S3Result<Bucket<'_>> {
     store.bucket(UPLOADS).map_err(|e| storage_error(e, "the uploads bucket"))
 }
 
-fn timestamp(ns: i64) -> Timestamp {
+/// Refuse a new object's key that an S3 response could not carry as it is: XML 1.0 has
+/// no way to write most control characters (not even as references), and its parsers
+/// turn a carriage return into a line feed. Such a key would make every listing of its
+/// bucket unreadable to clients that do not ask for URL-encoded names (s3cmd), and come
+/// back changed to the others.
+fn check_new_key(key: &str) -> S3Result<()> {
+    match key.chars().find(|&c| (c < ' ' && c != '\t' && c != '\n') || c == '\u{FFFE}' || c == '\u{FFFF}') {
+        Some(c) => Err(S3Error::with_message(
+            S3ErrorCode::InvalidArgument,
+            format!("the key holds the character U+{:04X}, which S3's XML responses cannot carry", u32::from(c)),
+        )),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn timestamp(ns: i64) -> Timestamp {
     let time = if ns >= 0 { UNIX_EPOCH + Duration::from_nanos(ns as u64) } else { UNIX_EPOCH };
     Timestamp::from(time)
 }
@@ -105,7 +126,7 @@ fn now_ns() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64)
 }
 
-fn quoted(etag: &str) -> ETag {
+pub(crate) fn quoted(etag: &str) -> ETag {
     ETag::Strong(etag.to_string())
 }
 
@@ -302,167 +323,6 @@ fn check_conditions(etag: &str, if_match: Option<&ETagCondition>, if_none_match:
     Ok(())
 }
 
-/// The common prefix `key` rolls up into in a listing of `prefix` by `delimiter`: `key` up
-/// to the first delimiter after the prefix, included. None without a delimiter (or an
-/// empty one).
-fn common_prefix(key: &str, prefix: &str, delimiter: Option<&str>) -> Option<String> {
-    let d = delimiter.filter(|d| !d.is_empty())?;
-    let rest = key.strip_prefix(prefix)?;
-    rest.find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())
-}
-
-/// Objects read from the store at a time when listing: small enough that the keys under
-/// a common prefix read before skipping past them cost little.
-const LIST_BATCH: usize = 128;
-
-/// One page of a listing with `delimiter` rolled up into common prefixes.
-struct Page {
-    objects: Vec<(String, u64, i64, String)>,
-    prefixes: Vec<String>,
-    truncated: bool,
-    /// The last key or common prefix returned: where the next page starts after.
-    last: Option<String>,
-}
-
-fn list_page(
-    store: &ObjectStore,
-    bucket_name: &str,
-    prefix: &str,
-    delimiter: Option<&str>,
-    after: Option<String>,
-    max: usize,
-) -> S3Result<Page> {
-    let bucket = bucket(store, bucket_name)?;
-    let mut page = Page { objects: Vec::new(), prefixes: Vec::new(), truncated: false, last: None };
-    let roll_up = |key: &str| common_prefix(key, prefix, delimiter);
-    // A page that ended on a common prefix resumes past every key under it.
-    let mut skip_past = after.as_deref().and_then(|a| roll_up(a).filter(|c| c == a));
-    let mut cursor = after.map(String::into_bytes);
-    loop {
-        // Past a common prefix, the next batch starts after every key under it: a name
-        // is UTF-8, so no key under it sorts after the prefix followed by 0xFF.
-        if let Some(skip) = &skip_past {
-            if cursor.as_deref().is_none_or(|c| c.starts_with(skip.as_bytes())) {
-                cursor = Some([skip.as_bytes(), &[0xFF]].concat());
-            }
-        }
-        let batch = bucket.list(prefix.as_bytes(), cursor.as_deref(), LIST_BATCH).map_err(|e| storage_error(e, bucket_name))?;
-        if batch.is_empty() {
-            return Ok(page);
-        }
-        for object in batch {
-            let key = String::from_utf8_lossy(&object.name).into_owned();
-            cursor = Some(object.name.clone());
-            if skip_past.as_deref().is_some_and(|skip| key.starts_with(skip)) {
-                continue;
-            }
-            if page.objects.len() + page.prefixes.len() == max {
-                page.truncated = true;
-                return Ok(page);
-            }
-            match roll_up(&key) {
-                Some(common) => {
-                    page.prefixes.push(common.clone());
-                    page.last = Some(common.clone());
-                    skip_past = Some(common);
-                }
-                None => {
-                    let etag = bucket
-                        .attribute(&object.name)
-                        .ok()
-                        .flatten()
-                        .and_then(|a| record::decode::<ObjectRecord>(&a, &key).ok())
-                        .map(|r| r.etag);
-                    page.last = Some(key.clone());
-                    page.objects.push((key, object.size, object.mtime_ns, etag.unwrap_or_default()));
-                }
-            }
-        }
-    }
-}
-
-/// One page of ListMultipartUploads.
-struct UploadsPage {
-    uploads: Vec<(String, UploadRecord)>,
-    prefixes: Vec<String>,
-    truncated: bool,
-    /// Where the next page starts after: the last key or common prefix returned, and the
-    /// last upload's id if it was an upload.
-    next: Option<(String, Option<String>)>,
-}
-
-/// The page of `found` (uploads by id, all under `prefix`) after the markers, in key
-/// order and, for one key, in id order (an id starts with its initiation time), with
-/// `delimiter` rolled up into common prefixes.
-fn uploads_page(
-    mut found: Vec<(String, UploadRecord)>,
-    prefix: &str,
-    delimiter: Option<&str>,
-    (key_marker, id_marker): (Option<&str>, Option<&str>),
-    max: usize,
-) -> UploadsPage {
-    found.sort_by(|a, b| (&a.1.key, &a.0).cmp(&(&b.1.key, &b.0)));
-    let roll_up = |key: &str| common_prefix(key, prefix, delimiter);
-    // A page that ended on a common prefix resumes past every key under it.
-    let skip = key_marker.and_then(|m| roll_up(m).filter(|c| c == m));
-    let after_markers = |key: &str, id: &str| match (key_marker, id_marker) {
-        _ if skip.as_deref().is_some_and(|s| key.starts_with(s)) => false,
-        (None, _) => true,
-        (Some(marker), None) => key > marker,
-        (Some(marker), Some(id_marker)) => key > marker || (key == marker && id > id_marker),
-    };
-    let mut page = UploadsPage { uploads: Vec::new(), prefixes: Vec::new(), truncated: false, next: None };
-    for (id, upload) in found.into_iter().filter(|(id, upload)| after_markers(&upload.key, id)) {
-        let common = roll_up(&upload.key);
-        if common.is_some() && common == page.prefixes.last().cloned() {
-            continue;
-        }
-        if page.uploads.len() + page.prefixes.len() == max {
-            page.truncated = true;
-            break;
-        }
-        match common {
-            Some(common) => {
-                page.next = Some((common.clone(), None));
-                page.prefixes.push(common);
-            }
-            None => {
-                page.next = Some((upload.key.clone(), Some(id.clone())));
-                page.uploads.push((id, upload));
-            }
-        }
-    }
-    if !page.truncated {
-        page.next = None;
-    }
-    page
-}
-
-fn page_contents(page: &Page) -> (Option<ObjectList>, Option<CommonPrefixList>) {
-    let contents = page
-        .objects
-        .iter()
-        .map(|(key, size, mtime, etag)| Object {
-            key: Some(key.clone()),
-            size: Some(*size as i64),
-            last_modified: Some(timestamp(*mtime)),
-            e_tag: Some(quoted(etag)),
-            storage_class: Some(ObjectStorageClass::from_static(ObjectStorageClass::STANDARD)),
-            ..Object::default()
-        })
-        .collect();
-    let prefixes = page.prefixes.iter().map(|p| CommonPrefix { prefix: Some(p.clone()) }).collect();
-    (Some(contents), Some(prefixes))
-}
-
-fn max_keys(given: Option<i32>) -> S3Result<usize> {
-    match given {
-        None => Ok(1000),
-        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
-        Some(n) => Ok((n as usize).min(1000)),
-    }
-}
-
 fn upload_what(upload_id: &str) -> String {
     format!("upload {upload_id}")
 }
@@ -558,6 +418,7 @@ impl S3 for Gateway {
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let input = req.input;
+        check_new_key(&input.key)?;
         let declared = declared_body!(input, &req.headers);
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
         let (if_match, if_none_match) = (input.if_match.clone(), input.if_none_match.clone());
@@ -719,6 +580,7 @@ impl S3 for Gateway {
 
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
         let input = req.input;
+        check_new_key(&input.key)?;
         let CopySource::Bucket { bucket: source_bucket, key: source_key, version_id } = &input.copy_source else {
             return Err(s3_error!(NotImplemented, "copies from access points"));
         };
@@ -770,69 +632,11 @@ impl S3 for Gateway {
     }
 
     async fn list_objects_v2(&self, req: S3Request<ListObjectsV2Input>) -> S3Result<S3Response<ListObjectsV2Output>> {
-        let input = req.input;
-        let max = max_keys(input.max_keys)?;
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let delimiter = input.delimiter.clone();
-        // The continuation token is the last key or common prefix returned, in base64.
-        let after = match &input.continuation_token {
-            Some(token) => Some(
-                base64_simd::URL_SAFE_NO_PAD
-                    .decode_to_vec(token)
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok())
-                    .ok_or_else(|| s3_error!(InvalidArgument, "the continuation token is not one this gateway gave"))?,
-            ),
-            None => input.start_after.clone(),
-        };
-        let bucket_name = input.bucket.clone();
-        let page = {
-            let (prefix, delimiter) = (prefix.clone(), delimiter.clone());
-            self.blocking(move |store| list_page(store, &bucket_name, &prefix, delimiter.as_deref(), after, max)).await?
-        };
-        let (contents, common_prefixes) = page_contents(&page);
-        let next = page.truncated.then(|| page.last.as_ref().map(|l| base64_simd::URL_SAFE_NO_PAD.encode_to_string(l))).flatten();
-        Ok(S3Response::new(ListObjectsV2Output {
-            name: Some(input.bucket),
-            prefix: Some(prefix),
-            delimiter,
-            max_keys: Some(max as i32),
-            key_count: Some((page.objects.len() + page.prefixes.len()) as i32),
-            is_truncated: Some(page.truncated),
-            continuation_token: input.continuation_token,
-            next_continuation_token: next,
-            start_after: input.start_after,
-            contents,
-            common_prefixes,
-            encoding_type: input.encoding_type,
-            ..ListObjectsV2Output::default()
-        }))
+        listing::objects_v2(self, req.input).await.map(S3Response::new)
     }
 
     async fn list_objects(&self, req: S3Request<ListObjectsInput>) -> S3Result<S3Response<ListObjectsOutput>> {
-        let input = req.input;
-        let max = max_keys(input.max_keys)?;
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let delimiter = input.delimiter.clone();
-        let bucket_name = input.bucket.clone();
-        let page = {
-            let (prefix, delimiter, marker) = (prefix.clone(), delimiter.clone(), input.marker.clone());
-            self.blocking(move |store| list_page(store, &bucket_name, &prefix, delimiter.as_deref(), marker, max)).await?
-        };
-        let (contents, common_prefixes) = page_contents(&page);
-        Ok(S3Response::new(ListObjectsOutput {
-            name: Some(input.bucket),
-            prefix: Some(prefix),
-            marker: input.marker,
-            delimiter,
-            max_keys: Some(max as i32),
-            is_truncated: Some(page.truncated),
-            next_marker: if page.truncated { page.last } else { None },
-            contents,
-            common_prefixes,
-            encoding_type: input.encoding_type,
-            ..ListObjectsOutput::default()
-        }))
+        listing::objects_v1(self, req.input).await.map(S3Response::new)
     }
 
     async fn create_multipart_upload(
@@ -840,6 +644,7 @@ impl S3 for Gateway {
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let input = req.input;
+        check_new_key(&input.key)?;
         let (bucket_name, key) = (input.bucket.clone(), input.key.clone());
         let headers =
             headers_of(input.content_type, input.content_encoding, input.content_disposition, input.content_language, input.cache_control);
@@ -1040,184 +845,6 @@ impl S3 for Gateway {
     }
 
     async fn list_multipart_uploads(&self, req: S3Request<ListMultipartUploadsInput>) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
-        let input = req.input;
-        let max = max_keys(input.max_uploads)?;
-        let bucket_name = input.bucket.clone();
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let found = self
-            .blocking(move |store| {
-                bucket(store, &bucket_name)?;
-                let uploads = uploads(store)?;
-                let mut found = Vec::new();
-                // The uploads are named by id: every one in the store is read (they are
-                // the uploads in progress, few next to the objects).
-                for object in uploads.list(b"", None, usize::MAX).map_err(|e| storage_error(e, "the uploads"))? {
-                    if object.name.contains(&b'/') {
-                        continue; // a part
-                    }
-                    let id = String::from_utf8_lossy(&object.name).into_owned();
-                    let Some(attribute) = uploads.attribute(&object.name).map_err(|e| storage_error(e, &id))? else { continue };
-                    let Ok(upload) = record::decode::<UploadRecord>(&attribute, &id) else { continue };
-                    if upload.bucket == bucket_name && upload.key.starts_with(&prefix) {
-                        found.push((id, upload));
-                    }
-                }
-                Ok(found)
-            })
-            .await?;
-        let markers = (input.key_marker.as_deref(), input.upload_id_marker.as_deref());
-        let page = uploads_page(found, input.prefix.as_deref().unwrap_or(""), input.delimiter.as_deref(), markers, max);
-        let uploads = page
-            .uploads
-            .into_iter()
-            .map(|(id, upload)| MultipartUpload {
-                key: Some(upload.key),
-                upload_id: Some(id),
-                initiated: Some(timestamp(upload.initiated_ns)),
-                ..MultipartUpload::default()
-            })
-            .collect();
-        let common_prefixes = page.prefixes.into_iter().map(|p| CommonPrefix { prefix: Some(p) }).collect();
-        Ok(S3Response::new(ListMultipartUploadsOutput {
-            bucket: Some(input.bucket),
-            prefix: input.prefix,
-            delimiter: input.delimiter,
-            key_marker: input.key_marker,
-            upload_id_marker: input.upload_id_marker,
-            max_uploads: Some(max as i32),
-            is_truncated: Some(page.truncated),
-            next_key_marker: page.next.as_ref().map(|(key, _)| key.clone()),
-            next_upload_id_marker: page.next.and_then(|(_, id)| id),
-            uploads: Some(uploads),
-            common_prefixes: Some(common_prefixes),
-            ..ListMultipartUploadsOutput::default()
-        }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use alignfs::device::{BlockDevice, SimSsd};
-    use alignfs::test_support::seed;
-    use alignfs::{Devices, FormatOptions, Profile, VolumeOptions};
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-
-    use super::*;
-
-    /// What a listing must return, computed from every key: the keys and common
-    /// prefixes after `after`, in order, rolled up by `delimiter`.
-    fn model_listing(keys: &[String], prefix: &str, delimiter: Option<&str>, after: Option<&str>) -> Vec<(bool, String)> {
-        let mut out: Vec<(bool, String)> = Vec::new();
-        for key in keys.iter().filter(|k| k.starts_with(prefix)) {
-            let entry = match delimiter.and_then(|d| key[prefix.len()..].find(d).map(|at| key[..prefix.len() + at + d.len()].to_string())) {
-                Some(common) => (true, common),
-                None => (false, key.clone()),
-            };
-            if after.is_some_and(|a| entry.1.as_str() <= a) || out.last() == Some(&entry) {
-                continue;
-            }
-            out.push(entry);
-        }
-        out
-    }
-
-    /// Listings page by page, with and without delimiters, against a model; the keys
-    /// under a common prefix are many, so the listing skips past them in batches.
-    #[test]
-    fn listings_page_through_keys_and_common_prefixes_as_the_model_says() {
-        let kv = tempfile::tempdir().unwrap();
-        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(64 << 20));
-        let format =
-            FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
-        ObjectStore::format(&Devices::with_kv(Arc::clone(&ssd), kv.path()), &format).unwrap();
-        let store =
-            ObjectStore::open(Devices::with_kv(ssd, kv.path()), VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap();
-        store.create_bucket(b"b").unwrap();
-        let mut rng = StdRng::seed_from_u64(seed("gateway::listings"));
-        let mut keys: Vec<String> = (0..300).map(|i| format!("deep/{:04}", i * 7 % 300)).collect();
-        for _ in 0..200 {
-            let parts: Vec<String> =
-                (0..rng.random_range(1..4)).map(|_| ["a", "b", "ab", "é", "z-", "a.b"][rng.random_range(0..6)].to_string()).collect();
-            keys.push(parts.join(["/", "-"][rng.random_range(0..2)]));
-        }
-        keys.sort();
-        keys.dedup();
-        let bucket = store.bucket(b"b").unwrap();
-        for key in &keys {
-            bucket.put(key.as_bytes(), b"x").unwrap();
-        }
-        for round in 0..60 {
-            let prefix = ["", "a", "a/", "deep/", "deep/00", "é", "z"][rng.random_range(0..7)];
-            let delimiter = [None, Some("/"), Some("-"), Some("b/")][rng.random_range(0..4)];
-            let max = [1, 7, 50, 1000][rng.random_range(0..4)];
-            let mut after: Option<String> = None;
-            let mut listed = Vec::new();
-            loop {
-                let page = list_page(&store, "b", prefix, delimiter, after.clone(), max).unwrap();
-                let entries = page.objects.len() + page.prefixes.len();
-                assert!(entries <= max, "round {round}: a page of {entries}, max {max}");
-                let mut got: Vec<(bool, String)> =
-                    page.objects.iter().map(|o| (false, o.0.clone())).chain(page.prefixes.iter().map(|p| (true, p.clone()))).collect();
-                got.sort_by(|a, b| a.1.cmp(&b.1));
-                listed.extend(got);
-                if !page.truncated {
-                    break;
-                }
-                assert_eq!(entries, max, "round {round}: a truncated page is full");
-                after = page.last;
-            }
-            let expected = model_listing(&keys, prefix, delimiter, None);
-            assert_eq!(listed, expected, "round {round}: prefix {prefix:?}, delimiter {delimiter:?}, pages of {max}");
-        }
-        store.close().unwrap();
-    }
-
-    /// ListMultipartUploads paged with markers, with and without a delimiter, returns
-    /// what one unpaged listing returns, which is what the model says.
-    #[test]
-    fn upload_listings_page_by_key_and_upload_id() {
-        let mut rng = StdRng::seed_from_u64(seed("gateway::upload_listings"));
-        let upload = |key: &str| UploadRecord { bucket: "b".into(), key: key.into(), record: ObjectRecord::default(), initiated_ns: 0 };
-        let mut found = Vec::new();
-        for n in 0..150 {
-            let key = ["a", "a/b", "a/c/d", "b", "b/x", "c-d", "c/e"][rng.random_range(0..7)];
-            found.push((format!("{:016x}{n:08x}", rng.random_range(0..1000u64)), upload(key)));
-        }
-        for round in 0..200 {
-            let prefix = ["", "a", "a/", "b", "c"][rng.random_range(0..5)];
-            let mine: Vec<(String, UploadRecord)> = found.iter().filter(|(_, u)| u.key.starts_with(prefix)).cloned().collect();
-            let delimiter = [None, Some("/"), Some("-")][rng.random_range(0..3)];
-            let max = [1, 2, 5, 1000][rng.random_range(0..4)];
-            let whole = uploads_page(mine.clone(), prefix, delimiter, (None, None), usize::MAX);
-            assert!(!whole.truncated && whole.next.is_none());
-            let mut keys: Vec<String> = mine.iter().map(|(_, u)| u.key.clone()).collect();
-            keys.sort();
-            let mut expected = model_listing(&keys, prefix, delimiter, None);
-            expected.dedup();
-            let mut keys_and_prefixes: Vec<(bool, String)> =
-                whole.uploads.iter().map(|(_, u)| (false, u.key.clone())).chain(whole.prefixes.iter().map(|p| (true, p.clone()))).collect();
-            keys_and_prefixes.sort_by(|a, b| a.1.cmp(&b.1));
-            keys_and_prefixes.dedup();
-            assert_eq!(keys_and_prefixes, expected, "round {round}");
-            let rolled_up = |key: &str| delimiter.is_some_and(|d| key[prefix.len()..].contains(d));
-            assert_eq!(whole.uploads.len(), mine.iter().filter(|(_, u)| !rolled_up(&u.key)).count(), "round {round}: every upload once");
-            assert!(whole.uploads.windows(2).all(|w| (&w[0].1.key, &w[0].0) < (&w[1].1.key, &w[1].0)), "round {round}: in key, id order");
-            let (mut uploads, mut prefixes, mut markers) = (Vec::new(), Vec::new(), (None::<String>, None::<String>));
-            loop {
-                let page = uploads_page(mine.clone(), prefix, delimiter, (markers.0.as_deref(), markers.1.as_deref()), max);
-                assert!(page.uploads.len() + page.prefixes.len() <= max);
-                uploads.extend(page.uploads.into_iter().map(|(id, _)| id));
-                prefixes.extend(page.prefixes);
-                match page.next {
-                    Some((key, id)) => markers = (Some(key), id),
-                    None => break,
-                }
-            }
-            assert_eq!(uploads, whole.uploads.iter().map(|(id, _)| id.clone()).collect::<Vec<_>>(), "round {round}: pages of {max}");
-            assert_eq!(prefixes, whole.prefixes, "round {round}: pages of {max}");
-        }
+        listing::multipart_uploads(self, req.input).await.map(S3Response::new)
     }
 }

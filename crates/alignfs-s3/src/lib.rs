@@ -8,9 +8,11 @@
 mod body;
 mod gateway;
 mod keys;
+mod listing;
 mod record;
 mod server;
+mod timeouts;
 
 pub use gateway::{Gateway, Limits};
 pub use keys::{load as load_keys, Keys};
-pub use server::{serve, ServerConfig};
+pub use server::{serve, ConnectionLimits, ServerConfig};

@@ -1,24 +1,49 @@
 //! Accepting connections: HTTP/1.1 on a TCP listener, every connection served by the
 //! same S3 service, until the shutdown future resolves; then open connections get a
-//! little time to finish.
+//! little time to finish. As production HTTP servers do, a client gets a bounded time to
+//! send its request head and between the pieces of its body, and the connections served
+//! at once are bounded (past that, new ones wait in the listen queue).
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::header::{HeaderValue, CONNECTION, EXPECT};
-use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnectionBuilder;
 use s3s::service::{S3Service, S3ServiceBuilder};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::gateway::Gateway;
+use crate::timeouts::{IdleBody, InRequest, TimedIo};
 
 pub struct ServerConfig {
     pub listener: std::net::TcpListener,
     /// The accepted keys; `None` serves anonymous requests (refused unless asked for).
     pub auth: Option<crate::keys::Keys>,
+    pub connections: ConnectionLimits,
+}
+
+/// How long a client may take, and how many may be served at once.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// From the start of a request's head (or of waiting for the next one on a kept-alive
+    /// connection) to its end; past it the connection is closed.
+    pub header_timeout: Duration,
+    /// Longest wait for the next piece of a request body; past it the request fails
+    /// (`RequestTimeout`) and the connection is closed.
+    pub body_idle_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    /// nginx's and MinIO's order of magnitude: 30 s for a head, 60 s between body pieces.
+    fn default() -> ConnectionLimits {
+        ConnectionLimits { header_timeout: Duration::from_secs(30), body_idle_timeout: Duration::from_secs(60), max_connections: 1024 }
+    }
 }
 
 /// Serve one request; a request that asked `Expect: 100-continue` and was refused is
@@ -27,15 +52,31 @@ pub struct ServerConfig {
 /// client's next request on that connection as the body (its method loses letters and
 /// its signature no longer matches). Closing is what RFC 9110 §10.1.1 allows a server
 /// that answers before reading the body.
-fn close_after_refused_continue(
+///
+/// The body is read with [`IdleBody`]'s bound. A client's mistake (4xx) is logged at
+/// debug level, the gateway's own failure (5xx) at error.
+fn serve_request(
     service: &S3Service,
     request: hyper::Request<hyper::body::Incoming>,
+    in_request: &Arc<InRequest>,
+    body_idle: Duration,
 ) -> impl Future<Output = Result<s3s::HttpResponse, s3s::HttpError>> + use<> {
+    let inside = in_request.enter();
     let expects_continue = request.headers().get(EXPECT).is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    let response = Service::call(service, request);
+    let (method, path) = (request.method().clone(), request.uri().path().to_string());
+    let request = request.map(|body| s3s::Body::http_body(IdleBody::new(body, body_idle)));
+    let service = service.clone();
     async move {
-        let mut response = response.await?;
-        if expects_continue && !response.status().is_success() {
+        let _inside = inside;
+        let mut response = service.call(request).await?;
+        let status = response.status();
+        // 501 is a method or feature this gateway does not offer: the client's choice.
+        if status.is_server_error() && status != hyper::StatusCode::NOT_IMPLEMENTED {
+            tracing::error!(%method, path, %status, "S3 request failed");
+        } else if status.is_client_error() {
+            tracing::debug!(%method, path, %status, "S3 request refused");
+        }
+        if expects_continue && !status.is_success() {
             response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
         }
         Ok(response)
@@ -54,11 +95,17 @@ pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future
         }
         builder.build()
     };
-    let service = hyper::service::service_fn(move |request| close_after_refused_continue(&service, request));
+    let limits = config.connections;
     let http = ConnectionBuilder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // At the limit, stop accepting: new connections wait in the listen queue.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => slot.expect("the semaphore is never closed"),
+            () = shutdown.as_mut() => break,
+        };
         let (socket, peer): (_, SocketAddr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(connection) => connection,
@@ -75,12 +122,17 @@ pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!(%peer, "TCP_NODELAY: {e}");
         }
-        let connection = http.serve_connection(TokioIo::new(socket), service.clone());
+        let in_request = Arc::new(InRequest::default());
+        let io = TokioIo::new(TimedIo::new(socket, Arc::clone(&in_request), limits.header_timeout));
+        let (service, body_idle) = (service.clone(), limits.body_idle_timeout);
+        let serve = hyper::service::service_fn(move |request| serve_request(&service, request, &in_request, body_idle));
+        let connection = http.serve_connection(io, serve);
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(%peer, "connection ended: {e}");
             }
+            drop(slot);
         });
     }
     tokio::select! {
