@@ -38,7 +38,7 @@ bin=target/debug/alignfs
 if "$bin" mkfs --fast "$shm/fast" --ssd "$work/ssd.img" 2>"$work/err"; then
     echo "smoke: mkfs over an existing volume must refuse" >&2; exit 1
 fi
-grep -q "already holds an alignfs volume" "$work/err"
+grep -q "already holds the fast tier of orch volume" "$work/err"
 "$bin" stat --fast "$shm/fast" --ssd "$work/ssd.img" --json | grep '"profile": "orch"' >/dev/null
 "$bin" fsck --fast "$shm/fast" --ssd "$work/ssd.img" | grep ': clean$' >/dev/null
 # A reader that closes the pipe early must not make stat panic (exit 141 is expected).
@@ -119,7 +119,7 @@ if "$bin" fsck --ssd "$work/nv3.img" >"$work/out"; then echo "smoke: fsck withou
 if "$bin" mount --ssd "$work/nv.img" --log "$work/mount.log" "$work/mnt" 2>"$work/err"; then
     echo "smoke: mount of an object store must fail" >&2; exit 1
 fi
-grep -q "object store, not a file system" "$work/err"
+grep -q "object store (nvstore profile), not a file system" "$work/err"
 # A byte volume: the flash image and the device's DRAM (named as --fast, sized by mkfs);
 # stat shows the device's own counters, fsck reads it, a second mkfs refuses, a block-only
 # option on another profile is noted as unused.
@@ -137,7 +137,31 @@ grep -q "cannot keep metadata in place" "$work/err"
 if "$bin" mkfs --profile byte --ssd "$work/byte.img" --fast "$shm/byte-dram" 2>"$work/err"; then
     echo "smoke: mkfs over an existing byte volume must refuse" >&2; exit 1
 fi
-grep -q "already holds an alignfs volume" "$work/err"
+grep -q "already holds the DRAM of memory-semantic SSD" "$work/err"
+# A mounted volume's devices: mkfs of any profile refuses them even with --force, naming
+# the mount point; a second mount is refused at once; a program that sends the terminal
+# ioctl on every open (CPython) leaves no lines in the log; a clean unmount writes no
+# warning; fsck is clean.
+"$bin" mkfs --fast "$shm/held.fast:16M" --ssd "$work/held.img:64M" >/dev/null
+"$bin" mount --transport dev-fuse --fast "$shm/held.fast" --ssd "$work/held.img" --log "$work/held.log" "$work/held" >/dev/null
+echo kept >"$work/held/kept"
+for bad in "--profile byte --fast $shm/held.fast --ssd $work/new-flash.img:64M" "--profile scrap --ssd $work/held.img" \
+           "--profile byte --fast $shm/new-dram --ssd $work/held.img"; do
+    # shellcheck disable=SC2086 # word splitting wanted: each case is several arguments
+    if "$bin" mkfs --force $bad 2>"$work/err"; then echo "smoke: mkfs --force $bad over a mounted volume must refuse" >&2; exit 1; fi
+    grep -q "is in use: the volume is mounted at $work/held" "$work/err" || { cat "$work/err"; exit 1; }
+    if [[ -e $work/new-flash.img || -e $shm/new-dram ]]; then echo "smoke: a refused mkfs created a device" >&2; exit 1; fi
+done
+started=$SECONDS
+if "$bin" mount --fast "$shm/held.fast" --ssd "$work/held.img" --log "$work/held2.log" "$work/held2" 2>"$work/err"; then
+    echo "smoke: a second mount of a mounted volume must refuse" >&2; exit 1
+fi
+grep -q "mounted at $work/held" "$work/err" || { cat "$work/err"; exit 1; }
+if ((SECONDS - started > 5)); then echo "smoke: the second mount took $((SECONDS - started)) s to refuse" >&2; exit 1; fi
+python3 -c "import sys; [open(f'{sys.argv[1]}/kept').read() for _ in range(500)]" "$work/held"
+"$bin" umount "$work/held" >/dev/null
+if grep -E "WARN|ERROR|\x1b\[" "$work/held.log"; then echo "smoke: the mount log has warnings or colour codes" >&2; exit 1; fi
+"$bin" fsck --fast "$shm/held.fast" --ssd "$work/held.img" | grep ': clean$' >/dev/null
 "$bin" bench --quick --dir "$work/bench" --fast-dir "$shm/bench" --json "$work/bench.json" >/dev/null
 grep -q '"system": "limit"' "$work/bench.json"
 echo "smoke: CLI checks passed"

@@ -4,6 +4,8 @@ mod bench;
 mod bench_objects;
 mod defaults;
 mod health;
+mod holder;
+mod logging;
 mod mount;
 mod nbd;
 mod s3;
@@ -16,7 +18,7 @@ use alignfs::geometry::MIB;
 use alignfs::personality::BlockLayout;
 use alignfs::profile::Personality;
 use alignfs::stats::{Counter, VolumeReport};
-use alignfs::volume::{format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
+use alignfs::volume::{check_format_devices, format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, MetaStoreChoice, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -173,7 +175,17 @@ struct MkfsArgs {
     meta_store: Option<String>,
 }
 
+/// Commands that only read a volume name its devices without sizes.
+fn existing_fast(arg: clap::Arg) -> clap::Arg {
+    arg.value_name("PATH").help("Fast tier (or a `byte` device's DRAM) [default: /dev/shm/alignfs/fast]")
+}
+
+fn existing_ssd(arg: clap::Arg) -> clap::Arg {
+    arg.value_name("PATH").help("SSD (or a `byte` device's flash image); once per SSD of a set [default: DATA_DIR/ssd.img]")
+}
+
 #[derive(Args)]
+#[command(mut_arg("fast", existing_fast), mut_arg("ssd", existing_ssd))]
 struct StatArgs {
     /// A mount point of a running volume (instead of device paths).
     #[arg(conflicts_with_all = ["fast", "ssd", "data_dir"])]
@@ -186,6 +198,7 @@ struct StatArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("fast", existing_fast), mut_arg("ssd", existing_ssd))]
 struct FsckArgs {
     #[command(flatten)]
     devices: DeviceArgs,
@@ -228,6 +241,8 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     // Refused before any device file is created.
     meta_store.in_place(profile)?;
     let options = FormatOptions { geometry, profile, force: args.force, meta_store };
+    // Before anything reads a device to size the volume.
+    check_format_devices(fast.as_ref(), &ssds, args.devices.kv.as_deref(), &options).map_err(|e| named_defaults(e, &args.devices))?;
     let block_layout = block_layout(args, profile)?;
     let (sb, volume, block) = match block_layout {
         Some(layout) => {
@@ -294,6 +309,17 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     }
     volume.close()?;
     Ok(())
+}
+
+/// A refusal to format the default devices, with how to keep what they hold.
+fn named_defaults(e: alignfs::Error, devices: &DeviceArgs) -> anyhow::Error {
+    let defaults = devices.fast.is_none() || devices.ssd.is_empty();
+    match e {
+        alignfs::Error::AlreadyFormatted { .. } if defaults => anyhow::anyhow!(
+            "{e}, or keep it and name the new volume's own devices (--fast PATH[:SIZE], --ssd PATH[:SIZE]; a default is used for each one not named)"
+        ),
+        e => e.into(),
+    }
 }
 
 /// The block layout `mkfs` formats a block-volume profile with; `None` for the others
@@ -524,10 +550,7 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ALIGNFS_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Mkfs(args) => mkfs(args),
@@ -555,7 +578,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("alignfs: {e:#}");
+            eprintln!("alignfs: {}", holder::message(&e));
             ExitCode::FAILURE
         }
     }

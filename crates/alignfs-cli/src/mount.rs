@@ -20,6 +20,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL, IO_URING_PARAMETER};
 
+use crate::holder::Holder;
 use crate::{defaults, DeviceArgs};
 
 /// Set in the daemon's environment: report readiness on stdout, then detach from it.
@@ -114,6 +115,12 @@ pub struct MountArgs {
     clean_cache: Option<String>,
 }
 
+impl MountArgs {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+}
+
 #[derive(Args)]
 pub struct UmountArgs {
     /// The mount point.
@@ -170,7 +177,7 @@ fn detach_if_stale(path: &Path) -> Result<bool> {
 }
 
 /// Whether `path` is the mount point of a live alignfs mount.
-fn is_alignfs_mount(path: &Path) -> bool {
+pub(crate) fn is_alignfs_mount(path: &Path) -> bool {
     let Ok(canonical) = std::fs::canonicalize(path) else { return false };
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     mountinfo.lines().any(|line| {
@@ -199,7 +206,7 @@ pub fn mount(args: &MountArgs) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if daemon => {
             // The parent prints this; the log keeps a copy.
-            println!("error: {e:#}");
+            println!("error: {}", crate::holder::message(&e));
             Err(e)
         }
         Err(e) => Err(e),
@@ -219,7 +226,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
         .with_context(|| format!("open log {}", log_path.display()))?;
     let exe = std::env::current_exe().context("find the alignfs executable")?;
     let mut command = Command::new(exe);
-    command.args(std::env::args_os().skip(1)).env(DAEMON_ENV, "1");
+    command.args(std::env::args_os().skip(1)).env(DAEMON_ENV, "1").env(crate::logging::LOG_FILE_ENV, &log_path);
     if std::env::var_os("ALIGNFS_LOG").is_none() {
         command.env("ALIGNFS_LOG", "info");
     }
@@ -326,16 +333,15 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     };
     let volume = open_volume(&args.devices, options, faults.clone())?;
     let profile = volume.superblock().profile;
-    match profile.personality() {
-        alignfs::profile::Personality::Files => {}
-        alignfs::profile::Personality::Block => {
-            volume.close()?;
-            bail!("the volume is a {} block volume, not a file system: serve it with `alignfs nbd`", profile.name());
-        }
-        alignfs::profile::Personality::Objects => {
-            volume.close()?;
-            bail!("the volume is an {} object store, not a file system: serve it with `alignfs s3`", profile.name());
-        }
+    let personality = profile.personality();
+    if personality != alignfs::profile::Personality::Files {
+        volume.close()?;
+        bail!(
+            "the volume is {} ({} profile), not a file system: serve it with `{}`",
+            personality.noun(),
+            profile.name(),
+            personality.served_by()
+        );
     }
     warn_unused_options(args, profile);
     let recovery = volume.recovery().clone();
@@ -439,12 +445,27 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
         );
     }
     // A daemon that was just told to unmount may still be writing its checkpoint: wait
-    // for it to let go of the devices rather than fail.
+    // for it to let go of the devices rather than fail. Any other holder (a live mount,
+    // a server, another program) is named at once.
     let started = Instant::now();
+    let mut told = false;
     loop {
         let kv = devices.kv.as_deref();
         match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options.clone(), devices.backend(), faults.clone()) {
-            Err(Error::InUse(_)) if started.elapsed() < Duration::from_secs(60) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e @ Error::InUse { holder, .. }) => {
+                let holder = holder.and_then(Holder::of);
+                let leaving = matches!(holder, None | Some(Holder::Mount { mounted: false, .. }));
+                if !leaving || started.elapsed() >= Duration::from_secs(60) {
+                    return Err(anyhow!(e));
+                }
+                if !told {
+                    if let Some(holder) = &holder {
+                        println!("waiting for {holder} to let go of it");
+                    }
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
             Err(e @ Error::NotFormatted(_)) => bail!("{e}; format it with `alignfs mkfs`"),
             Ok(volume) if devices.fast.is_some() && !volume.superblock().profile.devices().names_fast() => {
                 bail!("{} holds a {} volume, which has no fast tier; drop --fast", ssd.path.display(), volume.superblock().profile.name())

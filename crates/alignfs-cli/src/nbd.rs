@@ -57,7 +57,8 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     };
     let profile = superblock.profile;
     if profile.personality() != Personality::Block {
-        bail!("the volume is a {} file system, not a block volume; mount it with `alignfs mount`", profile.name());
+        let (what, command) = (profile.personality().noun(), profile.personality().served_by());
+        bail!("the volume is {what} ({} profile), not a block volume: serve it with `{command}`", profile.name());
     }
     let size = |text: &Option<String>, flag: &str| -> Result<Option<u64>> {
         text.as_deref().map(|t| alignfs::geometry::parse_size(t).with_context(|| format!("--{flag}"))).transpose()

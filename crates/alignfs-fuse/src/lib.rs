@@ -9,6 +9,7 @@ mod fill_on_close;
 mod handles;
 mod page_cache;
 mod transport;
+mod unserved;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -22,9 +23,10 @@ use alignfs::stats::DaemonInfo;
 use alignfs::volume::{DirEntry, FallocateMode, RenameFlags, SeekTarget, SetAttrRequest, XattrSet};
 use alignfs::{Error, FileKind, Ino, Volume};
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, TransportStats, WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, IoctlFlags, KernelConfig, LockOwner,
+    OpenFlags, PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, TransportStats, WriteFlags,
 };
 
 use attr::{file_attr, kind_from_mode, time_ns};
@@ -33,6 +35,7 @@ use handles::Handles;
 pub use page_cache::{CacheMode, Coherence};
 pub use transport::RingThreads;
 pub use transport::Transport;
+use unserved::Unserved;
 
 /// The read-only extended attribute of the root directory that carries the live report
 /// (JSON) to `alignfs stat MOUNTPOINT`. It is not listed, so copying tools never see it.
@@ -78,6 +81,7 @@ pub struct AlignFs {
     fills: FillOnClose,
     session: Arc<OnceLock<Arc<TransportStats>>>,
     started: Instant,
+    unserved: Unserved,
 }
 
 /// What the file system learns from its session once mounted: the notifier that keeps the
@@ -130,7 +134,16 @@ impl AlignFs {
             tracing::error!("cannot start the page-cache fill thread, files are not cached after they are written: {e}");
             FillOnClose::off()
         });
-        AlignFs { volume, options, handles: Handles::default(), coherence, fills, session: Arc::default(), started: Instant::now() }
+        AlignFs {
+            volume,
+            options,
+            handles: Handles::default(),
+            coherence,
+            fills,
+            session: Arc::default(),
+            started: Instant::now(),
+            unserved: Unserved::default(),
+        }
     }
 
     /// Attach the session to it once mounted.
@@ -677,5 +690,52 @@ impl Filesystem for AlignFs {
         };
         let found = try_or_reply!(reply, self.volume.seek(Self::ino(ino), offset, target));
         reply.offset(i64::try_from(found).unwrap_or(i64::MAX));
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait's signature
+    fn ioctl(&self, _: &Request, _: INodeNo, _: FileHandle, _: IoctlFlags, cmd: u32, _: &[u8], _: u32, reply: ReplyIoctl) {
+        self.unserved.ioctl(cmd);
+        reply.error(Errno::ENOTTY);
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait's signature
+    fn poll(&self, _: &Request, _: INodeNo, _: FileHandle, _: PollNotifier, _: PollEvents, _: PollFlags, reply: ReplyPoll) {
+        self.unserved.request("poll");
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait's signature
+    fn copy_file_range(
+        &self,
+        _: &Request,
+        _: INodeNo,
+        _: FileHandle,
+        _: u64,
+        _: INodeNo,
+        _: FileHandle,
+        _: u64,
+        _: u64,
+        _: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        self.unserved.request("copy_file_range");
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait's signature
+    fn getlk(&self, _: &Request, _: INodeNo, _: FileHandle, _: LockOwner, _: u64, _: u64, _: i32, _: u32, reply: ReplyLock) {
+        self.unserved.request("getlk");
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)] // the trait's signature
+    fn setlk(&self, _: &Request, _: INodeNo, _: FileHandle, _: LockOwner, _: u64, _: u64, _: i32, _: u32, _: bool, reply: ReplyEmpty) {
+        self.unserved.request("setlk");
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn bmap(&self, _: &Request, _: INodeNo, _: u32, _: u64, reply: ReplyBmap) {
+        self.unserved.request("bmap");
+        reply.error(Errno::ENOSYS);
     }
 }
