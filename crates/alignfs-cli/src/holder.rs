@@ -1,12 +1,52 @@
-//! Who holds a device another command wants: the `alignfs` command a process runs, read
-//! back from `/proc`, so that a refusal names the mount point or server rather than a pid.
+//! Who holds a device another command wants: the process's command line, read back from
+//! `/proc`, so that a refusal names the mount point or server rather than a pid. What a
+//! command's arguments mean is its own module's business (`mount::holder_of`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
+/// A running process, as `/proc` shows it.
+#[derive(Debug)]
+pub struct Process {
+    args: Vec<String>,
+    cwd: Option<PathBuf>,
+}
 
-use crate::{Cli, Command};
+impl Process {
+    /// `None` once it has exited.
+    pub fn of(pid: u32) -> Option<Process> {
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        Some(Process { args, cwd: std::fs::read_link(format!("/proc/{pid}/cwd")).ok() })
+    }
+
+    #[cfg(test)]
+    fn from_parts(command: &str, cwd: Option<&Path>) -> Process {
+        Process { args: command.split(' ').map(String::from).collect(), cwd: cwd.map(Path::to_path_buf) }
+    }
+
+    /// The `alignfs` command it runs (`mount`, `nbd`, …) and that command's arguments;
+    /// `None` for another program.
+    pub fn alignfs_command(&self) -> Option<(&str, &[String])> {
+        let program = self.args.first()?;
+        if Path::new(program).file_name()? != "alignfs" {
+            return None;
+        }
+        Some((self.args.get(1)?.as_str(), self.args.get(2..).unwrap_or_default()))
+    }
+
+    /// `path` as the process reads it (relative to its working directory).
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        match &self.cwd {
+            Some(cwd) if path.is_relative() => cwd.join(path),
+            _ => path.to_path_buf(),
+        }
+    }
+
+    pub fn command_line(&self) -> String {
+        self.args.join(" ")
+    }
+}
 
 /// A process holding a volume's device.
 #[derive(Debug, PartialEq, Eq)]
@@ -19,38 +59,6 @@ pub enum Holder {
     Server { pid: u32, command: &'static str },
     /// Any other process (another `alignfs` command, a program using the library).
     Other { pid: u32, command: String },
-}
-
-impl Holder {
-    /// What `pid` runs; `None` once it has exited.
-    pub fn of(pid: u32) -> Option<Holder> {
-        let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let args: Vec<String> = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok();
-        Some(Holder::from_args(pid, &args, cwd.as_deref()))
-    }
-
-    fn from_args(pid: u32, args: &[String], cwd: Option<&Path>) -> Holder {
-        let other = || Holder::Other { pid, command: args.join(" ") };
-        let is_alignfs = args.first().is_some_and(|a| Path::new(a).file_name().is_some_and(|n| n == "alignfs"));
-        if !is_alignfs {
-            return other();
-        }
-        match Cli::try_parse_from(args).map(|cli| cli.command) {
-            Ok(Command::Mount(mount)) => {
-                let at = mount.mountpoint();
-                let mountpoint = match cwd {
-                    Some(cwd) if at.is_relative() => cwd.join(at),
-                    _ => at.to_path_buf(),
-                };
-                let mounted = crate::mount::is_alignfs_mount(&mountpoint);
-                Holder::Mount { pid, mountpoint, mounted }
-            }
-            Ok(Command::Nbd(_)) => Holder::Server { pid, command: "alignfs nbd" },
-            Ok(Command::S3(_)) => Holder::Server { pid, command: "alignfs s3" },
-            _ => other(),
-        }
-    }
 }
 
 impl fmt::Display for Holder {
@@ -70,12 +78,12 @@ impl fmt::Display for Holder {
     }
 }
 
-/// `error` as a user reads it: its chain, and who holds the device when that is why it
-/// failed.
-pub fn message(error: &anyhow::Error) -> String {
+/// `error` as a user reads it: its chain, and who holds the device (told by `holder_of`)
+/// when that is why it failed.
+pub fn message(error: &anyhow::Error, holder_of: impl Fn(u32) -> Option<Holder>) -> String {
     let text = format!("{error:#}");
     let held = error.chain().find_map(|cause| match cause.downcast_ref::<alignfs::Error>() {
-        Some(alignfs::Error::InUse { holder: Some(pid), .. }) => Holder::of(*pid).map(|holder| (*pid, holder)),
+        Some(alignfs::Error::InUse { holder: Some(pid), .. }) => holder_of(*pid).map(|holder| (*pid, holder)),
         _ => None,
     });
     match held {
@@ -88,34 +96,25 @@ pub fn message(error: &anyhow::Error) -> String {
 mod tests {
     use super::*;
 
-    fn args(text: &str) -> Vec<String> {
-        text.split(' ').map(String::from).collect()
-    }
-
     #[test]
-    fn commands_are_read_back() {
+    fn command_lines_are_read_back() {
         let cwd = Path::new("/srv");
-        match Holder::from_args(7, &args("/usr/bin/alignfs mount --fast /f --ssd /s mnt/a"), Some(cwd)) {
-            Holder::Mount { pid: 7, mountpoint, mounted: false } => assert_eq!(mountpoint, Path::new("/srv/mnt/a")),
-            other => panic!("{other:?}"),
-        }
-        match Holder::from_args(7, &args("target/release/alignfs mount"), Some(cwd)) {
-            Holder::Mount { mountpoint, .. } => assert_eq!(mountpoint, Path::new(crate::mount::DEFAULT_MOUNTPOINT)),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(
-            Holder::from_args(8, &args("alignfs nbd --fast /f --ssd /s --listen 127.0.0.1:1"), None),
-            Holder::Server { pid: 8, command: "alignfs nbd" }
-        );
-        assert_eq!(Holder::from_args(9, &args("alignfs s3 --ssd /s --keys /k"), None), Holder::Server { pid: 9, command: "alignfs s3" });
-        assert_eq!(Holder::from_args(3, &args("python3 x.py"), None), Holder::Other { pid: 3, command: "python3 x.py".into() });
-        assert!(matches!(Holder::from_args(3, &args("alignfs stat --fast /f"), None), Holder::Other { .. }));
-        assert!(matches!(Holder::from_args(3, &args("alignfs mount --no-such-flag"), None), Holder::Other { .. }));
+        let mount = Process::from_parts("/usr/bin/alignfs mount --fast /f mnt/a", Some(cwd));
+        let (command, args) = mount.alignfs_command().unwrap();
+        assert_eq!((command, args.len()), ("mount", 3));
+        assert_eq!(mount.resolve(Path::new("mnt/a")), Path::new("/srv/mnt/a"));
+        assert_eq!(mount.resolve(Path::new("/abs")), Path::new("/abs"));
+        assert!(Process::from_parts("python3 x.py", None).alignfs_command().is_none());
+        assert!(Process::from_parts("alignfs", None).alignfs_command().is_none());
+        assert!(Process::of(std::process::id()).unwrap().command_line().contains("alignfs"));
+        assert!(Process::of(u32::MAX).is_none());
     }
 
     #[test]
-    fn this_process_is_found() {
-        assert!(matches!(Holder::of(std::process::id()), Some(Holder::Other { pid, .. }) if pid == std::process::id()));
-        assert_eq!(Holder::of(u32::MAX), None);
+    fn an_in_use_error_names_its_holder() {
+        let error = anyhow::Error::new(alignfs::Error::InUse { path: "/d".into(), holder: Some(42) });
+        let holder = |pid| Some(Holder::Server { pid, command: "alignfs nbd" });
+        assert_eq!(message(&error, holder), "/d is in use: `alignfs nbd` (pid 42) serves the volume; stop it first");
+        assert_eq!(message(&error, |_| None), "/d is in use by process 42");
     }
 }

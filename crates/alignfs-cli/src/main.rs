@@ -578,7 +578,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("alignfs: {}", holder::message(&e));
+            eprintln!("alignfs: {}", holder::message(&e, mount::holder_of));
             ExitCode::FAILURE
         }
     }

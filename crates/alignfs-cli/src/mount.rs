@@ -20,7 +20,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fuser::{Config, MountOption, SessionACL, IO_URING_PARAMETER};
 
-use crate::holder::Holder;
+use crate::holder::{self, Holder, Process};
 use crate::{defaults, DeviceArgs};
 
 /// Set in the daemon's environment: report readiness on stdout, then detach from it.
@@ -115,10 +115,31 @@ pub struct MountArgs {
     clean_cache: Option<String>,
 }
 
-impl MountArgs {
-    pub fn mountpoint(&self) -> &Path {
-        &self.mountpoint
-    }
+/// `alignfs mount`'s arguments alone, to read back a running mount's command line.
+#[derive(clap::Parser)]
+#[command(name = "alignfs mount")]
+struct MountCommand {
+    #[command(flatten)]
+    args: MountArgs,
+}
+
+/// What process `pid`, which holds a device, is: for a mount, where it is mounted.
+pub fn holder_of(pid: u32) -> Option<Holder> {
+    let process = Process::of(pid)?;
+    Some(match process.alignfs_command() {
+        Some(("mount", args)) => {
+            match <MountCommand as clap::Parser>::try_parse_from(std::iter::once("mount").chain(args.iter().map(String::as_str))) {
+                Ok(mount) => {
+                    let mountpoint = process.resolve(&mount.args.mountpoint);
+                    Holder::Mount { pid, mounted: is_alignfs_mount(&mountpoint), mountpoint }
+                }
+                Err(_) => Holder::Other { pid, command: process.command_line() },
+            }
+        }
+        Some(("nbd", _)) => Holder::Server { pid, command: "alignfs nbd" },
+        Some(("s3", _)) => Holder::Server { pid, command: "alignfs s3" },
+        _ => Holder::Other { pid, command: process.command_line() },
+    })
 }
 
 #[derive(Args)]
@@ -177,7 +198,7 @@ fn detach_if_stale(path: &Path) -> Result<bool> {
 }
 
 /// Whether `path` is the mount point of a live alignfs mount.
-pub(crate) fn is_alignfs_mount(path: &Path) -> bool {
+fn is_alignfs_mount(path: &Path) -> bool {
     let Ok(canonical) = std::fs::canonicalize(path) else { return false };
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     mountinfo.lines().any(|line| {
@@ -206,7 +227,7 @@ pub fn mount(args: &MountArgs) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if daemon => {
             // The parent prints this; the log keeps a copy.
-            println!("error: {}", crate::holder::message(&e));
+            println!("error: {}", holder::message(&e, holder_of));
             Err(e)
         }
         Err(e) => Err(e),
@@ -453,7 +474,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
         let kv = devices.kv.as_deref();
         match open_paths_with_faults(&fast.path, &DeviceArgs::ssd_paths(&ssds), kv, options.clone(), devices.backend(), faults.clone()) {
             Err(e @ Error::InUse { holder, .. }) => {
-                let holder = holder.and_then(Holder::of);
+                let holder = holder.and_then(holder_of);
                 let leaving = matches!(holder, None | Some(Holder::Mount { mounted: false, .. }));
                 if !leaving || started.elapsed() >= Duration::from_secs(60) {
                     return Err(anyhow!(e));
@@ -574,6 +595,15 @@ fn wait_for_exit(pid: u32, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_that_is_no_mount_is_named_by_its_command() {
+        match holder_of(std::process::id()) {
+            Some(Holder::Other { pid, command }) => assert!(pid == std::process::id() && command.contains("alignfs")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(holder_of(u32::MAX), None);
+    }
 
     #[test]
     fn this_process_is_running_and_a_missing_one_is_not() {
