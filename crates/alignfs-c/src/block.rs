@@ -5,8 +5,8 @@
 use std::ffi::{c_char, c_int};
 use std::path::{Path, PathBuf};
 
+use alignfs::paths::open_block_paths;
 use alignfs::personality::BlockVolume;
-use alignfs::volume::open_block_paths;
 use alignfs::VolumeOptions;
 
 use crate::{call, call_int, fault, in_buffer, out_buffer, text};

@@ -10,8 +10,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 
+use alignfs::paths::open_paths;
 use alignfs::profile::Personality;
-use alignfs::volume::{open_paths, DirEntry, FallocateMode, RenameFlags, SetAttrRequest};
+use alignfs::volume::{DirEntry, FallocateMode, RenameFlags, SetAttrRequest};
 use alignfs::{Attr, Error, FileKind, Ino, Result, Volume, VolumeOptions};
 use parking_lot::Mutex;
 

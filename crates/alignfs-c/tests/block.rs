@@ -7,9 +7,9 @@
 use std::ffi::CString;
 use std::ptr;
 
+use alignfs::paths::{format_block_paths, format_paths, DeviceSpec};
 use alignfs::personality::BlockLayout;
 use alignfs::test_support::seed;
-use alignfs::volume::{format_block_paths, format_paths, DeviceSpec};
 use alignfs::{FormatOptions, Profile};
 use alignfs_c::*;
 use rand::rngs::StdRng;

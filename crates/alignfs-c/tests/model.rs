@@ -6,8 +6,8 @@
 use std::ffi::CString;
 use std::ptr;
 
+use alignfs::paths::{format_paths, DeviceSpec};
 use alignfs::test_support::{scaled, seed};
-use alignfs::volume::{format_paths, DeviceSpec};
 use alignfs::FormatOptions;
 use alignfs_c::*;
 use rand::rngs::StdRng;

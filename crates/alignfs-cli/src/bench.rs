@@ -20,8 +20,9 @@ use std::time::{Duration, Instant};
 
 use alignfs::device::{AlignedBuf, IoBackend};
 use alignfs::geometry::parse_size;
+use alignfs::paths::{format_paths, open_paths, DeviceSpec};
+use alignfs::profile::DeviceKind;
 use alignfs::stats::Counter;
-use alignfs::volume::{format_paths, open_paths, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -146,13 +147,12 @@ impl AlignfsSystem {
         let name = profile.name();
         let fast = at.fast_dir.join(format!("{name}-fast"));
         let ssd = at.dir.join(format!("{name}-ssd.img"));
-        let needs = profile.devices();
         // The byte profile's device DRAM is sized by the device (its write log); the
         // others' fast tier by --fast-size.
-        let fast_spec = if needs.memory_semantic {
-            Some(DeviceSpec { path: fast.clone(), size: None })
-        } else {
-            needs.fast_tier.then(|| DeviceSpec { path: fast.clone(), size: Some(at.fast_bytes) })
+        let fast_spec = match profile.devices() {
+            DeviceKind::MemorySemanticSsd => Some(DeviceSpec { path: fast.clone(), size: None }),
+            DeviceKind::FastTierAndSsd => Some(DeviceSpec { path: fast.clone(), size: Some(at.fast_bytes) }),
+            _ => None,
         };
         let ssd_spec = DeviceSpec { path: ssd.clone(), size: Some(at.ssd_bytes) };
         let geometry = Geometry { split_bytes: at.split_bytes, io_workers: at.io_workers, ..profile.default_geometry() };

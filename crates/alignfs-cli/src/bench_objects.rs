@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use alignfs::paths::open_object_paths;
 use alignfs::personality::ObjectStore;
 use alignfs::stats::Counter;
-use alignfs::volume::open_object_paths;
 use alignfs::VolumeOptions;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};

@@ -3,15 +3,15 @@
 use std::path::{Path, PathBuf};
 
 use alignfs::geometry::GIB;
-use alignfs::volume::DeviceSpec;
+use alignfs::paths::DeviceSpec;
 use anyhow::Result;
 
-pub use alignfs::volume::DEFAULT_FAST_PATH as DEFAULT_FAST;
+pub use alignfs::paths::DEFAULT_FAST_PATH as DEFAULT_FAST;
 pub const DEFAULT_FAST_BYTES: u64 = GIB;
 pub const DEFAULT_SSD_BYTES: u64 = 8 * GIB;
 
 pub fn data_dir(explicit: Option<&Path>) -> PathBuf {
-    explicit.map_or_else(alignfs::volume::default_data_dir, Path::to_path_buf)
+    explicit.map_or_else(alignfs::paths::default_data_dir, Path::to_path_buf)
 }
 
 /// The devices named on the command line, or the defaults (sized for creation only when

@@ -15,10 +15,10 @@ use std::process::ExitCode;
 
 use alignfs::device::IoBackend;
 use alignfs::geometry::MIB;
+use alignfs::paths::{check_format_devices, format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::personality::BlockLayout;
-use alignfs::profile::Personality;
+use alignfs::profile::{DeviceKind, MetaStore, Personality};
 use alignfs::stats::{Counter, VolumeReport};
-use alignfs::volume::{check_format_devices, format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::{FormatOptions, Geometry, MetaStoreChoice, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -211,7 +211,7 @@ fn size_arg(text: &str, what: &str) -> Result<u32> {
 
 fn mkfs(args: &MkfsArgs) -> Result<()> {
     let profile = Profile::parse(&args.profile)?;
-    let defaults = Geometry::for_profile(profile);
+    let defaults = profile.default_geometry();
     let block_bytes = args.block_size.as_deref().map_or(Ok(defaults.block_bytes), |t| size_arg(t, "block-size"))?;
     // A profile whose residue unit is one whole block (a scrap page) keeps that when
     // only --block-size is given.
@@ -223,15 +223,13 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
     let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
     let (fast, ssds) = args.devices.specs()?;
-    let fast = if profile.devices().memory_semantic {
+    let kind = profile.devices();
+    let fast = match kind {
         // The device's DRAM: sized for the device unless named with a size.
-        Some(DeviceSpec { size: args.devices.fast.as_ref().and(fast.size), ..fast })
-    } else if profile.devices().fast_tier {
-        Some(fast)
-    } else if args.devices.fast.is_some() {
-        anyhow::bail!("profile {} keeps no data in a fast tier; drop --fast", profile.name());
-    } else {
-        None
+        DeviceKind::MemorySemanticSsd => Some(DeviceSpec { size: args.devices.fast.as_ref().and(fast.size), ..fast }),
+        DeviceKind::FastTierAndSsd => Some(fast),
+        _ if args.devices.fast.is_some() => anyhow::bail!("profile {} keeps no data in a fast tier; drop --fast", profile.name()),
+        _ => None,
     };
     let meta_store = match args.meta_store.as_deref() {
         None => MetaStoreChoice::ProfileDefault,
@@ -239,7 +237,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         Some(_) => MetaStoreChoice::InPlace,
     };
     // Refused before any device file is created.
-    meta_store.in_place(profile)?;
+    let store = profile.metadata_store(meta_store)?;
     let options = FormatOptions { geometry, profile, force: args.force, meta_store };
     // Before anything reads a device to size the volume.
     check_format_devices(fast.as_ref(), &ssds, args.devices.kv.as_deref(), &options).map_err(|e| named_defaults(e, &args.devices))?;
@@ -271,31 +269,17 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         bytesize::ByteSize(u64::from(geometry.split_bytes)),
         geometry.io_workers
     );
-    if profile.devices().kv_store {
-        let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path));
-        println!("  metadata:  KV store {}", kv.display());
-    } else if sb.in_place_meta {
-        println!(
+    match store {
+        MetaStore::Kv => {
+            let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::paths::default_kv_dir(&ssds[0].path));
+            println!("  metadata:  KV store {}", kv.display());
+        }
+        MetaStore::InPlaceLines => println!(
             "  metadata:  in place, {} of 64-byte lines; a {} redo area for the block interface alone",
             bytesize::ByteSize(2 * sb.layout.checkpoint_bytes),
             bytesize::ByteSize(sb.layout.journal_bytes)
-        );
-    } else {
-        println!(
-            "  metadata:  journal {}, checkpoint slots 2 x {}",
-            bytesize::ByteSize(sb.layout.journal_bytes),
-            bytesize::ByteSize(sb.layout.checkpoint_bytes)
-        );
-        let full_map = alignfs::geometry::MetaLayout::full_map_bytes(sb.ssd_bytes, &geometry);
-        if profile.devices().fast_tier && sb.layout.checkpoint_bytes < full_map {
-            eprintln!(
-                "warning: the checkpoint slots hold the maps of about {} of the SSD's {}; past that, writes fail with \
-                 ENOSPC. A fast tier of {} or more (--fast PATH:SIZE), or larger blocks (--block-size), maps all of it.",
-                bytesize::ByteSize((u128::from(sb.ssd_bytes) * u128::from(sb.layout.checkpoint_bytes) / u128::from(full_map)) as u64),
-                bytesize::ByteSize(sb.ssd_bytes),
-                bytesize::ByteSize(alignfs::geometry::MetaLayout::fast_bytes_for_full_map(sb.ssd_bytes, &geometry))
-            );
-        }
+        ),
+        MetaStore::Journal => print_journal_layout(&sb, kind),
     }
     if let Some(layout) = block {
         println!("  block volume: {} bytes ({}), {}-byte sectors", layout.size, bytesize::ByteSize(layout.size), layout.sector_bytes);
@@ -309,6 +293,25 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     }
     volume.close()?;
     Ok(())
+}
+
+/// A journal's layout, and a warning when its checkpoint slots cannot map the whole SSD.
+fn print_journal_layout(sb: &alignfs::layout::Superblock, kind: DeviceKind) {
+    println!(
+        "  metadata:  journal {}, checkpoint slots 2 x {}",
+        bytesize::ByteSize(sb.layout.journal_bytes),
+        bytesize::ByteSize(sb.layout.checkpoint_bytes)
+    );
+    let full_map = alignfs::geometry::MetaLayout::full_map_bytes(sb.ssd_bytes, &sb.geometry);
+    if kind == DeviceKind::FastTierAndSsd && sb.layout.checkpoint_bytes < full_map {
+        eprintln!(
+            "warning: the checkpoint slots hold the maps of about {} of the SSD's {}; past that, writes fail with \
+             ENOSPC. A fast tier of {} or more (--fast PATH:SIZE), or larger blocks (--block-size), maps all of it.",
+            bytesize::ByteSize((u128::from(sb.ssd_bytes) * u128::from(sb.layout.checkpoint_bytes) / u128::from(full_map)) as u64),
+            bytesize::ByteSize(sb.ssd_bytes),
+            bytesize::ByteSize(alignfs::geometry::MetaLayout::fast_bytes_for_full_map(sb.ssd_bytes, &sb.geometry))
+        );
+    }
 }
 
 /// A refusal to format the default devices, with how to keep what they hold.
@@ -383,15 +386,16 @@ fn stat(args: &StatArgs) -> Result<()> {
 fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let (fast, ssds) = args.devices.specs()?;
     let options = VolumeOptions { read_only: true, background: false, ..VolumeOptions::default() };
-    let needs = alignfs::volume::ssd_superblock(&ssds[0].path).ok().flatten().map(|sb| sb.profile.devices());
+    let kind = alignfs::paths::ssd_superblock(&ssds[0].path).ok().flatten().map(|sb| sb.profile.devices());
     let kv = args.devices.kv.as_deref();
     let mut devices: Vec<String> = ssds.iter().map(|s| s.path.display().to_string()).collect();
-    let what = match needs {
-        Some(needs) if needs.kv_store => {
-            devices.push(kv.map_or_else(|| alignfs::volume::default_kv_dir(&ssds[0].path), Path::to_path_buf).display().to_string());
+    let what = match kind {
+        Some(DeviceKind::SsdAndKvStore) => {
+            devices.push(kv.map_or_else(|| alignfs::paths::default_kv_dir(&ssds[0].path), Path::to_path_buf).display().to_string());
             "the superblock, the KV records"
         }
-        Some(needs) if !needs.fast_tier => "superblocks, checkpoint, journal",
+        Some(DeviceKind::Ssds { .. }) => "superblocks, checkpoint, journal",
+        // A byte device's flash shows no superblock: its DRAM is named as --fast.
         _ => {
             devices.insert(0, fast.path.display().to_string());
             "superblocks, checkpoint, journal"
@@ -409,7 +413,7 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     let recovery = volume.recovery();
     let orphans =
         if recovery.orphans_dropped > 0 { format!(", {} orphaned inodes would be freed", recovery.orphans_dropped) } else { String::new() };
-    if volume.superblock().profile.devices().kv_store {
+    if kind == Some(DeviceKind::SsdAndKvStore) {
         println!("  ok: every KV record decodes and the namespace hangs together{orphans}");
     } else {
         println!(
@@ -439,7 +443,7 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
 }
 
 fn print_report(r: &VolumeReport) {
-    let meta = if r.in_place_meta { ", metadata in place" } else { "" };
+    let meta = if r.metadata_store == "in place" { ", metadata in place" } else { "" };
     println!("volume {} (profile {}, format version {}{meta})", r.uuid, r.profile, r.format_version);
     if let Some(d) = &r.daemon {
         println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
@@ -459,16 +463,8 @@ fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    let needs = Profile::parse(&r.profile).ok().map(|p| p.devices());
-    let kv_store = needs.is_some_and(|n| n.kv_store);
-    // `scrap` keeps its residue in DRAM scrap pages instead of a fast tier, `nvstore` in
-    // fragment pages whose fragments are in its KV store, `byte` in the SSD's write log.
-    let residue = match (needs, r.fast_device.as_str()) {
-        (Some(n), _) if n.kv_store => "fragments",
-        (Some(n), _) if n.memory_semantic => "byte log",
-        (_, "none") => "scrap mem",
-        _ => "fast tier",
-    };
+    let kv_store = r.metadata_store == "KV store";
+    let residue = &r.residue_name;
     println!(
         "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
         r.usage.fast_pages_used,
@@ -489,7 +485,7 @@ fn print_report(r: &VolumeReport) {
     if kv_store {
         println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
         println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
-    } else if r.in_place_meta {
+    } else if r.metadata_store == "in place" {
         // A full area refuses new files and data (ENOSPC); deletes still go through.
         println!(
             "  metadata:  {} of {} of 64-byte lines used, in place ({:.1}%)",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alignfs::device::FaultPlan;
-use alignfs::volume::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
+use alignfs::paths::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
 use alignfs_fuse::{AlignFs, CacheMode, FuseOptions, RingThreads, Transport, STATS_XATTR};
 use anyhow::{anyhow, bail, Context, Result};
@@ -454,7 +454,8 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     let (fast, ssds) = devices.specs()?;
     let ssd = &ssds[0];
     let defaults = devices.fast.is_none() && devices.ssd.is_empty();
-    let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.profile.devices().fast_tier));
+    // A superblock that records a fast tier's size (or none at all: a byte device's flash).
+    let needs_fast = || ssd_superblock(&ssd.path).map_or(true, |sb| sb.is_none_or(|sb| sb.fast_bytes > 0));
     if defaults && !fast.path.exists() && !ssd.path.exists() {
         format_defaults(&fast, ssd)?;
     } else if defaults && !fast.path.exists() && needs_fast() {

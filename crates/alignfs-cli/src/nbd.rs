@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use alignfs::paths::{open_block_paths, ssd_superblock};
 use alignfs::profile::{Personality, Tunable};
-use alignfs::volume::{open_block_paths, ssd_superblock};
 use alignfs::VolumeOptions;
 use alignfs_nbd::{ExportEntry, Server, ServerConfig};
 use anyhow::{bail, Context, Result};

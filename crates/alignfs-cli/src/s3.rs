@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use alignfs::paths::{open_object_paths, ssd_superblock};
 use alignfs::profile::Personality;
-use alignfs::volume::{open_object_paths, ssd_superblock};
 use alignfs::VolumeOptions;
 use alignfs_s3::{ConnectionLimits, Gateway, Limits, ServerConfig};
 use anyhow::{bail, Context, Result};

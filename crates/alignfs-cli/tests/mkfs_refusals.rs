@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use alignfs::volume::open_paths_with_faults;
+use alignfs::paths::open_paths_with_faults;
 use alignfs::VolumeOptions;
 
 /// Throwaway directories: images on disk, fast tiers and DRAM on tmpfs.

@@ -149,7 +149,9 @@ fn main() -> Result<()> {
     let mut mkfs = harness.alignfs();
     mkfs.arg("mkfs").arg("--force").args(["--profile", &args.profile]).args(["--ssd", &format!("{}:1G", harness.ssd.display())]);
     match &harness.fast {
-        Some(fast) if profile.devices().fast_tier => mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)]),
+        Some(fast) if profile.devices() == alignfs::profile::DeviceKind::FastTierAndSsd => {
+            mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)])
+        }
         Some(fast) => mkfs.args(["--fast", &fast.display().to_string()]),
         None => &mut mkfs,
     };

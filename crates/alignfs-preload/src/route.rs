@@ -5,7 +5,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use alignfs::volume::{default_data_dir, DEFAULT_FAST_PATH};
+use alignfs::paths::{default_data_dir, DEFAULT_FAST_PATH};
 use alignfs::VolumeOptions;
 use alignfs_c::{Session, FD_BASE};
 

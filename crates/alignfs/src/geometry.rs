@@ -8,7 +8,6 @@
 //! - `split_bytes` is a multiple of `block_bytes`.
 
 use crate::error::{Error, Result};
-use crate::profile::Profile;
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -41,16 +40,10 @@ impl Default for Geometry {
 }
 
 impl Geometry {
-    /// The default geometry of a profile (`scrap` makes the block one scrap page).
-    pub fn for_profile(profile: Profile) -> Geometry {
-        profile.default_geometry()
-    }
-
-    /// The rules every geometry obeys, then the profile's own.
-    pub fn validate(&self, profile: Profile) -> Result<()> {
+    /// The rules every geometry obeys (a profile adds its own: `Profile::validate_geometry`).
+    pub fn validate(&self) -> Result<()> {
         let (b, p, s) = (u64::from(self.block_bytes), u64::from(self.page_bytes), u64::from(self.split_bytes));
         let fail = |m: String| Err(Error::Geometry(m));
-        profile.spec().validate_geometry(self)?;
         if !b.is_power_of_two() || b < p || b / p > MAX_PAGES_PER_BLOCK || (b as usize) % IO_ALIGN != 0 {
             return fail(format!(
                 "block size {b} must be a power of two, a multiple of 4 KiB and of the page size ({p}), and at most {MAX_PAGES_PER_BLOCK} pages"
@@ -82,6 +75,19 @@ impl Geometry {
 /// checks both). With `ssd/512` alone, a volume of 4 KiB blocks (`byte`) could not
 /// checkpoint once about 40 % of its blocks were mapped, and writes failed with ENOSPC.
 pub const CHECKPOINT_BYTES_PER_BLOCK: u64 = 24;
+
+/// Where a volume's metadata area is, which its profile's devices decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaPlacement {
+    /// On the fast tier, with the residue pages.
+    FastTier,
+    /// At the start of the (first) SSD.
+    Ssd,
+    /// At the start of a memory-semantic SSD, with a residue zone after it.
+    MemorySemanticSsd,
+    /// Elsewhere (a KV store): the SSD holds its superblock alone.
+    SuperblockOnly,
+}
 
 /// Where the superblock, checkpoints, journal and residue pages live: on the fast tier
 /// (`orch`), or at the start of the SSD for profiles without one (`scrap`, no page zone).
@@ -210,39 +216,29 @@ impl MetaLayout {
         Ok(MetaLayout { pages_offset, ..MetaLayout::carve(pages_offset, 0, 0) })
     }
 
-    /// The layout a volume of `profile` has on its devices: on the fast tier when it takes
-    /// one, else at the start of each SSD (`ssd_bytes` is one SSD's).
-    pub fn for_profile(profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
-        MetaLayout::for_profile_allowing(profile, fast_bytes, ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
+    /// The layout of a metadata area at `placement` on these devices (`ssd_bytes` is one
+    /// SSD's).
+    pub fn at(placement: MetaPlacement, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<MetaLayout> {
+        MetaLayout::at_allowing(placement, fast_bytes, ssd_bytes, geometry, CHECKPOINT_BYTES_PER_BLOCK)
     }
 
-    /// [`MetaLayout::for_profile`] with `per_block` checkpoint bytes per block for a
-    /// layout on an SSD (a layout on the fast tier or beside a KV store ignores it).
-    fn for_profile_allowing(
-        profile: crate::Profile,
-        fast_bytes: u64,
-        ssd_bytes: u64,
-        geometry: &Geometry,
-        per_block: u64,
-    ) -> Result<MetaLayout> {
-        let needs = profile.devices();
-        if needs.fast_tier {
-            MetaLayout::on_fast_tier_allowing(fast_bytes, ssd_bytes, geometry, per_block)
-        } else if needs.kv_store {
-            MetaLayout::superblock_only(ssd_bytes, geometry)
-        } else if needs.memory_semantic {
-            MetaLayout::on_memory_semantic_ssd(ssd_bytes, geometry, per_block)
-        } else {
-            MetaLayout::on_ssd_allowing(ssd_bytes, geometry, per_block)
+    /// [`MetaLayout::at`] with `per_block` checkpoint bytes per block for a layout on an
+    /// SSD (a layout on the fast tier or beside a KV store ignores it).
+    fn at_allowing(placement: MetaPlacement, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry, per_block: u64) -> Result<MetaLayout> {
+        match placement {
+            MetaPlacement::FastTier => MetaLayout::on_fast_tier_allowing(fast_bytes, ssd_bytes, geometry, per_block),
+            MetaPlacement::SuperblockOnly => MetaLayout::superblock_only(ssd_bytes, geometry),
+            MetaPlacement::MemorySemanticSsd => MetaLayout::on_memory_semantic_ssd(ssd_bytes, geometry, per_block),
+            MetaPlacement::Ssd => MetaLayout::on_ssd_allowing(ssd_bytes, geometry, per_block),
         }
     }
 
-    /// Whether `self` is a layout a volume of `profile` on these devices may have: the one
-    /// [`MetaLayout::for_profile`] computes, or the one it computed before checkpoint slots
-    /// were sized per block (such volumes keep opening).
-    pub fn is_valid_for(&self, profile: crate::Profile, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<bool> {
+    /// Whether `self` is a layout at `placement` on these devices: the one
+    /// [`MetaLayout::at`] computes, or the one it computed before checkpoint slots were
+    /// sized per block (such volumes keep opening).
+    pub fn is_valid_at(&self, placement: MetaPlacement, fast_bytes: u64, ssd_bytes: u64, geometry: &Geometry) -> Result<bool> {
         for per_block in [CHECKPOINT_BYTES_PER_BLOCK, 0] {
-            if *self == MetaLayout::for_profile_allowing(profile, fast_bytes, ssd_bytes, geometry, per_block)? {
+            if *self == MetaLayout::at_allowing(placement, fast_bytes, ssd_bytes, geometry, per_block)? {
                 return Ok(true);
             }
         }
@@ -282,6 +278,12 @@ pub fn parse_size(text: &str) -> Result<u64> {
 mod tests {
     use super::*;
 
+    /// The default geometries of `scrap` (a block is one scrap page), `byte` (4 KiB
+    /// blocks) and `uhs`, as numbers: this module knows no profile.
+    const SCRAP: Geometry = Geometry { block_bytes: 256 * 1024, page_bytes: 256 * 1024, split_bytes: 256 * 1024, io_workers: 2 };
+    const BYTE: Geometry = Geometry { block_bytes: 4 * 1024, page_bytes: 4 * 1024, split_bytes: 256 * 1024, io_workers: 2 };
+    const UHS: Geometry = BYTE;
+
     #[test]
     fn sizes_parse() {
         assert_eq!(parse_size("4096").unwrap(), 4096);
@@ -295,19 +297,16 @@ mod tests {
 
     #[test]
     fn geometry_rules() {
-        Geometry::default().validate(Profile::ORCH).unwrap();
-        Geometry::for_profile(Profile::SCRAP).validate(Profile::SCRAP).unwrap();
-        assert!(Geometry::default().validate(Profile::SCRAP).is_err(), "a scrap page is one block");
-        assert!(Geometry::for_profile(Profile::SCRAP).validate(Profile::ORCH).is_err(), "fast pages are at most 64 KiB");
+        Geometry::default().validate().unwrap();
+        SCRAP.validate().unwrap();
         let bad = [
-            Geometry { page_bytes: 3000, ..Geometry::default() },
             Geometry { block_bytes: 2048, ..Geometry::default() },
             Geometry { block_bytes: 512 * 1024, ..Geometry::default() },
             Geometry { split_bytes: 48 * 1024, ..Geometry::default() },
             Geometry { io_workers: 0, ..Geometry::default() },
         ];
         for g in bad {
-            assert!(g.validate(Profile::ORCH).is_err(), "{g:?}");
+            assert!(g.validate().is_err(), "{g:?}");
         }
     }
 
@@ -315,11 +314,10 @@ mod tests {
     /// whatever the block size (a `byte` volume has 4 KiB blocks).
     #[test]
     fn a_checkpoint_slot_on_an_ssd_has_room_for_every_block() {
-        for profile in [Profile::BYTE, Profile::SCRAP] {
-            let g = Geometry::for_profile(profile);
+        for g in [BYTE, SCRAP] {
             for ssd in [64 * MIB, 2 * GIB, 8 * GIB, 64 * GIB] {
                 let l = MetaLayout::on_ssd(ssd, &g).unwrap();
-                assert!(l.checkpoint_bytes >= ssd / g.block() * CHECKPOINT_BYTES_PER_BLOCK, "{profile:?}, {ssd} bytes: {l:?}");
+                assert!(l.checkpoint_bytes >= ssd / g.block() * CHECKPOINT_BYTES_PER_BLOCK, "{g:?}, {ssd} bytes: {l:?}");
             }
         }
     }
@@ -328,21 +326,20 @@ mod tests {
     /// neither the current nor the old one is refused.
     #[test]
     fn layouts_of_volumes_formatted_before_per_block_slots_are_still_valid() {
-        for profile in [Profile::BYTE, Profile::SCRAP] {
-            let g = Geometry::for_profile(profile);
+        for (placement, g) in [(MetaPlacement::MemorySemanticSsd, BYTE), (MetaPlacement::Ssd, SCRAP)] {
             let ssd = 8 * GIB;
-            let current = MetaLayout::for_profile(profile, 0, ssd, &g).unwrap();
-            let old = MetaLayout::for_profile_allowing(profile, 0, ssd, &g, 0).unwrap();
-            assert_eq!(old.checkpoint_bytes, 16 * MIB, "{profile:?}: the old slot was ssd/512");
+            let current = MetaLayout::at(placement, 0, ssd, &g).unwrap();
+            let old = MetaLayout::at_allowing(placement, 0, ssd, &g, 0).unwrap();
+            assert_eq!(old.checkpoint_bytes, 16 * MIB, "{placement:?}: the old slot was ssd/512");
             assert!(current.checkpoint_bytes > old.checkpoint_bytes);
-            assert!(current.is_valid_for(profile, 0, ssd, &g).unwrap());
-            assert!(old.is_valid_for(profile, 0, ssd, &g).unwrap());
+            assert!(current.is_valid_at(placement, 0, ssd, &g).unwrap());
+            assert!(old.is_valid_at(placement, 0, ssd, &g).unwrap());
             let shifted = MetaLayout { journal_offset: old.journal_offset + SUPERBLOCK_BYTES, ..old };
-            assert!(!shifted.is_valid_for(profile, 0, ssd, &g).unwrap());
+            assert!(!shifted.is_valid_at(placement, 0, ssd, &g).unwrap());
         }
         let orch = Geometry::default();
         let old_style = MetaLayout::on_ssd_allowing(8 * GIB, &orch, 0).unwrap();
-        assert!(!old_style.is_valid_for(Profile::ORCH, GIB, 8 * GIB, &orch).unwrap(), "orch's layout is on its fast tier");
+        assert!(!old_style.is_valid_at(MetaPlacement::FastTier, GIB, 8 * GIB, &orch).unwrap(), "orch's layout is on its fast tier");
     }
 
     /// A fast tier's checkpoint slots grow to hold the maps of a large SSD of small blocks
@@ -350,7 +347,7 @@ mod tests {
     /// formatted with it keep opening.
     #[test]
     fn fast_tier_slots_grow_with_the_ssd() {
-        let uhs = Geometry::for_profile(Profile::UHS);
+        let uhs = UHS;
         let usual = MetaLayout::on_fast_tier(GIB, 8 * GIB, &Geometry::default()).unwrap();
         assert_eq!(usual.checkpoint_bytes, 64 * MIB);
         let big = MetaLayout::on_fast_tier(GIB, 16 * GIB, &uhs).unwrap();
@@ -358,8 +355,8 @@ mod tests {
         assert!(2 * big.checkpoint_bytes <= GIB / 2);
         let before = MetaLayout::on_fast_tier_allowing(GIB, 16 * GIB, &uhs, 0).unwrap();
         assert_eq!(before.checkpoint_bytes, 64 * MIB);
-        assert!(before.is_valid_for(Profile::UHS, GIB, 16 * GIB, &uhs).unwrap());
-        assert!(big.is_valid_for(Profile::UHS, GIB, 16 * GIB, &uhs).unwrap());
+        assert!(before.is_valid_at(MetaPlacement::FastTier, GIB, 16 * GIB, &uhs).unwrap());
+        assert!(big.is_valid_at(MetaPlacement::FastTier, GIB, 16 * GIB, &uhs).unwrap());
         let too_big = MetaLayout::on_fast_tier(GIB, 1024 * GIB, &uhs).unwrap();
         assert_eq!(too_big.checkpoint_bytes, 64 * MIB, "half the fast tier cannot hold them: the usual size");
     }
@@ -370,7 +367,7 @@ mod tests {
         let l = MetaLayout::on_fast_tier(GIB, 8 * GIB, &g).unwrap();
         assert!(l.pages_offset + l.page_count * g.page() <= GIB);
         assert!(MetaLayout::on_fast_tier(64 * KIB, 8 * GIB, &g).is_err());
-        let scrap = Geometry::for_profile(Profile::SCRAP);
+        let scrap = SCRAP;
         let l = MetaLayout::on_ssd(8 * GIB, &scrap).unwrap();
         assert_eq!(l.pages_offset % scrap.block(), 0);
         assert!(l.journal_offset + l.journal_bytes <= l.pages_offset);

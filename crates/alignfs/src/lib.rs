@@ -3,12 +3,14 @@
 //!
 //! See `docs/ARCHITECTURE.md` for the parts, seams and invariants.
 
+pub mod background;
 pub mod codec;
 pub mod device;
 pub mod error;
 pub mod geometry;
 pub mod map;
 pub mod partition;
+pub mod paths;
 pub mod personality;
 pub mod profile;
 
@@ -21,11 +23,13 @@ pub mod kv;
 pub mod layout;
 pub mod lines;
 pub mod meta;
+pub mod options;
 pub mod residue;
 pub mod stats;
 pub mod volume;
 
 pub use geometry::Geometry;
 pub use meta::{Attr, FileKind, Ino};
+pub use options::{FormatOptions, MetaStoreChoice, ReadMode, VolumeOptions};
 pub use profile::Profile;
-pub use volume::{Devices, FormatOptions, MetaStoreChoice, ReadMode, RecoveryReport, Volume, VolumeOptions};
+pub use volume::{Devices, RecoveryReport, Volume};

@@ -190,6 +190,12 @@ pub struct VolumeReport {
     pub fast_device: String,
     pub ssd_device: String,
     pub residue: String,
+    /// The residue store's short name ("fast tier", "scrap mem", "fragments", …).
+    #[serde(default)]
+    pub residue_name: String,
+    /// Where the metadata becomes durable: "journal", "in place" or "KV store".
+    #[serde(default)]
+    pub metadata_store: String,
     /// Counter name → lifetime value.
     pub counters: std::collections::BTreeMap<String, u64>,
     pub ssd_share: f64,

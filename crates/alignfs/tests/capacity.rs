@@ -6,7 +6,7 @@
 mod common;
 
 use alignfs::geometry::CHECKPOINT_BYTES_PER_BLOCK;
-use alignfs::{Geometry, Ino, Profile, VolumeOptions};
+use alignfs::{Ino, Profile, VolumeOptions};
 
 /// What a file's inode, name and attributes may cost in a checkpoint, beyond its blocks.
 const BYTES_PER_FILE: u64 = 128;
@@ -14,7 +14,7 @@ const BYTES_PER_FILE: u64 = 128;
 #[test]
 fn a_checkpoint_of_a_nearly_full_volume_fits_in_what_its_slot_allows_per_block() {
     let devices = common::Devices::ssd_only(Profile::BYTE, 64 << 20);
-    devices.format(Geometry::for_profile(Profile::BYTE));
+    devices.format(Profile::BYTE.default_geometry());
     let volume = devices.open(VolumeOptions { background: false, ..VolumeOptions::default() }).unwrap();
     let block = volume.stats().usage.ssd_block_bytes;
     let free = |v: &alignfs::Volume| v.stats().usage.ssd_blocks_total - v.stats().usage.ssd_blocks_used;

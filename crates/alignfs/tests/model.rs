@@ -8,6 +8,7 @@
 
 mod common;
 
+use alignfs::profile::DeviceKind;
 use alignfs::profile::Promise;
 use alignfs::stats::Counter;
 use alignfs::test_support::Unsynced;
@@ -92,7 +93,7 @@ fn check_file(volume: &Volume, ino: Ino, reference: &[u8], rng: &mut StdRng) {
 fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     let g = case.geometry;
     let volatile = case.profile.promise() == Promise::OnSync;
-    let devices = if volatile || !case.profile.devices().fast_tier {
+    let devices = if volatile || case.profile.devices() != DeviceKind::FastTierAndSsd {
         Devices::ssd_only(case.profile, 96 << 20)
     } else {
         Devices::new(case.fast_bytes, 96 << 20)
@@ -245,7 +246,7 @@ fn cases() -> Vec<Case> {
     let default = Geometry::default();
     let small = Geometry { block_bytes: 8192, page_bytes: 4096, split_bytes: 16384, io_workers: 2 };
     let fine = Geometry { block_bytes: 16384, page_bytes: 1024, split_bytes: 16384, io_workers: 1 };
-    let scrap = Geometry::for_profile(Profile::SCRAP);
+    let scrap = Profile::SCRAP.default_geometry();
     let scrap_small = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 128 << 10, io_workers: 2 };
     let orch = |name, geometry, fast_bytes, read_mode, roomy| Case {
         name,
@@ -267,7 +268,7 @@ fn cases() -> Vec<Case> {
         byte_interface: true,
         meta_store: MetaStoreChoice::ProfileDefault,
     };
-    let byte = Geometry::for_profile(Profile::BYTE);
+    let byte = Profile::BYTE.default_geometry();
     let byte_case = |name, geometry, read_mode, byte_interface| Case {
         name,
         profile: Profile::BYTE,

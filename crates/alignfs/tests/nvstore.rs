@@ -743,7 +743,7 @@ fn kill_child(spec: &str) {
     let mut parts = spec.split('|');
     let (ssd, kv, seed) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap().parse::<u64>().unwrap());
     let options = VolumeOptions { background: true, ..quiet() };
-    let store = alignfs::volume::open_object_paths(std::path::Path::new(ssd), Some(std::path::Path::new(kv)), options, None).unwrap();
+    let store = alignfs::paths::open_object_paths(std::path::Path::new(ssd), Some(std::path::Path::new(kv)), options, None).unwrap();
     let mut model = read_all(&store);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = std::io::stdout().lock();
@@ -767,10 +767,10 @@ fn acknowledged_operations_survive_kill_9() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (ssd, kv) = (dir.path().join("ssd.img"), dir.path().join("kv"));
-    let spec = alignfs::volume::DeviceSpec { path: ssd.clone(), size: Some(96 << 20) };
+    let spec = alignfs::paths::DeviceSpec { path: ssd.clone(), size: Some(96 << 20) };
     let format =
         FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
-    let store = alignfs::volume::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1;
+    let store = alignfs::paths::format_object_paths(&[spec], Some(&kv), &format, None).unwrap().1;
     store.create_bucket(b"b").unwrap();
     store.close().unwrap();
     let mut rng = StdRng::seed_from_u64(seed("nvstore::kill_9"));
@@ -804,7 +804,7 @@ fn acknowledged_operations_survive_kill_9() {
         apply_to_model(&mut after, &in_flight);
 
         let options = VolumeOptions { background: false, ..quiet() };
-        let store = alignfs::volume::open_object_paths(&ssd, Some(&kv), options, None).unwrap();
+        let store = alignfs::paths::open_object_paths(&ssd, Some(&kv), options, None).unwrap();
         let found = read_all(&store);
         if let Err(e) = recovered_as_acknowledged(&found, &model, &after, &in_flight) {
             panic!("round {round}, {acked} acknowledged, in flight {}: {e}", in_flight.describe());

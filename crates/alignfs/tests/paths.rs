@@ -413,7 +413,7 @@ fn large_writes_and_merges_go_out_in_long_runs() {
 fn mixed_large_and_small_writes(profile: Profile, most_ios: f64, fewest_blocks_per_migration_io: f64) {
     let mut devices = Devices::new(64 << 20, 256 << 20);
     devices.profile = profile;
-    devices.format(Geometry::for_profile(profile));
+    devices.format(profile.default_geometry());
     let volume = devices.open(quiet()).unwrap();
     let ino = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let size = 128u64 << 20;

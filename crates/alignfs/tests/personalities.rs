@@ -5,6 +5,7 @@
 mod common;
 
 use alignfs::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
+use alignfs::profile::DeviceKind;
 use std::sync::Arc;
 
 use alignfs::device::{BlockDevice, SimSsd};
@@ -22,15 +23,15 @@ const VOLUME_BYTES: u64 = 4 << 20;
 fn devices(profile: Profile) -> (Devices, FormatOptions, VolumeOptions, Option<tempfile::TempDir>) {
     let ssd = Arc::new(SimSsd::new(32 << 20)) as Arc<dyn BlockDevice>;
     let mut kv_dir = None;
-    let devices = if profile.devices().fast_tier {
+    let devices = if profile.devices() == DeviceKind::FastTierAndSsd {
         Devices::new(Arc::new(alignfs::device::PmemRegion::anonymous(8 << 20).unwrap()), ssd)
-    } else if profile.devices().memory_semantic {
+    } else if profile.devices() == DeviceKind::MemorySemanticSsd {
         let config = MssdConfig { log_bytes: 2 << 20, ..MssdConfig::new(32 << 20) };
         let (dram, flash) = MemorySemanticSsd::sizes(&config).unwrap();
         let dram = Arc::new(alignfs::device::PmemRegion::anonymous(dram).unwrap());
         let device = MemorySemanticSsd::format(Arc::new(SimSsd::new(flash)), dram, &config, MssdOptions::default()).unwrap();
         Devices::memory_semantic(Arc::new(device))
-    } else if profile.devices().kv_store {
+    } else if profile.devices() == DeviceKind::SsdAndKvStore {
         let dir = kv_dir.insert(tempfile::tempdir().unwrap());
         Devices::with_kv(ssd, dir.path())
     } else {
@@ -103,7 +104,7 @@ fn a_block_volume_reads_back_what_was_written_across_reopen() {
         }
         // On a simulated SSD (memory) every read can be served without waiting, except
         // where blocks carry checksums or come through a memory-semantic SSD's firmware.
-        if profile.devices().fast_tier || profile == Profile::SCRAP {
+        if profile.devices() == DeviceKind::FastTierAndSsd || profile == Profile::SCRAP {
             assert!(cached_reads > 0, "{}: no read was served from memory", profile.name());
         }
         // Writes journal data records only (map edits): no namespace record, and the

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use alignfs::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
 use alignfs::device::power_loss::{Event, PowerLog, RecordedSsd, Replay, Survival};
 use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
+use alignfs::profile::DeviceKind;
 use alignfs::profile::Promise;
 use alignfs::test_support::Unsynced;
 use alignfs::test_support::{scaled, seed};
@@ -74,7 +75,7 @@ impl Case {
     }
 
     fn memory_semantic(&self) -> bool {
-        self.profile.devices().memory_semantic
+        self.profile.devices() == DeviceKind::MemorySemanticSsd
     }
 
     /// A small write log (1 MiB for 8 MiB of capacity), so that workloads clean it.
@@ -114,8 +115,10 @@ impl Media {
             let (device, _) = MemorySemanticSsd::open(Arc::clone(&self.ssd), dram, Case::mssd_options())?;
             return Ok(Devices::memory_semantic(Arc::new(device)));
         }
-        let fast = case.profile.devices().fast_tier.then_some(dram);
-        Ok(Devices { fast, ssd: Arc::clone(&self.ssd), kv: None, kv_syncs: None, byte: None })
+        Ok(match case.profile.devices() {
+            DeviceKind::FastTierAndSsd => Devices::new(dram, Arc::clone(&self.ssd)),
+            _ => Devices::ssd_only(Arc::clone(&self.ssd)),
+        })
     }
 
     fn format(&self, case: Case) {
@@ -315,7 +318,10 @@ fn record(case: Case, setup: &[Op], workload: &[Op]) -> Trace {
     };
     media.format(case);
     let devices = media.devices(case).unwrap();
-    let device = devices.byte.clone();
+    let device = match &devices {
+        Devices::MemorySemanticSsd { device } => Some(Arc::clone(device)),
+        _ => None,
+    };
     let volume = Volume::open(devices, case.options()).unwrap();
     let mut model = Model::default();
     for op in setup {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alignfs::device::{BlockDevice, DeviceSet, SimSsd, Throttled};
-use alignfs::{Devices, FormatOptions, Geometry, Ino, Profile, Volume, VolumeOptions};
+use alignfs::{Devices, FormatOptions, Ino, Profile, Volume, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::Parser;
 use rand::rngs::StdRng;
@@ -56,8 +56,7 @@ fn volume(ssds: usize, bandwidth: u64) -> Result<Volume> {
     let members: Vec<Arc<dyn BlockDevice>> =
         (0..ssds).map(|_| Arc::new(Throttled::new(Arc::new(SimSsd::new(MEMBER_BYTES)), bandwidth * MIB)) as Arc<dyn BlockDevice>).collect();
     let device: Arc<dyn BlockDevice> = if ssds == 1 { Arc::clone(&members[0]) } else { Arc::new(DeviceSet::new(members, MEMBER_BYTES)?) };
-    let format =
-        FormatOptions { geometry: Geometry::for_profile(Profile::SCRAP), profile: Profile::SCRAP, force: false, ..Default::default() };
+    let format = FormatOptions { geometry: Profile::SCRAP.default_geometry(), profile: Profile::SCRAP, force: false, ..Default::default() };
     Volume::format(&Devices::ssd_only(Arc::clone(&device)), &format)?;
     Ok(Volume::open(Devices::ssd_only(device), VolumeOptions { scrap_mem_bytes: 64 * MIB, ..VolumeOptions::default() })?)
 }

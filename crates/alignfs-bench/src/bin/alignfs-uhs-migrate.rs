@@ -10,9 +10,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use alignfs::paths::{format_block_paths, open_block_paths, DeviceSpec};
 use alignfs::personality::BlockLayout;
 use alignfs::stats::Counter;
-use alignfs::volume::{format_block_paths, open_block_paths, DeviceSpec};
 use alignfs::{FormatOptions, Profile, VolumeOptions};
 use anyhow::{Context, Result};
 use clap::Parser;

@@ -49,6 +49,8 @@ pub(crate) trait MetaStore: Send {
     /// Fold what was committed so far into the store's compact form.
     fn checkpoint(&mut self, cx: &CommitContext<'_>) -> Result<()>;
     fn usage(&self) -> MetaUsage;
+    /// What a volume's report calls the store: "journal", "in place", "KV store".
+    fn name(&self) -> &'static str;
     /// Where commits are ordered under the commit lock but made durable after it
     /// (group commit): the engine then waits with [`GroupSync::sync_through`] before a
     /// commit returns. `None`: [`MetaStore::commit`] is durable when it returns.
@@ -112,6 +114,10 @@ impl JournalStore {
 }
 
 impl MetaStore for JournalStore {
+    fn name(&self) -> &'static str {
+        "journal"
+    }
+
     /// Journal first, then apply: journal order is apply order, and a failed append
     /// leaves the state unchanged.
     fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {

@@ -21,12 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use fjall::{Keyspace, OwnedWriteBatch};
 use parking_lot::Mutex;
 
-use super::records::{BlockKey, FragmentKey, FragmentValue};
-use super::store::{kv_error, FragmentBlock};
+use super::kv_error;
+use super::records::{BlockKey, BlockValue, FragmentKey, FragmentValue};
 use crate::error::{Error, Result};
-use crate::map::{BlockEntry, Chunks, Overlay, PageNo};
-use crate::meta::MetaState;
-use crate::residue::ResidueStore;
+use crate::map::PageNo;
 
 /// The orders one unit put for its block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -175,32 +173,10 @@ impl FragmentLog {
     }
 }
 
-/// Rebuild the fragment pages at open: block `i` of `blocks` gets unit `i`, its fragments
-/// laid over zeros in order, and its map entry in `meta` (over its SSD block when the
-/// record names one). The engine then claims the units like any other.
-pub fn restore_fragment_pages(meta: &MetaState, residue: &dyn ResidueStore, log: &FragmentLog, blocks: &[FragmentBlock], page_bytes: u32) {
-    let mut page = vec![0u8; page_bytes as usize];
-    for (i, block) in blocks.iter().enumerate() {
-        let unit = PageNo(i as u64);
-        let (Some(inode), Some(first), Some(last)) = (meta.get(block.key.object), block.fragments.first(), block.fragments.last()) else {
-            continue; // `load` gives only blocks of live objects with fragments
-        };
-        page.fill(0);
-        let mut chunks = Chunks::default();
-        for (_, fragment) in &block.fragments {
-            fragment.lay_over(&mut page);
-            let (start, end) = fragment.range();
-            chunks = chunks.with(start, end);
-        }
-        residue.write(unit, 0, &page);
-        log.register(unit, block.key, Some(first.0..last.0 + 1));
-        let entry = match block.value.block {
-            Some(ssd) => {
-                let overlay = if chunks.covers_whole(page_bytes) { Overlay::Page(unit) } else { Overlay::Upage { page: unit, chunks } };
-                BlockEntry::Ssd { block: ssd, overlays: vec![(0, overlay)], shared: block.value.shared }
-            }
-            None => BlockEntry::Fast { pages: vec![(0, unit)] },
-        };
-        inode.map.lock().insert(block.key.lblock, entry);
-    }
+/// A block whose record says it has fragments: the record's value, and the fragments by
+/// order, oldest first.
+pub struct FragmentBlock {
+    pub key: BlockKey,
+    pub value: BlockValue,
+    pub fragments: Vec<(u32, FragmentValue)>,
 }

@@ -5,5 +5,14 @@ mod fragments;
 pub mod records;
 mod store;
 
-pub use fragments::{restore_fragment_pages, FragmentLog};
-pub use store::{FragmentBlock, KvMeta, Loaded};
+pub use fragments::{FragmentBlock, FragmentLog};
+pub use store::{KvMeta, Loaded};
+
+use std::path::Path;
+
+use crate::error::Error;
+
+/// A fjall error as an IO error naming the store and what failed.
+pub(crate) fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
+    Error::io(format!("KV store {}: {what}", dir.display()), std::io::Error::other(e.to_string()))
+}

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::codec::{Decoder, Encoder, Short};
 use crate::map::SsdBlock;
-use crate::meta::{FileKind, Ino, TimeNs, XATTR_NAME_MAX, XATTR_VALUE_MAX};
-use crate::volume::{MAX_NAME_BYTES as NAME_MAX, MAX_SYMLINK_BYTES};
+use crate::meta::{FileKind, Ino, TimeNs, MAX_NAME_BYTES as NAME_MAX, MAX_SYMLINK_BYTES, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
 pub const BLOCK_KEY_BYTES: usize = 16;
 pub const BLOCK_VALUE_BYTES: usize = 13;

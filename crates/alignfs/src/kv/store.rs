@@ -15,7 +15,8 @@ use std::sync::Arc;
 use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode};
 use parking_lot::{Condvar, Mutex};
 
-use super::fragments::FragmentLog;
+use super::fragments::{FragmentBlock, FragmentLog};
+use super::kv_error;
 use super::records::{
     decode_name_key, decode_object_id, decode_object_key, encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey,
     BlockValue, FragmentKey, FragmentValue, Onode,
@@ -44,14 +45,6 @@ const UUID_KEY: &[u8] = b"uuid";
 const NEXT_INO_KEY: &[u8] = b"next-ino";
 /// The counters as of the last clean close (little-endian u64s, in `Counter::ALL` order).
 const COUNTERS_KEY: &[u8] = b"counters";
-
-/// A block whose record says it has fragments: the record's value, and the fragments by
-/// order, oldest first.
-pub struct FragmentBlock {
-    pub key: BlockKey,
-    pub value: BlockValue,
-    pub fragments: Vec<(u32, FragmentValue)>,
-}
 
 /// What [`KvMeta::load`] rebuilt.
 pub struct Loaded {
@@ -88,10 +81,6 @@ pub struct KvMeta {
     /// The directory, open and locked for as long as the store is open
     /// ([`crate::device::claim`]): one process at a time.
     _claim: std::fs::File,
-}
-
-pub(super) fn kv_error(dir: &Path, what: &str, e: fjall::Error) -> Error {
-    Error::io(format!("KV store {}: {what}", dir.display()), std::io::Error::other(e.to_string()))
 }
 
 impl KvMeta {
@@ -487,6 +476,10 @@ impl KvMeta {
 }
 
 impl MetaStore for KvMeta {
+    fn name(&self) -> &'static str {
+        "KV store"
+    }
+
     fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
         if self.failed || self.group.failed.load(Ordering::SeqCst) {
             return Err(Error::io(

@@ -3,10 +3,11 @@
 mod alloc;
 mod block_refs;
 mod checksums;
+mod profile;
 mod superblock;
 
-pub use crate::profile::Profile;
 pub use alloc::BitmapAllocator;
 pub use block_refs::BlockRefs;
 pub use checksums::{BlockChecksums, Mismatch};
+pub use profile::Profile;
 pub use superblock::{DeviceRole, Superblock, FORMAT_VERSION, MAX_SSDS};

@@ -800,6 +800,10 @@ fn lines_wanted_at_most(meta: &MetaState, ops: &[Op], touched: &Touched, room: u
 }
 
 impl MetaStore for LineStore {
+    fn name(&self) -> &'static str {
+        "in place"
+    }
+
     fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
         if self.failed {
             return Err(Error::io(

@@ -16,6 +16,10 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::map::{FileMap, RangeLock};
 
+/// Longest name in a directory, in bytes (POSIX NAME_MAX).
+pub const MAX_NAME_BYTES: usize = 255;
+/// Longest symbolic link target, in bytes (PATH_MAX).
+pub const MAX_SYMLINK_BYTES: usize = 4096;
 /// Longest extended attribute name.
 pub const XATTR_NAME_MAX: usize = 255;
 /// Largest extended attribute value: one journal record must hold it even on the smallest

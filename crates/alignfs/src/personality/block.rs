@@ -46,30 +46,27 @@ impl BlockVolume {
     pub fn format(devices: &Devices, options: &FormatOptions, mut layout: BlockLayout) -> Result<Superblock> {
         layout.validate()?;
         let zone_bytes = layout.zone_bytes();
-        let engine_devices = match (&devices.fast, zone_bytes) {
+        let engine_devices = match (devices, zone_bytes) {
             (_, 0) => devices.clone(),
-            (None, _) => return Err(Error::WrongDevices("NVM ranges need a fast tier (--fast) to hold them".into())),
-            (Some(fast), _) if fast.len_bytes() <= zone_bytes => {
+            (Devices::FastTierAndSsd { fast, .. }, _) if fast.len_bytes() <= zone_bytes => {
                 return Err(Error::WrongDevices(format!(
                     "the NVM ranges take {zone_bytes} bytes and the fast tier holds {}: it must also hold the \
                      volume's metadata and NVM buffer, so make it larger than the ranges (--fast PATH:SIZE)",
                     fast.len_bytes()
                 )))
             }
-            (Some(fast), _) => Devices {
-                fast: Some(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes))),
-                ssd: Arc::clone(&devices.ssd),
-                kv: None,
-                kv_syncs: None,
-                byte: None,
-            },
+            (Devices::FastTierAndSsd { fast, ssd }, _) => {
+                Devices::new(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes)), Arc::clone(ssd))
+            }
+            _ => return Err(Error::WrongDevices("NVM ranges need a fast tier (--fast) to hold them".into())),
         };
         let block = options.geometry.block();
-        let reserved = match &devices.fast {
+        let ssd_bytes = devices.ssd().len_bytes();
+        let reserved = match devices.fast() {
             Some(_) => 1,
-            None => MetaLayout::on_ssd(devices.ssd.len_bytes(), &options.geometry)?.reserved_ssd_blocks(&options.geometry),
+            None => MetaLayout::on_ssd(ssd_bytes, &options.geometry)?.reserved_ssd_blocks(&options.geometry),
         };
-        let room = (devices.ssd.len_bytes() / block).saturating_sub(reserved) * block;
+        let room = (ssd_bytes / block).saturating_sub(reserved) * block;
         // Out of place: an overwrite takes a new block before the old one is freed.
         let needed = layout.engine_bytes() + (room / 32).max(64 * block);
         if needed > room {
@@ -88,7 +85,7 @@ impl BlockVolume {
     }
 
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<BlockVolume> {
-        let fast = devices.fast.clone();
+        let fast = devices.fast().cloned();
         let volume = Volume::open(devices, options)?;
         let attr = volume.lookup(Ino::ROOT, OBJECT_NAME).map_err(|e| match e {
             Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),

@@ -6,14 +6,13 @@
 //! runs on the block interface alone: the paper's block-only baseline.
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{DeviceKind, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
+use crate::options::VolumeOptions;
 use crate::partition::{Residue, Rules};
 use crate::residue::{ByteLogPages, ResidueStore};
-use crate::volume::{Inner, VolumeOptions};
 
 impl Profile {
     pub const BYTE: Profile = Profile(5);
@@ -40,8 +39,8 @@ impl ProfileSpec for Byte {
     fn summary(&self) -> &'static str {
         "ByteFS: an emulated memory-semantic SSD (--ssd flash image, --fast its DRAM); residue and metadata as byte stores, durable on every write"
     }
-    fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: 1, kv_store: false, memory_semantic: true }
+    fn devices(&self) -> DeviceKind {
+        DeviceKind::MemorySemanticSsd
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -105,11 +104,6 @@ impl Policy for BytePolicy {
     /// kernel cache in front of it (docs/BYTE.md, "Host cache").
     fn keeps_clean_pages(&self) -> bool {
         true
-    }
-
-    /// Watermark migration and checkpoints; the device cleans its own log.
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
-        Ok(vec![engine.start_maintenance()?])
     }
 
     fn merge_commit_batch(&self) -> usize {

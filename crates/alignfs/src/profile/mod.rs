@@ -12,9 +12,11 @@
 //! [`REGISTRY`]. Nothing outside this module matches on a profile.
 
 mod byte;
+mod engine;
 mod nvstore;
 mod orch;
 mod scrap;
+mod superblock;
 mod uhs;
 
 use std::sync::Arc;
@@ -24,14 +26,16 @@ use std::time::{Duration, Instant};
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
-use crate::geometry::{Geometry, MetaLayout};
+use crate::geometry::{Geometry, MetaLayout, MetaPlacement};
 use crate::journal::{checkpoint_payload, AsIs};
 use crate::kv::FragmentLog;
 use crate::meta::{Freed, Inode, Op};
 use crate::partition::{Plan, Rules};
 use crate::residue::ResidueStore;
 use crate::stats::Counter;
-use crate::volume::{Inner, VolumeOptions};
+
+use crate::options::{MetaStoreChoice, VolumeOptions};
+pub(crate) use engine::{Engine, FullBlocks};
 
 /// Every profile this build implements, in the order `--help` lists them. The one line a
 /// new profile adds.
@@ -39,8 +43,7 @@ const REGISTRY: &[&dyn ProfileSpec] = &[&orch::Orch, &scrap::Scrap, &uhs::Uhs, &
 
 /// The named configuration a volume was formatted with: a registered profile's on-media
 /// code. Only registered codes can be held, so [`Profile::spec`] always finds one.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Profile(u32);
+pub use crate::layout::Profile;
 
 impl std::fmt::Debug for Profile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,10 +55,6 @@ impl Profile {
     /// The profile with on-media code `code`, if this build has it.
     pub fn from_code(code: u32) -> Option<Profile> {
         REGISTRY.iter().map(|spec| spec.profile()).find(|p| p.0 == code)
-    }
-
-    pub fn code(self) -> u32 {
-        self.0
     }
 
     pub(crate) fn spec(self) -> &'static dyn ProfileSpec {
@@ -100,7 +99,7 @@ impl Profile {
     }
 
     /// The devices a volume of this profile is made of.
-    pub fn devices(self) -> DeviceNeeds {
+    pub fn devices(self) -> DeviceKind {
         self.spec().devices()
     }
 
@@ -111,6 +110,25 @@ impl Profile {
 
     pub fn default_geometry(self) -> Geometry {
         self.spec().default_geometry()
+    }
+
+    /// The rules every geometry obeys, then this profile's own.
+    pub fn validate_geometry(self, geometry: &Geometry) -> Result<()> {
+        self.spec().validate_geometry(geometry)?;
+        geometry.validate()
+    }
+
+    /// How a volume of this profile formatted with `choice` keeps its metadata.
+    pub fn metadata_store(self, choice: MetaStoreChoice) -> Result<MetaStore> {
+        let kind = self.devices();
+        match (kind, choice) {
+            (DeviceKind::SsdAndKvStore, _) => Ok(MetaStore::Kv),
+            (DeviceKind::MemorySemanticSsd, MetaStoreChoice::ProfileDefault | MetaStoreChoice::InPlace) => Ok(MetaStore::InPlaceLines),
+            (_, MetaStoreChoice::ProfileDefault | MetaStoreChoice::Journal) => Ok(MetaStore::Journal),
+            (_, MetaStoreChoice::InPlace) => {
+                Err(Error::WrongDevices(format!("profile {} cannot keep metadata in place: that needs a memory-semantic SSD", self.name())))
+            }
+        }
     }
 }
 
@@ -145,28 +163,67 @@ impl Personality {
     }
 }
 
-/// The devices a profile's volume is made of.
+/// The devices a profile's volume is made of, and so where its metadata lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceNeeds {
-    /// A byte-addressable persistent tier (`--fast`) holds the residue and the metadata;
-    /// without one the metadata lives in an area at the start of the SSD.
-    pub fast_tier: bool,
-    /// Most SSDs one volume may span.
-    pub max_ssds: u32,
-    /// The metadata lives in a KV store in a directory of its own (`nvstore`), not in a
-    /// journal and checkpoints.
-    pub kv_store: bool,
-    /// The SSD is a memory-semantic SSD (`byte`, docs/BYTE.md): a flash image plus the
-    /// device's DRAM (`--fast` names its file), with a byte interface beside the block one.
-    pub memory_semantic: bool,
+pub enum DeviceKind {
+    /// A byte-addressable persistent tier (`--fast`) holding the residue, the journal and
+    /// checkpoints, and one SSD (`orch`, `uhs`).
+    FastTierAndSsd,
+    /// Up to `max` SSDs; the metadata in an area at the start of the first (`scrap`).
+    Ssds { max: u32 },
+    /// One SSD; the metadata in a KV store in a directory of its own (`nvstore`).
+    SsdAndKvStore,
+    /// An emulated memory-semantic SSD (`byte`, docs/BYTE.md): a flash image (`--ssd`) and
+    /// the device's DRAM (`--fast`), with a byte interface beside the block one; the
+    /// metadata at the start of the device.
+    MemorySemanticSsd,
 }
 
-impl DeviceNeeds {
+impl DeviceKind {
+    /// Most SSDs one volume may span.
+    pub fn max_ssds(self) -> u32 {
+        match self {
+            DeviceKind::Ssds { max } => max,
+            _ => 1,
+        }
+    }
+
     /// Whether the volume takes a `--fast` path: its fast tier, or its memory-semantic
     /// SSD's DRAM.
-    pub fn names_fast(&self) -> bool {
-        self.fast_tier || self.memory_semantic
+    pub fn names_fast(self) -> bool {
+        matches!(self, DeviceKind::FastTierAndSsd | DeviceKind::MemorySemanticSsd)
     }
+
+    /// What a volume of this kind is made of, for a refusal.
+    pub fn describe(self) -> &'static str {
+        match self {
+            DeviceKind::FastTierAndSsd => "a fast tier (--fast) and an SSD",
+            DeviceKind::Ssds { .. } => "SSDs alone (no --fast)",
+            DeviceKind::SsdAndKvStore => "an SSD and a KV store directory (--kv)",
+            DeviceKind::MemorySemanticSsd => "a memory-semantic SSD (its flash image --ssd, its DRAM --fast)",
+        }
+    }
+
+    /// Where the metadata area is on these devices.
+    pub fn meta_placement(self) -> MetaPlacement {
+        match self {
+            DeviceKind::FastTierAndSsd => MetaPlacement::FastTier,
+            DeviceKind::Ssds { .. } => MetaPlacement::Ssd,
+            DeviceKind::SsdAndKvStore => MetaPlacement::SuperblockOnly,
+            DeviceKind::MemorySemanticSsd => MetaPlacement::MemorySemanticSsd,
+        }
+    }
+}
+
+/// Where a volume's metadata becomes durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetaStore {
+    /// A redo journal and two checkpoint slots (crate::journal).
+    Journal,
+    /// ByteFS's in-place 64-byte lines, one device transaction per commit (crate::lines).
+    InPlaceLines,
+    /// Records in a KV store (crate::kv).
+    Kv,
 }
 
 /// What a crash (of the process, or power) keeps of acknowledged work.
@@ -213,7 +270,7 @@ pub(crate) trait ProfileSpec: Sync {
     fn personality(&self) -> Personality {
         Personality::Files
     }
-    fn devices(&self) -> DeviceNeeds;
+    fn devices(&self) -> DeviceKind;
     fn promise(&self) -> Promise;
     /// The options this profile reads.
     fn tunables(&self) -> &'static [Tunable];
@@ -253,7 +310,7 @@ pub(crate) struct Projection {
 }
 
 /// The runtime half of a profile: the data path's questions, answered once per profile.
-/// Hooks receive the engine (`Inner`) they run in.
+/// Hooks receive the engine they run in, through its narrow [`Engine`] interface.
 pub(crate) trait Policy: Send + Sync {
     /// Partition rules for a write of `len` bytes.
     fn write_rules(&self, len: u64) -> Rules;
@@ -261,36 +318,39 @@ pub(crate) trait Policy: Send + Sync {
     /// What the journal records for `ops` (under the commit lock, before they apply):
     /// `None` to journal them as they are (a persistent residue store: the live state is
     /// what a crash keeps).
-    fn project(&self, _engine: &Inner, _ops: &[Op]) -> Option<Projection> {
+    fn project(&self, _engine: &dyn Engine, _ops: &[Op]) -> Option<Projection> {
         None
     }
 
     /// After a projected commit applied.
-    fn committed(&self, _engine: &Inner, _projection: Projection, _freed: &Freed) {}
+    fn committed(&self, _engine: &dyn Engine, _projection: Projection, _freed: &Freed) {}
 
     /// A checkpoint's payload: the state as a crash would keep it (by default the live
     /// state, as it is).
-    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
-        checkpoint_payload(&engine.meta, &engine.counters(), &AsIs)
+    fn checkpoint_payload(&self, engine: &dyn Engine) -> Vec<u8> {
+        checkpoint_payload(engine.meta(), &engine.counters(), &AsIs)
     }
 
     /// A write stored residue for `plan`'s blocks of `inode`; `full` names the blocks one
     /// of whose units the write filled to its end.
-    fn residue_stored(&self, _engine: &Inner, _inode: &Inode, _plan: &Plan, _full: &[u64]) {}
+    fn residue_stored(&self, _engine: &dyn Engine, _inode: &Inode, _plan: &Plan, _full: &[u64]) {}
 
     /// fsync of a regular file, beyond retrying a failed SSD flush. The volume is
     /// writable.
-    fn fsync(&self, _engine: &Inner, _inode: &Arc<Inode>) -> Result<()> {
+    fn fsync(&self, _engine: &dyn Engine, _inode: &Arc<Inode>) -> Result<()> {
         Ok(())
     }
 
     /// A clean close, before the final SSD flush and checkpoint.
-    fn before_close(&self, _engine: &Inner) -> Result<()> {
+    fn before_close(&self, _engine: &dyn Engine) -> Result<()> {
         Ok(())
     }
 
-    /// Start the profile's background threads (a writable volume with background work on).
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>>;
+    /// Start the profile's own background threads (a writable volume with background work
+    /// on), beside the engine's maintenance thread (watermark merges, checkpoints).
+    fn start_workers(&self, _engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+        Ok(Vec::new())
+    }
 
     /// Wake the profile's workers (shutdown, or work queued).
     fn wake_workers(&self) {}
@@ -340,14 +400,9 @@ pub(crate) trait Policy: Send + Sync {
     fn merge_ops(&self, _files: &[&Arc<Inode>], _ops: &mut Vec<Op>) {}
 }
 
-/// Start a named thread; failure to start is an error, not a panic.
-pub(crate) fn spawn(name: String, work: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    std::thread::Builder::new().name(name.clone()).spawn(work).map_err(|e| Error::io(format!("start thread {name}"), e))
-}
-
 /// Drain the residue store whenever no write came for `idle` (UHS's "under light load",
 /// NVStore's lazy sync when the device is idle).
-fn drain_when_idle(engine: &Inner, idle: Duration) {
+fn drain_when_idle(engine: &dyn Engine, idle: Duration) {
     let mut writes = engine.writes_so_far();
     let mut quiet_since = Instant::now();
     while !engine.shutting_down() {
@@ -378,10 +433,14 @@ mod tests {
             }
             assert_eq!(Profile::parse(a.name()).unwrap(), *a);
             assert_eq!(Profile::from_code(a.code()), Some(*a));
-            a.spec().validate_geometry(&a.default_geometry()).unwrap();
-            a.default_geometry().validate(*a).unwrap();
+            a.validate_geometry(&a.default_geometry()).unwrap();
         }
         assert!(Profile::from_code(0).is_none());
+        // Each profile's own rules, beyond the common ones.
+        let scrap = Profile::SCRAP.default_geometry();
+        assert!(Profile::SCRAP.validate_geometry(&Geometry::default()).is_err(), "a scrap page is one block");
+        assert!(Profile::ORCH.validate_geometry(&scrap).is_err(), "fast pages are at most 64 KiB");
+        assert!(Profile::ORCH.validate_geometry(&Geometry { page_bytes: 3000, ..Geometry::default() }).is_err());
         assert!(matches!(Profile::parse("ext4"), Err(Error::UnknownProfile(m)) if m.contains("unknown")));
     }
 }

@@ -10,14 +10,15 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{drain_when_idle, spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{drain_when_idle, DeviceKind, Engine, FullBlocks, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use crate::background::{spawn, Wakeup};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::meta::Inode;
+use crate::options::VolumeOptions;
 use crate::partition::{Plan, Residue, Rules};
 use crate::residue::{KvFragments, ResidueStore};
 use crate::stats::Counter;
-use crate::volume::{FullBlocks, Inner, VolumeOptions, Wakeup};
 
 impl Profile {
     pub const NVSTORE: Profile = Profile(4);
@@ -49,8 +50,8 @@ impl ProfileSpec for NvStore {
     fn personality(&self) -> Personality {
         Personality::Objects
     }
-    fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: 1, kv_store: true, memory_semantic: false }
+    fn devices(&self) -> DeviceKind {
+        DeviceKind::SsdAndKvStore
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -107,7 +108,7 @@ impl Policy for NvStorePolicy {
 
     /// Queue the pages an append completed. The write is not committed yet, so the
     /// object's size is still the one before it.
-    fn residue_stored(&self, _engine: &Inner, inode: &Inode, plan: &Plan, full: &[u64]) {
+    fn residue_stored(&self, _engine: &dyn Engine, inode: &Inode, plan: &Plan, full: &[u64]) {
         if full.is_empty() || plan.new_size <= inode.attr().size {
             return;
         }
@@ -116,11 +117,11 @@ impl Policy for NvStorePolicy {
         }
     }
 
-    /// Watermark syncs (the fragment pages' memory), the idle sync, and the merger of
-    /// completed fragment pages.
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
+    /// The idle sync, and the merger of completed fragment pages (the engine's watermark
+    /// merges bound the fragment pages' memory).
+    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
-        let sync = spawn("alignfs-nvstore-sync".into(), move || drain_when_idle(&worker, IDLE_BEFORE_SYNC))?;
+        let sync = spawn("alignfs-nvstore-sync".into(), move || drain_when_idle(worker.as_ref(), IDLE_BEFORE_SYNC))?;
         let (worker, pages) = (Arc::clone(engine), Arc::clone(&self.0));
         let merger = spawn("alignfs-nvstore-merge".into(), move || {
             while !worker.shutting_down() {
@@ -132,12 +133,12 @@ impl Policy for NvStorePolicy {
                 if pages.blocks.len() < FULL_PAGES_PER_MERGE {
                     continue;
                 }
-                if let Err(e) = pages.blocks.merge(&worker, Counter::migrations_full) {
+                if let Err(e) = pages.blocks.merge(worker.as_ref(), Counter::migrations_full) {
                     tracing::warn!("merging completed fragment pages: {e}");
                 }
             }
         })?;
-        Ok(vec![engine.start_maintenance()?, sync, merger])
+        Ok(vec![sync, merger])
     }
 
     fn wake_workers(&self) {

@@ -2,15 +2,14 @@
 //! journal beside them; every write is durable when it returns.
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use super::{DeviceNeeds, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{DeviceKind, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::journal::MAX_ENCODED_SEGMENTS;
+use crate::options::VolumeOptions;
 use crate::partition::{Residue, Rules};
 use crate::residue::{PmemPages, ResidueStore};
-use crate::volume::{Inner, VolumeOptions};
 
 impl Profile {
     pub const ORCH: Profile = Profile(1);
@@ -31,8 +30,8 @@ impl ProfileSpec for Orch {
     fn summary(&self) -> &'static str {
         "OrchFS: residue in persistent-memory pages and upages (--fast), durable on every write"
     }
-    fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false, memory_semantic: false }
+    fn devices(&self) -> DeviceKind {
+        DeviceKind::FastTierAndSsd
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -70,10 +69,6 @@ struct OrchPolicy;
 impl Policy for OrchPolicy {
     fn write_rules(&self, _len: u64) -> Rules {
         Rules { residue: Residue::Partial, max_segments: UPAGE_MAX_CHUNKS }
-    }
-
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
-        Ok(vec![engine.start_maintenance()?])
     }
 
     /// With the journal in the fast tier a record is cheap, so a merge commits a few blocks

@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{drain_when_idle, spawn, DeviceNeeds, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{drain_when_idle, DeviceKind, Engine, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use crate::background::spawn;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
+use crate::options::VolumeOptions;
 use crate::partition::{Residue, Rules};
 use crate::residue::{HashedSegments, ResidueStore};
-use crate::volume::{Inner, VolumeOptions};
 
 impl Profile {
     pub const UHS: Profile = Profile(3);
@@ -43,8 +44,8 @@ impl ProfileSpec for Uhs {
     fn personality(&self) -> Personality {
         Personality::Block
     }
-    fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: true, max_ssds: 1, kv_store: false, memory_semantic: false }
+    fn devices(&self) -> DeviceKind {
+        DeviceKind::FastTierAndSsd
     }
     fn promise(&self) -> Promise {
         Promise::OnWrite
@@ -110,12 +111,11 @@ impl Policy for UhsPolicy {
         Rules { residue, max_segments: UPAGE_MAX_CHUNKS }
     }
 
-    /// The maintenance thread (watermark migration, checkpoints) and UHS's light-load
-    /// migration: once no write came for [`IDLE_BEFORE_DRAIN`], the buffer is drained.
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
+    /// UHS's light-load migration: once no write came for [`IDLE_BEFORE_DRAIN`], the
+    /// buffer is drained.
+    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
-        let drain = spawn("alignfs-uhs-drain".into(), move || drain_when_idle(&worker, IDLE_BEFORE_DRAIN))?;
-        Ok(vec![engine.start_maintenance()?, drain])
+        Ok(vec![spawn("alignfs-uhs-drain".into(), move || drain_when_idle(worker.as_ref(), IDLE_BEFORE_DRAIN))?])
     }
 
     fn merge_commit_batch(&self) -> usize {

@@ -112,6 +112,10 @@ impl ByteLogPages {
 }
 
 impl ResidueStore for ByteLogPages {
+    fn name(&self) -> &'static str {
+        "byte log"
+    }
+
     fn describe(&self) -> String {
         format!("{} units of {} bytes in the memory-semantic SSD's write log (byte interface)", self.allocator.capacity(), self.page_bytes)
     }

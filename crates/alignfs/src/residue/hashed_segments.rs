@@ -99,6 +99,10 @@ impl HashedSegments {
 }
 
 impl ResidueStore for HashedSegments {
+    fn name(&self) -> &'static str {
+        "NVM buffer"
+    }
+
     fn describe(&self) -> String {
         format!(
             "NVM buffer of {} segments of {} KiB ({} slots of {} bytes)",

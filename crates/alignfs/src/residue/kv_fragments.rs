@@ -9,9 +9,9 @@ use super::{PmemPages, ResidueStore, UnitRequest};
 use crate::device::PmemRegion;
 use crate::error::{Error, Result};
 use crate::kv::records::BlockKey;
-use crate::kv::FragmentLog;
-use crate::map::PageNo;
-use crate::meta::Ino;
+use crate::kv::{FragmentBlock, FragmentLog};
+use crate::map::{BlockEntry, Chunks, Overlay, PageNo};
+use crate::meta::{Ino, MetaState};
 
 pub struct KvFragments {
     pages: PmemPages,
@@ -30,6 +30,10 @@ impl KvFragments {
 }
 
 impl ResidueStore for KvFragments {
+    fn name(&self) -> &'static str {
+        "fragments"
+    }
+
     fn describe(&self) -> String {
         format!("{} fragment pages of {} KiB in DRAM, their fragments in the KV store", self.capacity_units(), self.unit_bytes() / 1024)
     }
@@ -76,5 +80,35 @@ impl ResidueStore for KvFragments {
         let mut bytes = vec![0u8; len as usize];
         self.pages.copy_out(unit, offset, &mut bytes);
         self.log.put(unit, offset, &bytes);
+    }
+}
+
+/// Rebuild the fragment pages at open: block `i` of `blocks` gets unit `i`, its fragments
+/// laid over zeros in order, and its map entry in `meta` (over its SSD block when the
+/// record names one). The engine then claims the units like any other.
+pub fn restore_fragment_pages(meta: &MetaState, residue: &dyn ResidueStore, log: &FragmentLog, blocks: &[FragmentBlock], page_bytes: u32) {
+    let mut page = vec![0u8; page_bytes as usize];
+    for (i, block) in blocks.iter().enumerate() {
+        let unit = PageNo(i as u64);
+        let (Some(inode), Some(first), Some(last)) = (meta.get(block.key.object), block.fragments.first(), block.fragments.last()) else {
+            continue; // `load` gives only blocks of live objects with fragments
+        };
+        page.fill(0);
+        let mut chunks = Chunks::default();
+        for (_, fragment) in &block.fragments {
+            fragment.lay_over(&mut page);
+            let (start, end) = fragment.range();
+            chunks = chunks.with(start, end);
+        }
+        residue.write(unit, 0, &page);
+        log.register(unit, block.key, Some(first.0..last.0 + 1));
+        let entry = match block.value.block {
+            Some(ssd) => {
+                let overlay = if chunks.covers_whole(page_bytes) { Overlay::Page(unit) } else { Overlay::Upage { page: unit, chunks } };
+                BlockEntry::Ssd { block: ssd, overlays: vec![(0, overlay)], shared: block.value.shared }
+            }
+            None => BlockEntry::Fast { pages: vec![(0, unit)] },
+        };
+        inode.map.lock().insert(block.key.lblock, entry);
     }
 }

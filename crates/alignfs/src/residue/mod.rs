@@ -21,7 +21,7 @@ mod scrap_pages;
 
 pub use byte_log::ByteLogPages;
 pub use hashed_segments::HashedSegments;
-pub use kv_fragments::KvFragments;
+pub use kv_fragments::{restore_fragment_pages, KvFragments};
 pub use pmem_pages::PmemPages;
 pub use scrap_pages::ScrapPages;
 
@@ -40,6 +40,8 @@ pub struct UnitRequest {
 
 pub trait ResidueStore: Send + Sync {
     fn describe(&self) -> String;
+    /// What the store is called in a volume's report: "fast tier", "scrap mem", …
+    fn name(&self) -> &'static str;
     fn unit_bytes(&self) -> u32;
     fn capacity_units(&self) -> u64;
     fn used_units(&self) -> u64;

@@ -45,6 +45,10 @@ impl PmemPages {
 }
 
 impl ResidueStore for PmemPages {
+    fn name(&self) -> &'static str {
+        "fast tier"
+    }
+
     fn describe(&self) -> String {
         format!("{} fast pages of {} bytes in {}", self.allocator.capacity(), self.page_bytes, self.region.describe())
     }

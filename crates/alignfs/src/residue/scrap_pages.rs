@@ -141,6 +141,10 @@ impl Drop for Warmer {
 }
 
 impl ResidueStore for ScrapPages {
+    fn name(&self) -> &'static str {
+        "scrap mem"
+    }
+
     fn describe(&self) -> String {
         format!("{} DRAM scrap pages of {} KiB (volatile)", self.capacity_units(), self.unit_bytes() / 1024)
     }

@@ -6,9 +6,7 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use crate::profile::spawn;
+use crate::background::spawn;
 use std::sync::Arc;
 
 use super::block_store::{Placement, Target};
@@ -18,57 +16,6 @@ use crate::error::{Error, Result};
 use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
-
-/// Blocks one of whose residue units was written to its end, so that merging them needs
-/// no read of the SSD: WSBuffer's stage 2, and `nvstore`'s fragment pages that an append
-/// completed.
-#[derive(Default)]
-pub(crate) struct FullBlocks(Mutex<Vec<(Ino, u64)>>);
-
-impl FullBlocks {
-    /// Queue `lblocks` of `ino`. Returns how many blocks are queued, repeats included.
-    pub(crate) fn push(&self, ino: Ino, lblocks: &[u64]) -> usize {
-        let mut queue = self.0.lock();
-        queue.extend(lblocks.iter().map(|&lblock| (ino, lblock)));
-        queue.len()
-    }
-
-    /// How many blocks are queued, repeats included.
-    pub(crate) fn len(&self) -> usize {
-        self.0.lock().len()
-    }
-
-    /// Merge the queued blocks a batch at a time until the queue is empty; blocks a writer
-    /// holds meanwhile are queued again for the next call. A queued block that no longer
-    /// holds residue (merged since, or removed) is skipped. Returns how many moved.
-    pub(crate) fn merge(&self, engine: &Inner, cause: Counter) -> Result<u64> {
-        let mut moved = 0;
-        let mut busy = Vec::new();
-        let result = loop {
-            let batch: Vec<(Ino, u64)> = {
-                let mut queue = self.0.lock();
-                queue.sort_unstable();
-                queue.dedup();
-                let n = queue.len().min(engine.migration_batch());
-                queue.drain(..n).collect()
-            };
-            if batch.is_empty() {
-                break Ok(moved);
-            }
-            let blocks: Vec<(Arc<Inode>, u64)> =
-                batch.into_iter().filter_map(|(ino, lblock)| Some((engine.meta.get(ino)?, lblock))).collect();
-            match engine.migrate_blocks_watched(blocks, cause) {
-                Ok((n, mut left)) => {
-                    moved += n;
-                    busy.append(&mut left);
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        self.0.lock().extend(busy);
-        result
-    }
-}
 
 impl Inner {
     /// Merge one block's residue into its SSD block. The caller holds the block's range

@@ -9,44 +9,41 @@ mod block_store;
 mod check;
 mod clean_pages;
 mod clone;
+mod devices;
 mod migrate;
 mod namespace;
 mod open;
-mod paths;
-pub mod probe;
 mod read;
 mod resize;
 mod write;
 
 pub use crate::stats::RecoveryReport;
 pub use check::Problem;
+pub use devices::Devices;
 pub use namespace::{
     DirEntry, NamespaceChange, RenameFlags, SetAttrRequest, StatFs, XattrSet, MAX_CHANGES, MAX_NAME_BYTES, MAX_SYMLINK_BYTES,
-};
-pub use open::Devices;
-pub use paths::{
-    check_format_devices, default_data_dir, default_kv_dir, format_block_paths, format_object_paths, format_paths, open_block_paths,
-    open_object_paths, open_paths, open_paths_with_faults, ssd_superblock, DeviceSpec, DEFAULT_FAST_PATH,
 };
 pub use read::SeekTarget;
 pub use resize::FallocateMode;
 pub use write::MAX_FILE_BYTES;
 
-pub(crate) use migrate::FullBlocks;
+pub use crate::options::{FormatOptions, MetaStoreChoice, ReadMode, VolumeOptions};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+
+use crate::background::Wakeup;
 
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::journal::{CommitContext, MetaStore};
-use crate::layout::{BlockChecksums, BlockRefs, Profile, Superblock};
+use crate::layout::{BlockChecksums, BlockRefs, Superblock};
 use crate::map::{PageNo, SsdBlock};
 use crate::meta::{apply, DataOp, FileKind, Freed, Ino, MetaState, NamespaceOp, Op};
 use crate::profile::Policy;
@@ -57,138 +54,6 @@ use clean_pages::CleanPages;
 /// Map edits per journal record for operations that edit a block range at once (clone,
 /// fallocate): up to this many blocks they are atomic across a crash.
 const MAP_OPS_PER_RECORD: usize = 4096;
-
-/// How SSD data is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadMode {
-    /// O_DIRECT into aligned buffers through the IO engine.
-    Direct,
-    /// Through the kernel's cache of the backing file (pread on a cached descriptor).
-    Buffered,
-}
-
-#[derive(Clone, Debug)]
-pub struct VolumeOptions {
-    pub read_mode: ReadMode,
-    /// Replay in memory and refuse every change: nothing is written to the devices.
-    pub read_only: bool,
-    /// Migration starts when this share of fast pages is used…
-    pub migrate_high: f64,
-    /// …and stops when usage falls to this share.
-    pub migrate_low: f64,
-    /// Run the background maintenance thread (migration, checkpoints).
-    pub background: bool,
-    /// `scrap`: the most memory its scrap pages may take (`--scrap-mem`); `nvstore`: its
-    /// fragment pages.
-    pub scrap_mem_bytes: u64,
-    /// `nvstore`, `byte`: the most memory their clean pages (copies of SSD blocks) may
-    /// take; 0 keeps none.
-    pub clean_cache_bytes: u64,
-    /// `scrap`, `uhs`: writes below this size go whole to the residue store (WSBuffer's
-    /// request-size threshold, UHS's small-write threshold); larger ones send their whole
-    /// blocks straight to the SSD. `None`: the profile's default.
-    pub request_threshold: Option<u64>,
-    /// `scrap`: threads writing scrap pages back (WSBuffer runs two).
-    pub flush_workers: usize,
-    /// `uhs`: bytes of one NVM buffer segment (UHS: 4 MiB).
-    pub segment_bytes: u64,
-    /// `uhs`: `false` runs without the NVM buffer (the paper's UHS-NB): whole blocks go to
-    /// the SSD and a partly written block is read, merged and rewritten.
-    pub nvm_buffer: bool,
-    /// `byte`: `false` uses the memory-semantic SSD's block interface alone (the paper's
-    /// block-only baseline): metadata written in whole sectors, partly written blocks
-    /// read, merged and rewritten.
-    pub byte_interface: bool,
-    /// `byte`: the memory-semantic SSD takes at least the time ByteFS's Table 4 gives
-    /// each operation (flash 40/60 µs, 8 channels, cache-line loads 4.8 µs, stores
-    /// 0.6 µs), so that throughput reflects that device rather than the image's disk.
-    pub device_latency: bool,
-}
-
-impl Default for VolumeOptions {
-    fn default() -> Self {
-        VolumeOptions {
-            read_mode: ReadMode::Buffered,
-            read_only: false,
-            migrate_high: 0.8,
-            migrate_low: 0.6,
-            background: true,
-            scrap_mem_bytes: 1 << 30,
-            clean_cache_bytes: 256 << 20,
-            request_threshold: None,
-            flush_workers: 2,
-            segment_bytes: 4 << 20,
-            nvm_buffer: true,
-            byte_interface: true,
-            device_latency: false,
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct FormatOptions {
-    pub geometry: Geometry,
-    pub profile: Profile,
-    /// Overwrite devices that already hold a volume.
-    pub force: bool,
-    pub meta_store: MetaStoreChoice,
-}
-
-impl Default for FormatOptions {
-    fn default() -> Self {
-        FormatOptions { geometry: Geometry::default(), profile: Profile::ORCH, force: false, meta_store: MetaStoreChoice::default() }
-    }
-}
-
-/// How a new volume keeps its metadata, where the profile offers a choice: `byte` stores
-/// it in place by default (ByteFS's layout, docs/BYTE.md) or in the journal and
-/// checkpoints the other profiles use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum MetaStoreChoice {
-    #[default]
-    ProfileDefault,
-    Journal,
-    InPlace,
-}
-
-impl MetaStoreChoice {
-    /// Whether a volume of `profile` formatted with this choice stores metadata in place.
-    pub fn in_place(self, profile: Profile) -> Result<bool> {
-        let memory_semantic = profile.devices().memory_semantic;
-        match self {
-            MetaStoreChoice::ProfileDefault => Ok(memory_semantic),
-            MetaStoreChoice::Journal => Ok(false),
-            MetaStoreChoice::InPlace if memory_semantic => Ok(true),
-            MetaStoreChoice::InPlace => Err(Error::WrongDevices(format!(
-                "profile {} cannot keep metadata in place: that needs a memory-semantic SSD",
-                profile.name()
-            ))),
-        }
-    }
-}
-
-/// A wake-up for a background thread: `notify` makes the next (or current) `wait` return.
-#[derive(Default)]
-pub(crate) struct Wakeup {
-    due: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl Wakeup {
-    pub(crate) fn notify(&self) {
-        *self.due.lock() = true;
-        self.cond.notify_all();
-    }
-
-    /// Until notified or `timeout` passed; clears the notification.
-    pub(crate) fn wait(&self, timeout: Duration) {
-        let mut due = self.due.lock();
-        if !*due {
-            self.cond.wait_for(&mut due, timeout);
-        }
-        *due = false;
-    }
-}
 
 pub(crate) struct Inner {
     superblock: Superblock,
@@ -374,6 +239,8 @@ impl Volume {
             fast_device,
             ssd_device,
             residue,
+            residue_name: self.inner.residue.name().to_string(),
+            metadata_store: self.inner.committer.lock().name().to_string(),
             counters: s.counters.iter().map(|(c, v)| (c.name().to_string(), *v)).collect(),
             ssd_share: s.ssd_share(),
             usage: s.usage,
@@ -425,7 +292,7 @@ impl Volume {
             let _ = handle.join();
         }
         if clean && !self.inner.options.read_only {
-            self.inner.policy.before_close(&self.inner)?;
+            self.inner.policy.before_close(self.inner.as_ref())?;
             self.inner.ssd.flush()?;
             self.inner.checkpoint()?;
         }
@@ -637,6 +504,50 @@ impl Inner {
     /// How many SSDs the volume spans.
     pub(crate) fn ssd_count(&self) -> usize {
         self.ssd_in_flight.len()
+    }
+}
+
+impl crate::profile::Engine for Inner {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+    fn meta(&self) -> &MetaState {
+        &self.meta
+    }
+    fn counters(&self) -> Vec<u64> {
+        Inner::counters(self)
+    }
+    fn shutting_down(&self) -> bool {
+        Inner::shutting_down(self)
+    }
+    fn writes_so_far(&self) -> u64 {
+        Inner::writes_so_far(self)
+    }
+    fn ssd_count(&self) -> usize {
+        Inner::ssd_count(self)
+    }
+    fn ssd_busy(&self, member: usize) -> bool {
+        Inner::ssd_busy(self, member)
+    }
+    fn ssd_of(&self, block: SsdBlock) -> usize {
+        self.member_of(block.0 * self.geometry.block())
+    }
+    fn merge_batch(&self) -> usize {
+        self.migration_batch()
+    }
+    fn merge_blocks(&self, blocks: Vec<(Arc<crate::meta::Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+        self.migrate_blocks_watched(blocks, cause)
+    }
+    fn merge_file_locked(&self, inode: &Arc<crate::meta::Inode>, cause: Counter) -> Result<()> {
+        Inner::merge_file_locked(self, inode, cause)
+    }
+    fn drain_residue(&self, cause: Counter) -> Result<u64> {
+        Inner::drain_residue(self, cause)
+    }
+    fn commit(&self, ops: &[Op]) -> Result<()> {
+        let freed = Inner::commit(self, ops)?;
+        self.release_freed(freed);
+        Ok(())
     }
 }
 

@@ -6,8 +6,7 @@ use super::{Inner, Volume};
 use crate::error::{Error, Result};
 use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, NamespaceOp, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
 
-pub const MAX_NAME_BYTES: usize = 255;
-pub const MAX_SYMLINK_BYTES: usize = 4096;
+pub use crate::meta::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {

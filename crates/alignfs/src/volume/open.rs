@@ -1,7 +1,7 @@
 //! Formatting and opening: superblocks, the metadata area, checkpoints and replay,
 //! allocators rebuilt from the maps, then the profile's policy and workers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,7 +9,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::clean_pages::CleanPages;
-use super::{FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions, Wakeup};
+use super::{Devices, FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions};
+use crate::background::Wakeup;
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
@@ -18,63 +19,15 @@ use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{
     checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, MetaStore, PmemWindow, Replay, SsdWindow,
 };
-use crate::kv::{restore_fragment_pages, FragmentBlock, FragmentLog, KvMeta};
+use crate::kv::{FragmentBlock, FragmentLog, KvMeta};
 use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock, FORMAT_VERSION};
 use crate::lines::LineStore;
 use crate::map::SsdBlock;
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
+use crate::profile::MetaStore as MetaStoreKind;
 use crate::profile::ResidueSetup;
-use crate::residue::ResidueStore;
+use crate::residue::{restore_fragment_pages, ResidueStore};
 use crate::stats::Stats;
-
-/// The devices of a volume: its SSD (one, or several joined in a
-/// [`crate::device::DeviceSet`]) and, for a profile that keeps residue and metadata in
-/// one, its fast tier. Without a fast tier the metadata lives at the start of the SSD,
-/// or in a KV store in a directory of its own (`nvstore`).
-#[derive(Clone)]
-pub struct Devices {
-    pub fast: Option<Arc<dyn ByteTier>>,
-    pub ssd: Arc<dyn BlockDevice>,
-    /// The KV metadata store's directory, for a profile that keeps one.
-    pub kv: Option<PathBuf>,
-    /// Power-loss tests: record the KV directory each time the store syncs it
-    /// ([`crate::device::power_loss::RecordedDir`]), as a `RecordedSsd` records its writes.
-    pub kv_syncs: Option<Arc<PowerLog>>,
-    /// The SSD's byte interface, when it is a memory-semantic SSD (`byte`); `ssd` is then
-    /// the same device's block interface.
-    pub byte: Option<Arc<MemorySemanticSsd>>,
-}
-
-impl Devices {
-    pub fn new(fast: Arc<dyn ByteTier>, ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: Some(fast), ssd, kv: None, kv_syncs: None, byte: None }
-    }
-
-    pub fn ssd_only(ssd: Arc<dyn BlockDevice>) -> Devices {
-        Devices { fast: None, ssd, kv: None, kv_syncs: None, byte: None }
-    }
-
-    /// A memory-semantic SSD: its block interface is the volume's SSD.
-    pub fn memory_semantic(device: Arc<MemorySemanticSsd>) -> Devices {
-        Devices { byte: Some(Arc::clone(&device)), ..Devices::ssd_only(device) }
-    }
-
-    /// One SSD and the directory of the volume's KV metadata store.
-    pub fn with_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>) -> Devices {
-        Devices { fast: None, ssd, kv: Some(dir.into()), kv_syncs: None, byte: None }
-    }
-
-    /// [`Devices::with_kv`], recording each sync of the KV directory in `log`.
-    pub fn with_recorded_kv(ssd: Arc<dyn BlockDevice>, dir: impl Into<PathBuf>, log: Arc<PowerLog>) -> Devices {
-        Devices { kv_syncs: Some(log), ..Devices::with_kv(ssd, dir) }
-    }
-}
-
-/// Where the KV store of a volume being opened lives.
-struct KvLocation {
-    dir: PathBuf,
-    syncs: Option<Arc<PowerLog>>,
-}
 
 /// The superblock sector of SSD `member` of `ssd` (a device set has one per member).
 pub(super) fn read_ssd_superblock(ssd: &dyn BlockDevice, member: u64) -> Result<Vec<u8>> {
@@ -124,6 +77,20 @@ fn windows(device: MetaDevice<'_>, layout: &MetaLayout, name: &str) -> Result<(B
     Ok((journal, slots))
 }
 
+/// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume: the check
+/// [`Volume::format`] runs on devices it is handed open (the front ends' paths are
+/// checked in full before: `crate::paths::probe`).
+fn refuse_superblocks(existing: &[(Vec<u8>, String)]) -> Result<()> {
+    for (bytes, device) in existing {
+        if Superblock::has_magic(bytes) {
+            let found =
+                Superblock::decode(bytes, device).map_or_else(|_| "an alignfs superblock that does not decode".into(), |sb| sb.describe());
+            return Err(Error::AlreadyFormatted { device: device.clone(), found });
+        }
+    }
+    Ok(())
+}
+
 /// The usable bytes of an SSD (or of every member of a device set): whole blocks, and
 /// whole split units when there are several SSDs, so no IO straddles two.
 fn usable_ssd_bytes(ssd: &dyn BlockDevice, geometry: &Geometry) -> u64 {
@@ -138,7 +105,7 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
     let geometry = options.geometry;
     let ssd_bytes = usable_ssd_bytes(ssd, &geometry);
     let ssd_count = u32::try_from(ssd.member_count()).unwrap_or(u32::MAX);
-    let max_ssds = options.profile.devices().max_ssds;
+    let max_ssds = options.profile.devices().max_ssds();
     if ssd_count > max_ssds {
         return Err(Error::WrongDevices(format!("profile {} takes {max_ssds} SSDs at most, not {ssd_count}", options.profile.name())));
     }
@@ -157,7 +124,7 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
         created_unix_ns: now_ns(),
         ssd_count,
         ssd_index: 0,
-        in_place_meta: options.meta_store.in_place(options.profile)?,
+        in_place_meta: options.profile.metadata_store(options.meta_store)? == MetaStoreKind::InPlaceLines,
     })
 }
 
@@ -200,28 +167,23 @@ impl Volume {
     /// `options.force`.
     pub fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
         let profile = options.profile;
-        options.geometry.validate(profile)?;
-        let needs = profile.devices();
-        if devices.kv.is_some() && !needs.kv_store {
-            return Err(Error::WrongDevices(format!("profile {} keeps no KV store; drop the KV directory", profile.name())));
+        profile.validate_geometry(&options.geometry)?;
+        let kind = profile.devices();
+        if !devices.are(kind) {
+            return Err(Error::WrongDevices(format!(
+                "profile {} is made of {}, not {}",
+                profile.name(),
+                kind.describe(),
+                devices.describe_kind()
+            )));
         }
-        match (&devices.byte, needs.memory_semantic) {
-            (Some(byte), true) if devices.fast.is_none() => {
-                return format_on_ssd(&devices.ssd, MetaDevice::MemorySemantic { ssd: &devices.ssd, byte: Some(byte) }, options)
-            }
-            (_, true) => return Err(Error::WrongDevices(format!("profile {} needs a memory-semantic SSD alone", profile.name()))),
-            (Some(_), false) => return Err(Error::WrongDevices(format!("profile {} does not use a memory-semantic SSD", profile.name()))),
-            (None, false) => {}
-        }
-        match (&devices.fast, needs.fast_tier) {
-            (Some(fast), true) => format_with_fast_tier(fast, devices.ssd.as_ref(), options),
-            (None, false) if needs.kv_store => {
-                format_with_kv(devices.ssd.as_ref(), devices.kv.as_deref(), devices.kv_syncs.as_ref(), options)
-            }
-            (None, false) => format_on_ssd(&devices.ssd, MetaDevice::Ssd(&devices.ssd), options),
-            (None, true) => Err(Error::WrongDevices(format!("profile {} needs a fast tier", profile.name()))),
-            (Some(_), false) => {
-                Err(Error::WrongDevices(format!("profile {} keeps no data in a fast tier; name only the SSDs", profile.name())))
+        match devices {
+            Devices::FastTierAndSsd { fast, ssd } => format_with_fast_tier(fast, ssd.as_ref(), options),
+            Devices::Ssds { ssd } => format_on_ssd(ssd, MetaDevice::Ssd(ssd), options),
+            Devices::SsdAndKvStore { ssd, dir, syncs } => format_with_kv(ssd.as_ref(), dir, syncs.as_ref(), options),
+            Devices::MemorySemanticSsd { device } => {
+                let ssd = devices.ssd();
+                format_on_ssd(&ssd, MetaDevice::MemorySemantic { ssd: &ssd, byte: Some(device) }, options)
             }
         }
     }
@@ -233,44 +195,29 @@ impl Volume {
     /// raised to this build's format version first.
     pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
         let started = Instant::now();
-        let Devices { fast, ssd, kv, kv_syncs, byte } = devices;
-        let (superblock, meta_name) = match &fast {
+        let ssd = devices.ssd();
+        let (superblock, meta_name) = match devices.fast() {
             Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
             None => check_on_ssd(ssd.as_ref())?,
         };
-        if kv.is_some() && !superblock.profile.devices().kv_store {
-            return Err(Error::WrongDevices(format!("an {} volume keeps no KV store; drop the KV directory", superblock.profile.name())));
-        }
-        if byte.is_some() != superblock.profile.devices().memory_semantic {
+        let kind = superblock.profile.devices();
+        if !devices.are(kind) {
             let profile = superblock.profile.name();
-            return Err(Error::WrongDevices(if byte.is_some() {
-                format!("an {profile} volume is not on a memory-semantic SSD")
-            } else {
-                format!("a {profile} volume needs its memory-semantic SSD")
-            }));
+            return Err(Error::WrongDevices(format!("a {profile} volume is made of {}, not {}", kind.describe(), devices.describe_kind())));
         }
-        let superblock = if superblock.profile.devices().kv_store && !options.read_only {
-            // A directory of another volume, or none, is refused before anything is written.
-            KvMeta::check_owner(kv.as_deref().ok_or_else(|| missing_kv(&superblock))?, superblock.uuid)?;
-            raise_format_version(ssd.as_ref(), superblock)?
-        } else {
-            superblock
+        let superblock = match &devices {
+            Devices::SsdAndKvStore { dir, .. } if !options.read_only => {
+                // A directory of another volume, or none, is refused before anything is written.
+                KvMeta::check_owner(dir, superblock.uuid)?;
+                raise_format_version(ssd.as_ref(), superblock)?
+            }
+            _ => superblock,
         };
-        let kv = kv.map(|dir| KvLocation { dir, syncs: kv_syncs });
-        Self::assemble(fast, ssd, byte, kv.as_ref(), superblock, meta_name, options, started)
+        Self::assemble(devices, superblock, meta_name, options, started)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        fast: Option<Arc<dyn ByteTier>>,
-        ssd: Arc<dyn BlockDevice>,
-        byte: Option<Arc<MemorySemanticSsd>>,
-        kv: Option<&KvLocation>,
-        superblock: Superblock,
-        meta_name: String,
-        options: VolumeOptions,
-        started: Instant,
-    ) -> Result<Volume> {
+    fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options: VolumeOptions, started: Instant) -> Result<Volume> {
+        let ssd = devices.ssd();
         if ssd.len_bytes() < superblock.ssd_bytes {
             return Err(Error::corrupt(
                 "superblock",
@@ -281,17 +228,20 @@ impl Volume {
         }
         let geometry = superblock.geometry;
         let layout = superblock.layout;
-        let recovered = if superblock.profile.devices().kv_store {
-            recover_kv(kv, &superblock, &options, started)?
-        } else if superblock.in_place_meta {
-            recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?
-        } else {
-            let meta_device = match (&fast, &byte) {
-                (Some(fast), _) => MetaDevice::Fast(fast),
-                (None, Some(byte)) => MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(byte) },
-                (None, None) => MetaDevice::Ssd(&ssd),
-            };
-            recover_journal(meta_device, &superblock, &meta_name, started)?
+        let (fast, byte) = match &devices {
+            Devices::FastTierAndSsd { fast, .. } => (Some(Arc::clone(fast)), None),
+            Devices::MemorySemanticSsd { device } => (None, Some(Arc::clone(device))),
+            _ => (None, None),
+        };
+        let recovered = match (&devices, superblock.in_place_meta) {
+            (Devices::SsdAndKvStore { dir, syncs, .. }, _) => recover_kv(dir, syncs.clone(), &superblock, &options, started)?,
+            (_, true) => recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?,
+            (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), &superblock, &meta_name, started)?,
+            (Devices::MemorySemanticSsd { device }, _) => {
+                let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
+                recover_journal(meta_device, &superblock, &meta_name, started)?
+            }
+            (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), &superblock, &meta_name, started)?,
         };
         let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
         let spec = superblock.profile.spec();
@@ -354,7 +304,14 @@ impl Volume {
             }
         }
         let background = inner.options.background && !inner.options.read_only;
-        let workers = if background { inner.policy.start_workers(&inner)? } else { Vec::new() };
+        let workers = if background {
+            let engine: Arc<dyn crate::profile::Engine> = Arc::clone(&inner) as _;
+            let mut workers = vec![inner.start_maintenance()?];
+            workers.extend(inner.policy.start_workers(&engine)?);
+            workers
+        } else {
+            Vec::new()
+        };
         Ok(Volume { inner, workers, closed: false })
     }
 }
@@ -423,16 +380,16 @@ fn recover_lines(
     Ok(Recovered { meta: loaded.state, store: Box::new(store), counters: loaded.counters, recovery, fragments: None, checksums: None })
 }
 
-fn missing_kv(superblock: &Superblock) -> Error {
-    Error::WrongDevices(format!("an {} volume keeps its metadata in a KV store: name its directory", superblock.profile.name()))
-}
-
 /// The records of the volume's KV store, with what a crash left behind (objects without a
 /// name, fragments no record names) deleted unless the volume opens read-only.
-fn recover_kv(kv: Option<&KvLocation>, superblock: &Superblock, options: &VolumeOptions, started: Instant) -> Result<Recovered> {
-    let kv = kv.ok_or_else(|| missing_kv(superblock))?;
-    let dir = kv.dir.as_path();
-    let mut store = KvMeta::open(dir, superblock.uuid, kv.syncs.clone())?;
+fn recover_kv(
+    dir: &Path,
+    syncs: Option<Arc<PowerLog>>,
+    superblock: &Superblock,
+    options: &VolumeOptions,
+    started: Instant,
+) -> Result<Recovered> {
+    let mut store = KvMeta::open(dir, superblock.uuid, syncs)?;
     let loaded = store.load(superblock.geometry.block_bytes)?;
     if !options.read_only {
         store.forget(&loaded.orphans, &loaded.stray_fragments)?;
@@ -480,10 +437,7 @@ fn apply_records(meta: &MetaState, replay: &Replay, superblock: &Superblock, met
 fn format_with_fast_tier(fast: &Arc<dyn ByteTier>, ssd: &dyn BlockDevice, options: &FormatOptions) -> Result<Superblock> {
     let geometry = options.geometry;
     if !options.force {
-        super::probe::refuse_superblocks(&[
-            (read_fast_superblock(fast.as_ref()), fast.describe()),
-            (read_ssd_superblock(ssd, 0)?, ssd.describe()),
-        ])?;
+        refuse_superblocks(&[(read_fast_superblock(fast.as_ref()), fast.describe()), (read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
     }
     let layout = MetaLayout::on_fast_tier(fast.len_bytes(), ssd.len_bytes(), &geometry)?;
     let superblock = new_superblock(options, fast.len_bytes(), ssd, layout)?;
@@ -507,9 +461,10 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, meta: MetaDevice<'_>, options: &For
     if !options.force {
         let existing: Vec<(Vec<u8>, String)> =
             (0..members).map(|m| Ok((read_ssd_superblock(ssd.as_ref(), m)?, ssd.describe()))).collect::<Result<_>>()?;
-        super::probe::refuse_superblocks(&existing)?;
+        refuse_superblocks(&existing)?;
     }
-    let layout = MetaLayout::for_profile(options.profile, 0, usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
+    let placement = options.profile.devices().meta_placement();
+    let layout = MetaLayout::at(placement, 0, usable_ssd_bytes(ssd.as_ref(), &geometry) / members, &geometry)?;
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd.as_ref(), layout)? };
     // As with a fast tier: the old superblocks go first, the new ones last.
     for member in 0..members {
@@ -531,11 +486,9 @@ fn format_on_ssd(ssd: &Arc<dyn BlockDevice>, meta: MetaDevice<'_>, options: &For
 
 /// One SSD and a KV store: the superblock alone on the SSD, the metadata in the store.
 /// The store is checked before anything is written, and the superblock goes last.
-fn format_with_kv(ssd: &dyn BlockDevice, kv: Option<&Path>, syncs: Option<&Arc<PowerLog>>, options: &FormatOptions) -> Result<Superblock> {
-    let name = options.profile.name();
-    let dir = kv.ok_or_else(|| Error::WrongDevices(format!("profile {name} keeps its metadata in a KV store: name its directory")))?;
+fn format_with_kv(ssd: &dyn BlockDevice, dir: &Path, syncs: Option<&Arc<PowerLog>>, options: &FormatOptions) -> Result<Superblock> {
     if !options.force {
-        super::probe::refuse_superblocks(&[(read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
+        refuse_superblocks(&[(read_ssd_superblock(ssd, 0)?, ssd.describe())])?;
     }
     let layout = MetaLayout::superblock_only(usable_ssd_bytes(ssd, &options.geometry), &options.geometry)?;
     let superblock = Superblock { role: DeviceRole::Ssd, ..new_superblock(options, 0, ssd, layout)? };
@@ -581,7 +534,7 @@ fn check_with_fast_tier(fast: &dyn ByteTier, ssd: &dyn BlockDevice) -> Result<(S
 fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     let ssd_name = format!("SSD {}", ssd.describe());
     let superblock = Superblock::decode(&read_ssd_superblock(ssd, 0)?, &ssd_name)?;
-    if superblock.profile.devices().fast_tier {
+    if superblock.fast_bytes > 0 {
         return Err(Error::WrongDevices(format!(
             "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
             superblock.profile.name()

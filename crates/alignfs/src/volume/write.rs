@@ -60,7 +60,7 @@ impl Volume {
     pub fn fsync(&self, ino: Ino) -> Result<()> {
         let inode = self.inner.get(ino)?;
         if inode.kind == FileKind::File && !self.inner.options.read_only {
-            self.inner.policy.fsync(&self.inner, &inode)?;
+            self.inner.policy.fsync(self.inner.as_ref(), &inode)?;
         }
         if inode.unflushed_overwrite.swap(false, Ordering::SeqCst) {
             self.inner.flush_ssd().inspect_err(|_| inode.unflushed_overwrite.store(true, Ordering::SeqCst))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use alignfs::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
 use alignfs::device::{BlockDevice, ByteTier, PmemRegion, SimSsd};
 use alignfs::layout::Profile;
+use alignfs::profile::DeviceKind;
 use alignfs::{FormatOptions, Geometry, Volume, VolumeOptions};
 
 /// Simulated devices that outlive any volume opened on them: a fast tier and an SSD, or
@@ -32,7 +33,7 @@ impl Devices {
     /// An SSD for a profile without a fast tier (a memory-semantic one for `byte`, with a
     /// 2 MiB write log so that the device cleans it often).
     pub fn ssd_only(profile: Profile, ssd_bytes: u64) -> Devices {
-        if profile.devices().memory_semantic {
+        if profile.devices() == DeviceKind::MemorySemanticSsd {
             let config = MssdConfig { log_bytes: 2 << 20, ..MssdConfig::new(ssd_bytes) };
             let (dram, flash) = MemorySemanticSsd::sizes(&config).unwrap();
             let (fast, ssd) = (Arc::new(PmemRegion::anonymous(dram).unwrap()), Arc::new(SimSsd::new(flash)));
@@ -77,8 +78,10 @@ impl Devices {
             let (device, _) = MemorySemanticSsd::open(ssd, Arc::clone(&self.fast) as Arc<dyn ByteTier>, MssdOptions::default()).unwrap();
             return alignfs::Devices::memory_semantic(Arc::new(device));
         }
-        let fast = self.profile.devices().fast_tier.then(|| Arc::clone(&self.fast) as Arc<dyn ByteTier>);
-        alignfs::Devices { fast, ssd, kv: None, kv_syncs: None, byte: None }
+        match self.profile.devices() {
+            DeviceKind::FastTierAndSsd => alignfs::Devices::new(Arc::clone(&self.fast) as Arc<dyn ByteTier>, ssd),
+            _ => alignfs::Devices::ssd_only(ssd),
+        }
     }
 
     pub fn fast_bytes(&self) -> Vec<u8> {

@@ -15,8 +15,7 @@ use super::ScrapState;
 use crate::journal::DurableView;
 use crate::map::BlockEntry;
 use crate::meta::{DataOp, Ino, Op};
-use crate::profile::Projection;
-use crate::volume::Inner;
+use crate::profile::{Engine, Projection};
 
 /// A block's entry as a crash leaves it: its SSD block without overlays, a zero block
 /// (`fallocate`: no residue, so nothing to lose), or a hole.
@@ -31,14 +30,14 @@ pub(super) fn durable_entry(entry: &BlockEntry) -> Option<BlockEntry> {
 impl ScrapState {
     /// The size of `ino` that a crash keeps, given its live `size`. The caller holds the
     /// commit lock.
-    pub(super) fn durable_size(&self, _engine: &Inner, ino: Ino, size: u64) -> u64 {
+    pub(super) fn durable_size(&self, ino: Ino, size: u64) -> u64 {
         self.unsynced_sizes.lock().get(&ino).copied().map_or(size, |durable| durable.min(size))
     }
 
     /// `ops` as a crash would keep them. The caller holds the commit lock and has not
     /// applied `ops` yet.
-    pub(super) fn durable_ops(&self, engine: &Inner, ops: &[Op]) -> Projection {
-        let block = engine.geometry.block();
+    pub(super) fn durable_ops(&self, engine: &dyn Engine, ops: &[Op]) -> Projection {
+        let block = engine.geometry().block();
         let mut journal = Vec::new();
         // Projections already journaled by this commit (a block edited twice).
         let mut projected: HashMap<(Ino, u64), Option<BlockEntry>> = HashMap::new();
@@ -50,7 +49,7 @@ impl ScrapState {
                 Op::Data(DataOp::Map { ino, lblock, entry }) => {
                     let before = match projected.get(&(*ino, *lblock)) {
                         Some(p) => p.clone(),
-                        None => engine.meta.get(*ino).and_then(|i| i.map.lock().get(lblock).and_then(durable_entry)),
+                        None => engine.meta().get(*ino).and_then(|i| i.map.lock().get(lblock).and_then(durable_entry)),
                     };
                     let after = entry.as_ref().and_then(durable_entry);
                     if before != after {
@@ -73,10 +72,10 @@ impl ScrapState {
         // Sizes last: they depend on every block edit of the commit.
         for op in ops {
             let Op::Data(DataOp::Extend { ino, size, mtime }) = op else { continue };
-            let Some(inode) = engine.meta.get(*ino) else { continue };
+            let Some(inode) = engine.meta().get(*ino) else { continue };
             let before = match sizes.iter().rev().find(|(i, _)| i == ino) {
                 Some(&(_, size)) => size,
-                None => self.durable_size(engine, *ino, inode.size()),
+                None => self.durable_size(*ino, inode.size()),
             };
             let reach = durable_end.get(ino).copied().unwrap_or(0).max(self.first_volatile_byte(engine, *ino, ops, before));
             let floor = (*size).min(reach);
@@ -90,8 +89,8 @@ impl ScrapState {
 
     /// Where, at or after `from`, the first block holding residue starts once `ops` apply
     /// (`u64::MAX` if none): every byte of `ino` between `from` and there is durable.
-    fn first_volatile_byte(&self, engine: &Inner, ino: Ino, ops: &[Op], from: u64) -> u64 {
-        let block = engine.geometry.block();
+    fn first_volatile_byte(&self, engine: &dyn Engine, ino: Ino, ops: &[Op], from: u64) -> u64 {
+        let block = engine.geometry().block();
         let from_block = from / block;
         let mut first = u64::MAX;
         let mut edited = Vec::new();
@@ -106,7 +105,7 @@ impl ScrapState {
             }
         }
         if first > from_block {
-            if let Some(inode) = engine.meta.get(ino) {
+            if let Some(inode) = engine.meta().get(ino) {
                 let map = inode.map.lock();
                 let held = map.range(from_block..first).find(|(lb, e)| e.fast_page_count() > 0 && !edited.contains(lb));
                 if let Some((&lb, _)) = held {
@@ -118,10 +117,10 @@ impl ScrapState {
     }
 
     /// After a commit applied: remember which files' live sizes run ahead of the journal.
-    pub(super) fn note_durable_sizes(&self, engine: &Inner, sizes: &[(Ino, u64)]) {
+    pub(super) fn note_durable_sizes(&self, engine: &dyn Engine, sizes: &[(Ino, u64)]) {
         let mut unsynced = self.unsynced_sizes.lock();
         for &(ino, durable) in sizes {
-            match engine.meta.get(ino) {
+            match engine.meta().get(ino) {
                 Some(inode) if durable < inode.size() => unsynced.insert(ino, durable),
                 _ => unsynced.remove(&ino),
             };
@@ -132,7 +131,6 @@ impl ScrapState {
 /// The live state as a crash would leave it: what a checkpoint records.
 pub(super) struct AfterCrash<'a> {
     pub state: &'a ScrapState,
-    pub engine: &'a Inner,
 }
 
 impl DurableView for AfterCrash<'_> {
@@ -140,6 +138,6 @@ impl DurableView for AfterCrash<'_> {
         durable_entry(entry)
     }
     fn size(&self, ino: Ino, size: u64) -> u64 {
-        self.state.durable_size(self.engine, ino, size)
+        self.state.durable_size(ino, size)
     }
 }

@@ -10,8 +10,8 @@ use super::ScrapState;
 use crate::error::Result;
 use crate::map::BlockEntry;
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
+use crate::profile::Engine;
 use crate::stats::Counter;
-use crate::volume::Inner;
 
 /// How long a block keeps volatile residue before an idle SSD takes it (stage 1).
 const IDLE_FLUSH_AGE: Duration = Duration::from_millis(500);
@@ -20,7 +20,7 @@ impl ScrapState {
     /// WSBuffer's stage 1 when the SSDs are idle: merge the blocks that have held residue
     /// for at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
     /// first, a batch at a time. A block whose SSD is busy waits for a later round.
-    pub(crate) fn flush_when_idle(&self, engine: &Inner) -> Result<u64> {
+    pub(crate) fn flush_when_idle(&self, engine: &dyn Engine) -> Result<u64> {
         let due: Vec<(Instant, Ino, u64)> = {
             let dirty = self.dirty_since.lock();
             let mut due: Vec<(Instant, Ino, u64)> =
@@ -29,16 +29,15 @@ impl ScrapState {
             due
         };
         let mut moved = 0;
-        for batch in due.chunks(engine.migration_batch()) {
+        for batch in due.chunks(engine.merge_batch()) {
             if engine.shutting_down() || (0..engine.ssd_count()).all(|m| engine.ssd_busy(m)) {
                 break;
             }
             let mut files = Vec::new();
             let mut since = HashMap::new();
             for &(t, ino, lblock) in batch {
-                let Some(inode) = engine.meta.get(ino) else { continue };
-                let home =
-                    inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| engine.member_of(b.0 * engine.geometry.block()));
+                let Some(inode) = engine.meta().get(ino) else { continue };
+                let home = inode.map.lock().get(&lblock).and_then(BlockEntry::ssd_block).map(|b| engine.ssd_of(b));
                 // A block whose SSD is busy stays due.
                 if !home.is_some_and(|m| engine.ssd_busy(m)) {
                     files.push((inode, lblock));
@@ -51,7 +50,7 @@ impl ScrapState {
                     dirty.remove(key);
                 }
             }
-            let (n, left) = engine.migrate_blocks_watched(files, Counter::migrations_idle)?;
+            let (n, left) = engine.merge_blocks(files, Counter::migrations_idle)?;
             moved += n;
             // Blocks a writer was in stay due, as old as they were.
             let mut dirty = self.dirty_since.lock();
@@ -66,21 +65,20 @@ impl ScrapState {
     /// Flush every block of `inode` that holds residue, then journal its size and mtime:
     /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
     /// lock.
-    pub(crate) fn sync_file_locked(&self, engine: &Inner, inode: &Arc<Inode>) -> Result<()> {
+    pub(crate) fn sync_file_locked(&self, engine: &dyn Engine, inode: &Arc<Inode>) -> Result<()> {
         engine.merge_file_locked(inode, Counter::migrations_sync)?;
         let attr = inode.attr();
-        if self.durable_size(engine, inode.ino, attr.size) < attr.size {
-            let freed = engine.commit(&[Op::Data(DataOp::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime })])?;
-            engine.release_freed(freed);
+        if self.durable_size(inode.ino, attr.size) < attr.size {
+            engine.commit(&[Op::Data(DataOp::Extend { ino: inode.ino, size: attr.size, mtime: attr.mtime })])?;
         }
         Ok(())
     }
 
-    /// [`Inner::sync_file_locked`] for every file (unmount).
-    pub(crate) fn sync_all(&self, engine: &Inner) -> Result<()> {
-        for inode in engine.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+    /// [`ScrapState::sync_file_locked`] for every file (unmount).
+    pub(crate) fn sync_all(&self, engine: &dyn Engine) -> Result<()> {
+        for inode in engine.meta().snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let _guard = inode.range.write(0, u64::MAX);
-            if engine.meta.get(inode.ino).is_some() {
+            if engine.meta().get(inode.ino).is_some() {
                 self.sync_file_locked(engine, &inode)?;
             }
         }

@@ -12,16 +12,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{spawn, DeviceNeeds, Policy, Profile, ProfileSpec, Projection, Promise, ResidueSetup, Tunable};
+use super::{DeviceKind, Engine, FullBlocks, Policy, Profile, ProfileSpec, Projection, Promise, ResidueSetup, Tunable};
+use crate::background::{spawn, Wakeup};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
 use crate::journal::checkpoint_payload;
 use crate::layout::MAX_SSDS;
 use crate::meta::{DataOp, Freed, Ino, Inode, Op};
+use crate::options::VolumeOptions;
 use crate::partition::{Plan, Residue, Rules};
 use crate::residue::{ResidueStore, ScrapPages};
 use crate::stats::Counter;
-use crate::volume::{FullBlocks, Inner, VolumeOptions, Wakeup};
 
 impl Profile {
     pub const SCRAP: Profile = Profile(2);
@@ -45,8 +46,8 @@ impl ProfileSpec for Scrap {
     fn summary(&self) -> &'static str {
         "WSBuffer: residue in DRAM scrap pages (--scrap-mem), SSDs only, durable on fsync"
     }
-    fn devices(&self) -> DeviceNeeds {
-        DeviceNeeds { fast_tier: false, max_ssds: MAX_SSDS, kv_store: false, memory_semantic: false }
+    fn devices(&self) -> DeviceKind {
+        DeviceKind::Ssds { max: MAX_SSDS }
     }
     fn promise(&self) -> Promise {
         Promise::OnSync
@@ -112,11 +113,11 @@ impl Policy for ScrapPolicy {
         Rules { residue: if small { Residue::All } else { Residue::Partial }, max_segments: SCRAP_MAX_SEGMENTS }
     }
 
-    fn project(&self, engine: &Inner, ops: &[Op]) -> Option<Projection> {
+    fn project(&self, engine: &dyn Engine, ops: &[Op]) -> Option<Projection> {
         Some(self.0.durable_ops(engine, ops))
     }
 
-    fn committed(&self, engine: &Inner, projection: Projection, freed: &Freed) {
+    fn committed(&self, engine: &dyn Engine, projection: Projection, freed: &Freed) {
         self.0.note_durable_sizes(engine, &projection.sizes);
         let mut unsynced = self.0.unsynced_sizes.lock();
         for inode in &freed.removed {
@@ -124,11 +125,11 @@ impl Policy for ScrapPolicy {
         }
     }
 
-    fn checkpoint_payload(&self, engine: &Inner) -> Vec<u8> {
-        checkpoint_payload(&engine.meta, &engine.counters(), &durable::AfterCrash { state: &self.0, engine })
+    fn checkpoint_payload(&self, engine: &dyn Engine) -> Vec<u8> {
+        checkpoint_payload(engine.meta(), &engine.counters(), &durable::AfterCrash { state: &self.0 })
     }
 
-    fn residue_stored(&self, _engine: &Inner, inode: &Inode, plan: &Plan, full: &[u64]) {
+    fn residue_stored(&self, _engine: &dyn Engine, inode: &Inode, plan: &Plan, full: &[u64]) {
         {
             let mut dirty = self.0.dirty_since.lock();
             for bp in plan.blocks.iter().filter(|b| !b.needs_ssd_block()) {
@@ -142,20 +143,19 @@ impl Policy for ScrapPolicy {
     }
 
     /// Flush the file's scrap pages to the SSD and journal its size.
-    fn fsync(&self, engine: &Inner, inode: &Arc<Inode>) -> Result<()> {
+    fn fsync(&self, engine: &dyn Engine, inode: &Arc<Inode>) -> Result<()> {
         let _guard = inode.range.write(0, u64::MAX);
         self.0.sync_file_locked(engine, inode)
     }
 
-    fn before_close(&self, engine: &Inner) -> Result<()> {
+    fn before_close(&self, engine: &dyn Engine) -> Result<()> {
         self.0.sync_all(engine)
     }
 
-    /// The maintenance thread, and the flushers: full scrap pages as they come (stage 2),
-    /// then blocks that have waited while the SSD is idle (stage 1). Flushers take
-    /// disjoint batches.
-    fn start_workers(&self, engine: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
-        let mut workers = vec![engine.start_maintenance()?];
+    /// The flushers: full scrap pages as they come (stage 2), then blocks that have waited
+    /// while the SSD is idle (stage 1). Flushers take disjoint batches.
+    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+        let mut workers = Vec::new();
         for id in 0..self.0.flush_workers {
             let (engine, state) = (Arc::clone(engine), Arc::clone(&self.0));
             workers.push(spawn(format!("alignfs-flush{id}"), move || {
@@ -164,7 +164,11 @@ impl Policy for ScrapPolicy {
                     if engine.shutting_down() {
                         break;
                     }
-                    if let Err(e) = state.full_units.merge(&engine, Counter::migrations_full).and_then(|_| state.flush_when_idle(&engine)) {
+                    if let Err(e) = state
+                        .full_units
+                        .merge(engine.as_ref(), Counter::migrations_full)
+                        .and_then(|_| state.flush_when_idle(engine.as_ref()))
+                    {
                         tracing::warn!("flushing scrap pages: {e}");
                     }
                 }

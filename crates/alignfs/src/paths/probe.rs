@@ -21,7 +21,7 @@ use crate::device::mssd::{dram_label, flash_label, PAGE};
 use crate::error::{Error, Result};
 use crate::geometry::SUPERBLOCK_BYTES;
 use crate::kv::KvMeta;
-use crate::layout::{DeviceRole, Superblock};
+use crate::layout::Superblock;
 
 /// An alignfs structure found on a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,16 +41,7 @@ pub enum Found {
 impl fmt::Display for Found {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Found::Volume(sb) => {
-                let (profile, uuid) = (sb.profile.name(), sb.uuid_string());
-                match sb.role {
-                    DeviceRole::Fast => write!(f, "the fast tier of {profile} volume {uuid}"),
-                    DeviceRole::Ssd if sb.ssd_count > 1 => {
-                        write!(f, "SSD {} of {} of {profile} volume {uuid}", sb.ssd_index + 1, sb.ssd_count)
-                    }
-                    DeviceRole::Ssd => write!(f, "the SSD of {profile} volume {uuid}"),
-                }
-            }
+            Found::Volume(sb) => f.write_str(&sb.describe()),
             Found::DamagedSuperblock => write!(f, "an alignfs superblock that does not decode"),
             Found::DeviceDram(id) => write!(f, "the DRAM of memory-semantic SSD {id:016x} (a byte volume's device)"),
             Found::DeviceFlash(id) => write!(f, "the flash image of memory-semantic SSD {id:016x} (a byte volume's device)"),
@@ -114,18 +105,6 @@ pub fn check_targets(paths: &[&Path], force: bool) -> Result<()> {
     for path in paths {
         if let Some(found) = probe(path)? {
             return Err(Error::AlreadyFormatted { device: path.display().to_string(), found: found.to_string() });
-        }
-    }
-    Ok(())
-}
-
-/// `AlreadyFormatted` if any of `(superblock bytes, device)` holds a volume: the check
-/// [`crate::Volume::format`] runs on devices it is handed open.
-pub(super) fn refuse_superblocks(existing: &[(Vec<u8>, String)]) -> Result<()> {
-    for (bytes, device) in existing {
-        if Superblock::has_magic(bytes) {
-            let found = Superblock::decode(bytes, device).map_or(Found::DamagedSuperblock, |sb| Found::Volume(Box::new(sb)));
-            return Err(Error::AlreadyFormatted { device: device.clone(), found: found.to_string() });
         }
     }
     Ok(())
