@@ -91,7 +91,7 @@ impl BlockVolume {
             Error::NotFound => Error::WrongPersonality("the volume holds no block volume (format it with BlockVolume::format)".into()),
             other => other,
         })?;
-        let object = volume.inner().file(attr.ino)?;
+        let object = volume.object(attr.ino)?;
         let device = volume.superblock().uuid_string();
         let (layout, zone_offset) = match volume.getxattr(attr.ino, LAYOUT_XATTR) {
             Ok(bytes) => BlockLayout::decode(&bytes).map_err(|e| Error::corrupt("block layout", &device, 0, e))?,
@@ -160,7 +160,7 @@ impl BlockVolume {
     /// scheduling hint for servers: a full buffer still makes such a write wait.
     pub fn write_is_quick(&self, offset: u64, len: u64) -> bool {
         self.zone.pieces(offset, len).into_iter().all(|(place, _, len)| match place {
-            Place::Engine => self.volume.inner().write_goes_to_residue(len),
+            Place::Engine => self.volume.write_goes_to_residue(len),
             Place::Zone(_) => true,
         })
     }
@@ -168,20 +168,20 @@ impl BlockVolume {
     /// Whether [`Self::flush`] returns without touching the SSD (a profile durable on
     /// every write).
     pub fn flush_is_quick(&self) -> bool {
-        self.volume.inner().fsync_is_free()
+        self.volume.fsync_is_free()
     }
 
     /// Write `data` at `offset`, durable as the profile promises (until [`Self::flush`]
     /// where it promises less); the NVM zone's pieces are durable on return.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         // The NVM zone bypasses the engine, so the engine's read-only check runs here first.
-        self.volume.inner().check_writable()?;
+        self.volume.check_writable()?;
         self.check_range(offset, data.len() as u64)?;
         for (place, at, len) in self.zone.pieces(offset, data.len() as u64) {
             let piece = &data[(at - offset) as usize..(at - offset + len) as usize];
             match place {
                 Place::Engine => {
-                    self.volume.inner().write_object(&self.object, at, piece, false)?;
+                    self.volume.write_within(&self.object, at, piece)?;
                 }
                 Place::Zone(z) => self.zone.write(z, piece),
             }
@@ -197,7 +197,7 @@ impl BlockVolume {
     /// Drop a range's data: it reads as zeros and its whole blocks are freed (NBD `TRIM`,
     /// `WRITE_ZEROES`).
     pub fn trim(&self, offset: u64, len: u64) -> Result<()> {
-        self.volume.inner().check_writable()?;
+        self.volume.check_writable()?;
         self.check_range(offset, len)?;
         for (place, at, len) in self.zone.pieces(offset, len) {
             match place {

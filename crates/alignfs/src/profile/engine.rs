@@ -12,7 +12,7 @@ use crate::map::SsdBlock;
 use crate::meta::{Ino, Inode, MetaState, Op};
 use crate::stats::Counter;
 
-pub(crate) trait Engine: Send + Sync {
+pub(crate) trait EngineApi: Send + Sync {
     fn geometry(&self) -> Geometry;
     /// The metadata as it is in memory (a projection reads files' maps and sizes).
     fn meta(&self) -> &MetaState;
@@ -63,7 +63,7 @@ impl FullBlocks {
     /// Merge the queued blocks a batch at a time until the queue is empty; blocks a writer
     /// holds meanwhile are queued again for the next call. A queued block that no longer
     /// holds residue (merged since, or removed) is skipped. Returns how many moved.
-    pub(crate) fn merge(&self, engine: &dyn Engine, cause: Counter) -> Result<u64> {
+    pub(crate) fn merge(&self, engine: &dyn EngineApi, cause: Counter) -> Result<u64> {
         let mut moved = 0;
         let mut busy = Vec::new();
         let result = loop {

@@ -35,7 +35,7 @@ use crate::residue::ResidueStore;
 use crate::stats::Counter;
 
 use crate::options::{MetaStoreChoice, VolumeOptions};
-pub(crate) use engine::{Engine, FullBlocks};
+pub(crate) use engine::{EngineApi, FullBlocks};
 
 /// Every profile this build implements, in the order `--help` lists them. The one line a
 /// new profile adds.
@@ -310,7 +310,7 @@ pub(crate) struct Projection {
 }
 
 /// The runtime half of a profile: the data path's questions, answered once per profile.
-/// Hooks receive the engine they run in, through its narrow [`Engine`] interface.
+/// Hooks receive the engine they run in, through its narrow [`EngineApi`] interface.
 pub(crate) trait Policy: Send + Sync {
     /// Partition rules for a write of `len` bytes.
     fn write_rules(&self, len: u64) -> Rules;
@@ -318,37 +318,37 @@ pub(crate) trait Policy: Send + Sync {
     /// What the journal records for `ops` (under the commit lock, before they apply):
     /// `None` to journal them as they are (a persistent residue store: the live state is
     /// what a crash keeps).
-    fn project(&self, _engine: &dyn Engine, _ops: &[Op]) -> Option<Projection> {
+    fn project(&self, _engine: &dyn EngineApi, _ops: &[Op]) -> Option<Projection> {
         None
     }
 
     /// After a projected commit applied.
-    fn committed(&self, _engine: &dyn Engine, _projection: Projection, _freed: &Freed) {}
+    fn committed(&self, _engine: &dyn EngineApi, _projection: Projection, _freed: &Freed) {}
 
     /// A checkpoint's payload: the state as a crash would keep it (by default the live
     /// state, as it is).
-    fn checkpoint_payload(&self, engine: &dyn Engine) -> Vec<u8> {
+    fn checkpoint_payload(&self, engine: &dyn EngineApi) -> Vec<u8> {
         checkpoint_payload(engine.meta(), &engine.counters(), &AsIs)
     }
 
     /// A write stored residue for `plan`'s blocks of `inode`; `full` names the blocks one
     /// of whose units the write filled to its end.
-    fn residue_stored(&self, _engine: &dyn Engine, _inode: &Inode, _plan: &Plan, _full: &[u64]) {}
+    fn residue_stored(&self, _engine: &dyn EngineApi, _inode: &Inode, _plan: &Plan, _full: &[u64]) {}
 
     /// fsync of a regular file, beyond retrying a failed SSD flush. The volume is
     /// writable.
-    fn fsync(&self, _engine: &dyn Engine, _inode: &Arc<Inode>) -> Result<()> {
+    fn fsync(&self, _engine: &dyn EngineApi, _inode: &Arc<Inode>) -> Result<()> {
         Ok(())
     }
 
     /// A clean close, before the final SSD flush and checkpoint.
-    fn before_close(&self, _engine: &dyn Engine) -> Result<()> {
+    fn before_close(&self, _engine: &dyn EngineApi) -> Result<()> {
         Ok(())
     }
 
     /// Start the profile's own background threads (a writable volume with background work
     /// on), beside the engine's maintenance thread (watermark merges, checkpoints).
-    fn start_workers(&self, _engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+    fn start_workers(&self, _engine: &Arc<dyn EngineApi>) -> Result<Vec<JoinHandle<()>>> {
         Ok(Vec::new())
     }
 
@@ -402,7 +402,7 @@ pub(crate) trait Policy: Send + Sync {
 
 /// Drain the residue store whenever no write came for `idle` (UHS's "under light load",
 /// NVStore's lazy sync when the device is idle).
-fn drain_when_idle(engine: &dyn Engine, idle: Duration) {
+fn drain_when_idle(engine: &dyn EngineApi, idle: Duration) {
     let mut writes = engine.writes_so_far();
     let mut quiet_since = Instant::now();
     while !engine.shutting_down() {

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{drain_when_idle, DeviceKind, Engine, FullBlocks, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{
+    drain_when_idle, DeviceKind, EngineApi, FullBlocks, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable,
+};
 use crate::background::{spawn, Wakeup};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
@@ -108,7 +110,7 @@ impl Policy for NvStorePolicy {
 
     /// Queue the pages an append completed. The write is not committed yet, so the
     /// object's size is still the one before it.
-    fn residue_stored(&self, _engine: &dyn Engine, inode: &Inode, plan: &Plan, full: &[u64]) {
+    fn residue_stored(&self, _engine: &dyn EngineApi, inode: &Inode, plan: &Plan, full: &[u64]) {
         if full.is_empty() || plan.new_size <= inode.attr().size {
             return;
         }
@@ -119,7 +121,7 @@ impl Policy for NvStorePolicy {
 
     /// The idle sync, and the merger of completed fragment pages (the engine's watermark
     /// merges bound the fragment pages' memory).
-    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+    fn start_workers(&self, engine: &Arc<dyn EngineApi>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
         let sync = spawn("alignfs-nvstore-sync".into(), move || drain_when_idle(worker.as_ref(), IDLE_BEFORE_SYNC))?;
         let (worker, pages) = (Arc::clone(engine), Arc::clone(&self.0));

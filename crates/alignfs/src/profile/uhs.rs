@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{drain_when_idle, DeviceKind, Engine, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
+use super::{drain_when_idle, DeviceKind, EngineApi, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::background::spawn;
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
@@ -113,7 +113,7 @@ impl Policy for UhsPolicy {
 
     /// UHS's light-load migration: once no write came for [`IDLE_BEFORE_DRAIN`], the
     /// buffer is drained.
-    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+    fn start_workers(&self, engine: &Arc<dyn EngineApi>) -> Result<Vec<JoinHandle<()>>> {
         let worker = Arc::clone(engine);
         Ok(vec![spawn("alignfs-uhs-drain".into(), move || drain_when_idle(worker.as_ref(), IDLE_BEFORE_DRAIN))?])
     }

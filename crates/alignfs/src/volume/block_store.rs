@@ -1,15 +1,22 @@
-//! The block store: SSD IO submission and in-flight accounting, block allocation across
-//! the SSDs of a volume, and shared (group) flushes.
+//! The block store: the SSDs of a volume and what is kept about their blocks — which are
+//! used or shared ([`BlockRefs`]), where a block's next image goes ([`BlockPlacement`]),
+//! their checksums and DRAM copies where the profile keeps them — with IO submission,
+//! in-flight accounting, and shared (group) flushes.
 
 #[cfg(debug_assertions)]
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use super::Inner;
-use crate::device::{AlignedBuf, IoOp, IoRequest, IoTicket};
+use parking_lot::Mutex;
+
+use super::clean_pages::CleanPages;
+use crate::device::{AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::layout::{BlockChecksums, BlockRefs};
 use crate::map::{BlockEntry, SsdBlock};
-use crate::stats::Counter;
+use crate::stats::{Counter, Stats};
 
 /// Where the next SSD image of one logical block goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,71 +35,193 @@ pub(super) struct Target {
     pub new: bool,
 }
 
+/// How a volume places the blocks it rewrites: chosen once, at open, from its profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BlockPlacement {
+    /// Every rewrite takes a new block, so a crash finds the old image or the new one
+    /// (profiles durable on every write).
+    OutOfPlace,
+    /// A block the file owns alone is overwritten where it is: a crash may leave any mix
+    /// of its old and new bytes, which a promise of durability only on sync allows, and
+    /// the map edit, its journal record and a flush are spared (`scrap`).
+    InPlaceUntilSync,
+    /// Logical block `n` of a file lives at SSD block `base + n` where that was free, and
+    /// every rewrite and merge goes there, as on the disk a block volume stands for
+    /// (`uhs`, one SSD).
+    AtHome { base: u64 },
+}
+
+/// What the block store holds.
+pub(crate) struct BlockStore {
+    ssd: Arc<dyn BlockDevice>,
+    geometry: Geometry,
+    /// Bytes of each SSD of the set.
+    member_bytes: u64,
+    /// Which blocks are used, shared, pinned or promised.
+    pub(super) refs: BlockRefs,
+    placement: BlockPlacement,
+    /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
+    checksums: Option<BlockChecksums>,
+    /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`, `byte`).
+    clean: Option<CleanPages>,
+    /// Aligned buffers for block images.
+    pub(super) buffers: BufferPool,
+    stats: Arc<Stats>,
+    /// SSD writes completed so far, and how many of them the last completed flush covers:
+    /// a commit that makes a map point at new SSD blocks waits until they are flushed.
+    writes_done: AtomicU64,
+    writes_flushed: Mutex<u64>,
+    /// The last SSD flush failed: writes that needed it failed too, and the next fsync
+    /// retries it.
+    flush_failed: AtomicBool,
+    /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
+    in_flight: Vec<AtomicU64>,
+    /// Debug builds check that no SSD write shares its range with another IO in flight.
+    #[cfg(debug_assertions)]
+    io_ranges: InFlightRanges,
+}
+
 /// In-flight SSD bytes at which the SSD counts as busy (WSBuffer's threshold).
 const SSD_BUSY_BYTES: u64 = 4 << 20;
 
-impl Inner {
-    /// Count completed SSD writes; [`Inner::flush_ssd`] makes them durable.
-    pub(super) fn ssd_written(&self) {
-        self.ssd_writes_done.fetch_add(1, Ordering::SeqCst);
+/// What a block store is built from at open.
+pub(crate) struct BlockStoreParts {
+    pub ssd: Arc<dyn BlockDevice>,
+    pub geometry: Geometry,
+    pub member_bytes: u64,
+    pub ssd_count: usize,
+    pub refs: BlockRefs,
+    pub placement: BlockPlacement,
+    pub checksums: Option<BlockChecksums>,
+    pub clean: Option<CleanPages>,
+    pub stats: Arc<Stats>,
+}
+
+impl BlockStore {
+    pub(crate) fn new(parts: BlockStoreParts) -> BlockStore {
+        let BlockStoreParts { ssd, geometry, member_bytes, ssd_count, refs, placement, checksums, clean, stats } = parts;
+        BlockStore {
+            ssd,
+            geometry,
+            member_bytes,
+            refs,
+            placement,
+            checksums,
+            clean,
+            buffers: BufferPool::new(64 << 20),
+            stats,
+            writes_done: AtomicU64::new(0),
+            writes_flushed: Mutex::new(0),
+            flush_failed: AtomicBool::new(false),
+            in_flight: (0..ssd_count).map(|_| AtomicU64::new(0)).collect(),
+            #[cfg(debug_assertions)]
+            io_ranges: InFlightRanges::default(),
+        }
+    }
+
+    /// The SSD (or set) itself.
+    pub(crate) fn ssd(&self) -> &Arc<dyn BlockDevice> {
+        &self.ssd
+    }
+
+    /// How many SSDs the volume spans.
+    pub(crate) fn ssd_count(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    pub(crate) fn checksums(&self) -> Option<&BlockChecksums> {
+        self.checksums.as_ref()
+    }
+
+    /// Whether the last SSD flush failed (the next fsync retries it).
+    pub(crate) fn flush_failed(&self) -> bool {
+        self.flush_failed.load(Ordering::SeqCst)
+    }
+
+    /// Count completed SSD writes; [`BlockStore::flush`] makes them durable.
+    pub(super) fn written(&self) {
+        self.writes_done.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Flush the SSD's volatile cache so that every write completed before this call is
     /// durable. Concurrent callers share flushes: one whose writes a flush that ran while
     /// it waited already covered returns at once (group commit).
-    pub(crate) fn flush_ssd(&self) -> Result<()> {
-        let wanted = self.ssd_writes_done.load(Ordering::SeqCst);
+    pub(crate) fn flush(&self) -> Result<()> {
+        let wanted = self.writes_done.load(Ordering::SeqCst);
         if !self.ssd.needs_flush() {
             self.stats.add(Counter::ssd_flushes_skipped, 1);
             return Ok(());
         }
-        let mut flushed = self.ssd_writes_flushed.lock();
+        let mut flushed = self.writes_flushed.lock();
         if *flushed >= wanted {
             self.stats.add(Counter::ssd_flushes_skipped, 1);
             return Ok(());
         }
-        let covered = self.ssd_writes_done.load(Ordering::SeqCst);
+        let covered = self.writes_done.load(Ordering::SeqCst);
         if let Err(e) = self.ssd.flush() {
-            self.ssd_flush_failed.store(true, Ordering::SeqCst);
+            self.flush_failed.store(true, Ordering::SeqCst);
             return Err(e);
         }
-        self.ssd_flush_failed.store(false, Ordering::SeqCst);
+        self.flush_failed.store(false, Ordering::SeqCst);
         *flushed = covered;
         self.stats.add(Counter::ssd_flushes, 1);
         Ok(())
     }
 
-    /// Whether the profile keeps blocks at their homes ([`crate::profile::Policy::keeps_blocks_home`]).
+    /// Whether blocks keep their homes ([`BlockPlacement::AtHome`]).
     pub(super) fn keeps_blocks_home(&self) -> bool {
-        self.home_base.is_some()
+        matches!(self.placement, BlockPlacement::AtHome { .. })
+    }
+
+    /// Whether a write may overwrite a block the file owns alone where it is.
+    pub(super) fn rewrites_in_place(&self) -> bool {
+        self.placement != BlockPlacement::OutOfPlace
+    }
+
+    /// Whether a write that only overwrote blocks in place leaves them unflushed until the
+    /// file's next sync (the promise is durability on sync).
+    pub(super) fn flushes_on_sync(&self) -> bool {
+        self.placement == BlockPlacement::InPlaceUntilSync
     }
 
     /// Where block `lblock`'s next image goes, its entry being `current`. `in_place`:
     /// whether this write may rewrite an unshared SSD block where it is (no merge reads it
-    /// unlocked, and the profile's promise allows a torn block). A block that keeps a home
-    /// but sits elsewhere (its home was taken when it moved) goes back as soon as the home
-    /// is free; otherwise it stays where it is.
+    /// unlocked, and the placement allows it). A block that keeps a home but sits
+    /// elsewhere (its home was taken when it moved) goes back as soon as the home is free;
+    /// otherwise it stays where it is.
     pub(super) fn placement(&self, lblock: u64, current: Option<&BlockEntry>, in_place: bool) -> Placement {
-        let home = self.home_base.map(|base| base + lblock).filter(|&h| h < self.blocks.capacity());
+        let home = match self.placement {
+            BlockPlacement::AtHome { base } => Some(base + lblock).filter(|&h| h < self.refs.capacity()),
+            _ => None,
+        };
         match current {
             Some(BlockEntry::Ssd { block, shared: false, .. }) if in_place => match home {
-                Some(h) if h != block.0 && !self.blocks.is_used(h) => Placement::New { home },
+                Some(h) if h != block.0 && !self.refs.is_used(h) => Placement::New { home },
                 _ => Placement::InPlace(*block),
             },
             _ => Placement::New { home },
         }
     }
 
+    /// The home of logical block `lblock`, where blocks keep homes.
+    #[cfg(test)]
+    pub(super) fn home_of(&self, lblock: u64) -> Option<u64> {
+        match self.placement {
+            BlockPlacement::AtHome { base } => Some(base + lblock),
+            _ => None,
+        }
+    }
+
     /// The SSD blocks `placements` name, allocating the new ones (at their homes where
-    /// free; otherwise on `members`, one per new block, as [`Inner::allocate_blocks`]);
+    /// free; otherwise on `members`, one per new block, as [`BlockStore::allocate`]);
     /// `None`, and nothing taken, if the SSD is full.
     pub(super) fn place(&self, placements: &[Placement], members: &[usize], redeem: u64) -> Option<Vec<Target>> {
         let new_blocks = if self.keeps_blocks_home() {
             let homes: Vec<Option<u64>> =
                 placements.iter().filter_map(|p| if let Placement::New { home } = p { Some(*home) } else { None }).collect();
-            self.blocks.allocate_preferring(&homes, redeem)?.into_iter().map(SsdBlock).collect()
+            self.refs.allocate_preferring(&homes, redeem)?.into_iter().map(SsdBlock).collect()
         } else {
-            self.allocate_blocks(members, redeem)?
+            self.allocate(members, redeem)?
         };
         let mut next_new = new_blocks.into_iter();
         Some(
@@ -109,7 +238,18 @@ impl Inner {
     /// Free the blocks of `targets` that were allocated for them.
     pub(super) fn release_new(&self, targets: &[Target]) {
         let new: Vec<SsdBlock> = targets.iter().filter(|t| t.new).map(|t| t.block).collect();
-        self.release(&[], &new);
+        self.release(&new);
+    }
+
+    /// Return blocks to the allocator, and drop their copies.
+    pub(crate) fn release(&self, blocks: &[SsdBlock]) {
+        if blocks.is_empty() {
+            return;
+        }
+        self.refs.release(blocks.iter().map(|b| b.0));
+        if let Some(clean) = &self.clean {
+            clean.forget(blocks);
+        }
     }
 
     /// Split `(block, tag)` pairs into runs of physically consecutive blocks of at most
@@ -224,22 +364,22 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl Inner {
+impl BlockStore {
     /// Which SSD of the volume holds byte `offset` of the SSD address space.
     pub(crate) fn member_of(&self, offset: u64) -> usize {
-        ((offset / self.superblock.member_bytes()) as usize).min(self.ssd_in_flight.len() - 1)
+        ((offset / self.member_bytes) as usize).min(self.in_flight.len() - 1)
     }
 
     /// Submit a batch to the SSDs, counting its bytes as in flight until it is waited for.
     ///
     /// Every data write covers whole blocks (invariant 1: no read-modify-write in the SSD);
     /// checked in release builds too, as the test costs nothing beside the IO.
-    pub(crate) fn submit_ssd(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
-        let mut bytes = vec![0u64; self.ssd_in_flight.len()];
+    pub(crate) fn submit(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
+        let mut bytes = vec![0u64; self.in_flight.len()];
         for request in &batch {
             bytes[self.member_of(request.offset_bytes)] += request.buf.len() as u64;
         }
-        for (gauge, n) in self.ssd_in_flight.iter().zip(&bytes) {
+        for (gauge, n) in self.in_flight.iter().zip(&bytes) {
             gauge.fetch_add(*n, Ordering::Relaxed);
         }
         #[cfg(debug_assertions)]
@@ -256,7 +396,7 @@ impl Inner {
             }
         }
         InFlight {
-            gauges: &self.ssd_in_flight,
+            gauges: &self.in_flight,
             bytes,
             ticket: Some(self.ssd.submit(batch)),
             #[cfg(debug_assertions)]
@@ -281,15 +421,15 @@ impl Inner {
 
     /// Whether SSD `member` has at least the busy threshold of the volume's IO in flight
     /// (WSBuffer: 4 MiB); stage-1 flushing waits for it to calm down.
-    pub(crate) fn ssd_busy(&self, member: usize) -> bool {
-        self.ssd_in_flight[member].load(Ordering::Relaxed) >= SSD_BUSY_BYTES
+    pub(crate) fn busy(&self, member: usize) -> bool {
+        self.in_flight[member].load(Ordering::Relaxed) >= SSD_BUSY_BYTES
     }
 
     /// For `n` new blocks, the SSD each should go to: the least loaded, counting the
     /// blocks already assigned (WSBuffer's delayed allocation).
     pub(super) fn least_busy_members(&self, n: usize) -> Vec<usize> {
         let block = self.geometry.block();
-        let mut load: Vec<u64> = self.ssd_in_flight.iter().map(|g| g.load(Ordering::Relaxed)).collect();
+        let mut load: Vec<u64> = self.in_flight.iter().map(|g| g.load(Ordering::Relaxed)).collect();
         (0..n)
             .map(|_| {
                 let member = (0..load.len()).min_by_key(|&m| load[m]).unwrap_or(0);
@@ -302,28 +442,68 @@ impl Inner {
     /// One new SSD block on each SSD named (another SSD when that one is full); all or
     /// none. `redeem` of them come from promises the caller holds (zero blocks it
     /// replaces); on failure those promises are still held.
-    pub(super) fn allocate_blocks(&self, members: &[usize], redeem: u64) -> Option<Vec<SsdBlock>> {
-        if self.ssd_in_flight.len() == 1 {
-            return self.blocks.allocate(members.len(), redeem).map(|ids| ids.into_iter().map(SsdBlock).collect());
+    pub(super) fn allocate(&self, members: &[usize], redeem: u64) -> Option<Vec<SsdBlock>> {
+        if self.in_flight.len() == 1 {
+            return self.refs.allocate(members.len(), redeem).map(|ids| ids.into_iter().map(SsdBlock).collect());
         }
-        let per_member = self.superblock.member_bytes() / self.geometry.block();
-        let count = self.ssd_in_flight.len() as u64;
+        let per_member = self.member_bytes / self.geometry.block();
+        let count = self.in_flight.len() as u64;
         let mut taken = Vec::with_capacity(members.len());
         for (i, &member) in members.iter().enumerate() {
             let redeeming = (i as u64) < redeem;
             let found = (0..count)
                 .map(|k| (member as u64 + k) % count)
-                .find_map(|m| self.blocks.allocate_in(m * per_member..(m + 1) * per_member, redeeming));
+                .find_map(|m| self.refs.allocate_in(m * per_member..(m + 1) * per_member, redeeming));
             match found {
                 Some(id) => taken.push(SsdBlock(id)),
                 None => {
-                    self.release(&[], &taken);
-                    self.blocks.restore_promises(redeem.min(taken.len() as u64));
+                    self.release(&taken);
+                    self.refs.restore_promises(redeem.min(taken.len() as u64));
                     return None;
                 }
             }
         }
         Some(taken)
+    }
+}
+
+impl BlockStore {
+    /// A DRAM copy of `block`, where the store keeps them.
+    pub(super) fn copy_of(&self, block: SsdBlock) -> Option<Arc<[u8]>> {
+        self.clean.as_ref()?.get(block)
+    }
+
+    /// Take `block`'s copy out of the cache (a merge about to rewrite it).
+    pub(super) fn take_copy(&self, block: SsdBlock) -> Option<Arc<[u8]>> {
+        self.clean.as_ref()?.take(block)
+    }
+
+    /// Keep a copy of blocks read from `first` on, where the store keeps copies.
+    pub(super) fn keep_read(&self, first: SsdBlock, image: &[u8]) {
+        if let Some(clean) = &self.clean {
+            clean.read(first, image);
+        }
+    }
+
+    /// Whether the store keeps DRAM copies of blocks.
+    pub(super) fn keeps_copies(&self) -> bool {
+        self.clean.is_some()
+    }
+
+    /// Whether blocks are checked against checksums when read.
+    pub(super) fn verifies_reads(&self) -> bool {
+        self.checksums.is_some()
+    }
+
+    /// Drop every copy (the next reads go to the device).
+    pub(crate) fn drop_copies(&self) {
+        if let Some(clean) = &self.clean {
+            clean.clear();
+        }
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        self.ssd.describe()
     }
 }
 
@@ -340,11 +520,11 @@ mod tests {
         use crate::device::{AlignedBuf, IoOp, IoRequest};
         let v = volume();
         let io = |op, offset_bytes| vec![IoRequest { op, offset_bytes, buf: AlignedBuf::zeroed(8192) }];
-        let first = v.inner.submit_ssd(io(IoOp::Read, 1 << 20));
-        let second = v.inner.submit_ssd(io(IoOp::Read, (1 << 20) + 4096));
+        let first = v.inner.blocks.submit(io(IoOp::Read, 1 << 20));
+        let second = v.inner.blocks.submit(io(IoOp::Read, (1 << 20) + 4096));
         drop((first, second));
-        let _reading = v.inner.submit_ssd(io(IoOp::Read, 1 << 20));
-        let _writing = v.inner.submit_ssd(io(IoOp::Write, (1 << 20) + 4096));
+        let _reading = v.inner.blocks.submit(io(IoOp::Read, 1 << 20));
+        let _writing = v.inner.blocks.submit(io(IoOp::Write, (1 << 20) + 4096));
     }
 
     /// A data write that does not cover whole blocks is refused in every build.
@@ -354,6 +534,6 @@ mod tests {
         use crate::device::{AlignedBuf, IoOp, IoRequest};
         let v = volume();
         let block = v.inner.geometry.block();
-        let _writing = v.inner.submit_ssd(vec![IoRequest { op: IoOp::Write, offset_bytes: block, buf: AlignedBuf::zeroed(4096) }]);
+        let _writing = v.inner.blocks.submit(vec![IoRequest { op: IoOp::Write, offset_bytes: block, buf: AlignedBuf::zeroed(4096) }]);
     }
 }

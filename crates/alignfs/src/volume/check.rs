@@ -4,10 +4,10 @@
 //! with a unit that is out of range or referenced twice. What it does not look at is the
 //! namespace as a whole and the maps against the sizes; that is here.
 
+use super::{read, Engine};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::Volume;
 use crate::device::AlignedBuf;
 use crate::map::BlockEntry;
 use crate::meta::{FileKind, Ino, Inode};
@@ -19,105 +19,103 @@ pub struct Problem {
     pub what: String,
 }
 
-impl Volume {
-    /// Check the namespace (every inode reachable from the root, link counts, directory
-    /// parents) and the maps (blocks past the end of a file hold only zeros). Empty =
-    /// consistent.
-    pub fn check(&self) -> Vec<Problem> {
-        let inodes = self.inner.meta.snapshot();
-        let by_ino: HashMap<Ino, _> = inodes.iter().map(|i| (i.ino, i)).collect();
-        let mut problems = Vec::new();
-        let mut report = |ino: Ino, what: String| problems.push(Problem { ino, what });
-        // Names pointing at each inode, and subdirectories of each directory.
-        let mut names: HashMap<Ino, u32> = HashMap::new();
-        let mut subdirs: HashMap<Ino, u32> = HashMap::new();
-        for dir in inodes.iter().filter(|i| i.kind == FileKind::Dir) {
-            for (name, child) in &dir.data.lock().entries {
-                let Some(inode) = by_ino.get(child) else {
-                    report(dir.ino, format!("entry {:?} names missing inode {}", String::from_utf8_lossy(name), child.0));
-                    continue;
-                };
-                *names.entry(*child).or_default() += 1;
-                if inode.kind == FileKind::Dir {
-                    *subdirs.entry(dir.ino).or_default() += 1;
-                    let parent = inode.data.lock().parent;
-                    if parent != dir.ino {
-                        report(*child, format!("directory is named in {} but its parent is {}", dir.ino.0, parent.0));
-                    }
-                }
-            }
-        }
-        let reachable = reachable_from_root(&by_ino);
-        let block = self.inner.geometry.block();
-        for inode in &inodes {
-            let data = inode.data.lock();
-            let named = names.get(&inode.ino).copied().unwrap_or(0);
-            let expected_nlink = match inode.kind {
-                FileKind::Dir => 2 + subdirs.get(&inode.ino).copied().unwrap_or(0),
-                _ => named,
+/// Check the namespace (every inode reachable from the root, link counts, directory
+/// parents) and the maps (blocks past the end of a file hold only zeros). Empty =
+/// consistent.
+pub(super) fn check(engine: &Engine) -> Vec<Problem> {
+    let inodes = engine.meta.snapshot();
+    let by_ino: HashMap<Ino, _> = inodes.iter().map(|i| (i.ino, i)).collect();
+    let mut problems = Vec::new();
+    let mut report = |ino: Ino, what: String| problems.push(Problem { ino, what });
+    // Names pointing at each inode, and subdirectories of each directory.
+    let mut names: HashMap<Ino, u32> = HashMap::new();
+    let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+    for dir in inodes.iter().filter(|i| i.kind == FileKind::Dir) {
+        for (name, child) in &dir.data.lock().entries {
+            let Some(inode) = by_ino.get(child) else {
+                report(dir.ino, format!("entry {:?} names missing inode {}", String::from_utf8_lossy(name), child.0));
+                continue;
             };
-            if data.attr.nlink != expected_nlink {
-                report(inode.ino, format!("link count {} but {} expected", data.attr.nlink, expected_nlink));
-            }
-            if inode.kind == FileKind::Dir && inode.ino != Ino::ROOT && named != 1 {
-                report(inode.ino, format!("directory has {named} names"));
-            }
-            if !reachable.contains(&inode.ino) {
-                report(inode.ino, "not reachable from the root directory".into());
-            }
-            if inode.kind == FileKind::Symlink && data.attr.size != data.target.len() as u64 {
-                report(inode.ino, format!("symlink size {} but its target has {} bytes", data.attr.size, data.target.len()));
-            }
-            let size = data.attr.size;
-            drop(data);
-            // Blocks past the end are legitimate preallocation (fallocate with
-            // FALLOC_FL_KEEP_SIZE), but they must read as zeros: a later extension of the
-            // file exposes them.
-            let beyond: Vec<(u64, BlockEntry)> = inode.map.lock().range(size.div_ceil(block)..).map(|(&lb, e)| (lb, e.clone())).collect();
-            for (lblock, entry) in beyond {
-                let mut image = AlignedBuf::zeroed(block as usize);
-                match self.inner.materialize(Some(&entry), &mut image) {
-                    Ok(_) if image.iter().all(|&b| b == 0) => {}
-                    Ok(_) => report(inode.ino, format!("block {lblock}, past the end of the file ({size} bytes), holds data")),
-                    Err(e) => report(inode.ino, format!("block {lblock}, past the end of the file: {e}")),
+            *names.entry(*child).or_default() += 1;
+            if inode.kind == FileKind::Dir {
+                *subdirs.entry(dir.ino).or_default() += 1;
+                let parent = inode.data.lock().parent;
+                if parent != dir.ino {
+                    report(*child, format!("directory is named in {} but its parent is {}", dir.ino.0, parent.0));
                 }
             }
         }
-        self.check_block_references(&inodes, &mut problems);
-        problems
     }
+    let reachable = reachable_from_root(&by_ino);
+    let block = engine.geometry.block();
+    for inode in &inodes {
+        let data = inode.data.lock();
+        let named = names.get(&inode.ino).copied().unwrap_or(0);
+        let expected_nlink = match inode.kind {
+            FileKind::Dir => 2 + subdirs.get(&inode.ino).copied().unwrap_or(0),
+            _ => named,
+        };
+        if data.attr.nlink != expected_nlink {
+            report(inode.ino, format!("link count {} but {} expected", data.attr.nlink, expected_nlink));
+        }
+        if inode.kind == FileKind::Dir && inode.ino != Ino::ROOT && named != 1 {
+            report(inode.ino, format!("directory has {named} names"));
+        }
+        if !reachable.contains(&inode.ino) {
+            report(inode.ino, "not reachable from the root directory".into());
+        }
+        if inode.kind == FileKind::Symlink && data.attr.size != data.target.len() as u64 {
+            report(inode.ino, format!("symlink size {} but its target has {} bytes", data.attr.size, data.target.len()));
+        }
+        let size = data.attr.size;
+        drop(data);
+        // Blocks past the end are legitimate preallocation (fallocate with
+        // FALLOC_FL_KEEP_SIZE), but they must read as zeros: a later extension of the
+        // file exposes them.
+        let beyond: Vec<(u64, BlockEntry)> = inode.map.lock().range(size.div_ceil(block)..).map(|(&lb, e)| (lb, e.clone())).collect();
+        for (lblock, entry) in beyond {
+            let mut image = AlignedBuf::zeroed(block as usize);
+            match read::materialize(engine, Some(&entry), &mut image) {
+                Ok(_) if image.iter().all(|&b| b == 0) => {}
+                Ok(_) => report(inode.ino, format!("block {lblock}, past the end of the file ({size} bytes), holds data")),
+                Err(e) => report(inode.ino, format!("block {lblock}, past the end of the file: {e}")),
+            }
+        }
+    }
+    check_block_references(engine, &inodes, &mut problems);
+    problems
+}
 
-    /// Every SSD block named by more than one entry is shared by all of them, and the
-    /// allocator counts exactly the references and the promises (zero blocks) the maps
-    /// hold.
-    fn check_block_references(&self, inodes: &[Arc<Inode>], problems: &mut Vec<Problem>) {
-        let mut users: HashMap<u64, Vec<(Ino, u64, bool)>> = HashMap::new();
-        let mut zero_blocks = 0u64;
-        for inode in inodes {
-            for (&lblock, entry) in inode.map.lock().iter() {
-                zero_blocks += u64::from(entry.is_zeros());
-                if let Some(block) = entry.ssd_block() {
-                    users.entry(block.0).or_default().push((inode.ino, lblock, entry.shared()));
-                }
+/// Every SSD block named by more than one entry is shared by all of them, and the
+/// allocator counts exactly the references and the promises (zero blocks) the maps
+/// hold.
+pub(super) fn check_block_references(engine: &Engine, inodes: &[Arc<Inode>], problems: &mut Vec<Problem>) {
+    let mut users: HashMap<u64, Vec<(Ino, u64, bool)>> = HashMap::new();
+    let mut zero_blocks = 0u64;
+    for inode in inodes {
+        for (&lblock, entry) in inode.map.lock().iter() {
+            zero_blocks += u64::from(entry.is_zeros());
+            if let Some(block) = entry.ssd_block() {
+                users.entry(block.0).or_default().push((inode.ino, lblock, entry.shared()));
             }
         }
-        for (block, users) in users {
-            let &(ino, lblock, _) = &users[0];
-            if users.len() > 1 && users.iter().any(|&(_, _, shared)| !shared) {
-                let what = format!("SSD block {block} is named by {} entries, not all marked shared (first: block {lblock})", users.len());
-                problems.push(Problem { ino, what });
-            }
-            let counted = self.inner.blocks.references(block);
-            if counted != users.len() as u32 {
-                let what = format!("SSD block {block} has {} references in the maps but {counted} in the allocator", users.len());
-                problems.push(Problem { ino, what });
-            }
+    }
+    for (block, users) in users {
+        let &(ino, lblock, _) = &users[0];
+        if users.len() > 1 && users.iter().any(|&(_, _, shared)| !shared) {
+            let what = format!("SSD block {block} is named by {} entries, not all marked shared (first: block {lblock})", users.len());
+            problems.push(Problem { ino, what });
         }
-        let promised = self.inner.blocks.promised_count();
-        if promised != zero_blocks {
-            let what = format!("the maps hold {zero_blocks} zero blocks but the allocator holds {promised} SSD blocks for them");
-            problems.push(Problem { ino: Ino::ROOT, what });
+        let counted = engine.blocks.refs.references(block);
+        if counted != users.len() as u32 {
+            let what = format!("SSD block {block} has {} references in the maps but {counted} in the allocator", users.len());
+            problems.push(Problem { ino, what });
         }
+    }
+    let promised = engine.blocks.refs.promised_count();
+    if promised != zero_blocks {
+        let what = format!("the maps hold {zero_blocks} zero blocks but the allocator holds {promised} SSD blocks for them");
+        problems.push(Problem { ino: Ino::ROOT, what });
     }
 }
 

@@ -6,102 +6,99 @@
 //! the allocator. No write changes a shared block in place, so either file's next write
 //! to a shared block goes to a new block and drops one reference.
 
+use super::resize;
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
-use super::{Inner, Volume, MAP_OPS_PER_RECORD};
+use super::{Engine, MAP_OPS_PER_RECORD};
 use crate::error::{Error, Result};
 use crate::map::BlockEntry;
 use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::stats::Counter;
 
-impl Volume {
-    /// Make `dst` a copy of `src` (size and data) that shares `src`'s SSD blocks. Both are
-    /// regular files; `dst`'s old data is dropped. A clone of more than
-    /// [`MAP_OPS_PER_RECORD`] blocks commits in several records, the target's size first,
-    /// so a crash leaves it reading zeros where blocks were not shared yet.
-    pub fn clone_file(&self, src: Ino, dst: Ino) -> Result<()> {
-        self.with_both_locked(src, dst, |source, target| {
-            self.inner.truncate_locked(target, 0)?;
-            self.inner.clone_locked(source, target, 0)
-        })
-    }
-
-    /// Put a copy of `src` at `offset` of `dst`, sharing `src`'s SSD blocks: `dst` grows
-    /// to `offset` + `src`'s size. `offset` must be a multiple of the block size, at or
-    /// past the end of `dst` (nothing of `dst` is replaced). Returns the bytes cloned. A
-    /// multipart upload's parts become its object this way.
-    pub fn clone_into(&self, src: Ino, dst: Ino, offset: u64) -> Result<u64> {
-        let block = self.inner.geometry.block();
-        if offset % block != 0 {
-            return Err(Error::InvalidArgument(format!("a clone goes to a multiple of the block size ({block}), not {offset}")));
-        }
-        self.with_both_locked(src, dst, |source, target| {
-            if target.size() > offset || target.map.lock().range(offset / block..).next().is_some() {
-                return Err(Error::InvalidArgument(format!("a clone to offset {offset} would replace data of the target")));
-            }
-            if offset.checked_add(source.size()).is_none_or(|end| end > MAX_FILE_BYTES) {
-                return Err(Error::FileTooLarge);
-            }
-            self.inner.clone_locked(source, target, offset)?;
-            Ok(source.size())
-        })
-    }
-
-    /// Run `f` on two distinct regular files with both their whole ranges locked.
-    fn with_both_locked<R>(&self, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<R>) -> Result<R> {
-        if src == dst {
-            return Err(Error::InvalidArgument("a file cannot be cloned onto itself".into()));
-        }
-        let (source, target) = (self.inner.file(src)?, self.inner.file(dst)?);
-        self.inner.check_writable()?;
-        // The lower inode first, so two clones cannot deadlock.
-        let (first, second) = if src < dst { (&source, &target) } else { (&target, &source) };
-        let _first = first.range.write(0, u64::MAX);
-        let _second = second.range.write(0, u64::MAX);
-        f(&source, &target)
-    }
+/// Make `dst` a copy of `src` (size and data) that shares `src`'s SSD blocks. Both are
+/// regular files; `dst`'s old data is dropped. A clone of more than
+/// [`MAP_OPS_PER_RECORD`] blocks commits in several records, the target's size first,
+/// so a crash leaves it reading zeros where blocks were not shared yet.
+pub(super) fn clone_file(engine: &Engine, src: Ino, dst: Ino) -> Result<()> {
+    with_both_locked(engine, src, dst, |source, target| {
+        resize::truncate_locked(engine, target, 0)?;
+        clone_locked(engine, source, target, 0)
+    })
 }
 
-impl Inner {
-    /// Share `source`'s blocks into `target` from `offset` (a block boundary past the
-    /// target's data), with both files' whole ranges locked.
-    fn clone_locked(&self, source: &Arc<Inode>, target: &Arc<Inode>, offset: u64) -> Result<()> {
-        self.merge_file_locked(source, Counter::migrations_sync)?;
-        let first_lblock = offset / self.geometry.block();
-        let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();
-        let time = now_ns();
-        let mut ops = vec![Op::Data(DataOp::SetSize { ino: target.ino, size: offset + source.size(), time })];
-        let mut shared = Vec::new();
-        for (lblock, entry) in blocks {
-            let Some(block) = entry.ssd_block() else { continue };
-            let marked = BlockEntry::Ssd { block, overlays: Vec::new(), shared: true };
-            if !entry.shared() {
-                ops.push(Op::Data(DataOp::Map { ino: source.ino, lblock, entry: Some(marked.clone()) }));
-            }
-            ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock: first_lblock + lblock, entry: Some(marked) }));
-            shared.push(block);
-            if ops.len() >= MAP_OPS_PER_RECORD {
-                self.commit_shares(&mut ops, &mut shared)?;
-            }
-        }
-        self.commit_shares(&mut ops, &mut shared)
+/// Put a copy of `src` at `offset` of `dst`, sharing `src`'s SSD blocks: `dst` grows
+/// to `offset` + `src`'s size. `offset` must be a multiple of the block size, at or
+/// past the end of `dst` (nothing of `dst` is replaced). Returns the bytes cloned. A
+/// multipart upload's parts become its object this way.
+pub(super) fn clone_into(engine: &Engine, src: Ino, dst: Ino, offset: u64) -> Result<u64> {
+    let block = engine.geometry.block();
+    if offset % block != 0 {
+        return Err(Error::InvalidArgument(format!("a clone goes to a multiple of the block size ({block}), not {offset}")));
     }
+    with_both_locked(engine, src, dst, |source, target| {
+        if target.size() > offset || target.map.lock().range(offset / block..).next().is_some() {
+            return Err(Error::InvalidArgument(format!("a clone to offset {offset} would replace data of the target")));
+        }
+        if offset.checked_add(source.size()).is_none_or(|end| end > MAX_FILE_BYTES) {
+            return Err(Error::FileTooLarge);
+        }
+        clone_locked(engine, source, target, offset)?;
+        Ok(source.size())
+    })
+}
 
-    /// Commit `ops` and count one more reference to each block in `shared`. Nothing else
-    /// can free those blocks meanwhile: the caller holds both files.
-    fn commit_shares(&self, ops: &mut Vec<Op>, shared: &mut Vec<crate::map::SsdBlock>) -> Result<()> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let freed = self.commit(ops)?;
-        for block in shared.drain(..) {
-            self.blocks.share(block.0);
-        }
-        self.release_freed(freed);
-        ops.clear();
-        Ok(())
+/// Run `f` on two distinct regular files with both their whole ranges locked.
+pub(super) fn with_both_locked<R>(engine: &Engine, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<R>) -> Result<R> {
+    if src == dst {
+        return Err(Error::InvalidArgument("a file cannot be cloned onto itself".into()));
     }
+    let (source, target) = (engine.file(src)?, engine.file(dst)?);
+    engine.check_writable()?;
+    // The lower inode first, so two clones cannot deadlock.
+    let (first, second) = if src < dst { (&source, &target) } else { (&target, &source) };
+    let _first = first.range.write(0, u64::MAX);
+    let _second = second.range.write(0, u64::MAX);
+    f(&source, &target)
+}
+
+/// Share `source`'s blocks into `target` from `offset` (a block boundary past the
+/// target's data), with both files' whole ranges locked.
+pub(super) fn clone_locked(engine: &Engine, source: &Arc<Inode>, target: &Arc<Inode>, offset: u64) -> Result<()> {
+    engine.migrator.merge_file_locked(engine, source, Counter::migrations_sync)?;
+    let first_lblock = offset / engine.geometry.block();
+    let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();
+    let time = now_ns();
+    let mut ops = vec![Op::Data(DataOp::SetSize { ino: target.ino, size: offset + source.size(), time })];
+    let mut shared = Vec::new();
+    for (lblock, entry) in blocks {
+        let Some(block) = entry.ssd_block() else { continue };
+        let marked = BlockEntry::Ssd { block, overlays: Vec::new(), shared: true };
+        if !entry.shared() {
+            ops.push(Op::Data(DataOp::Map { ino: source.ino, lblock, entry: Some(marked.clone()) }));
+        }
+        ops.push(Op::Data(DataOp::Map { ino: target.ino, lblock: first_lblock + lblock, entry: Some(marked) }));
+        shared.push(block);
+        if ops.len() >= MAP_OPS_PER_RECORD {
+            commit_shares(engine, &mut ops, &mut shared)?;
+        }
+    }
+    commit_shares(engine, &mut ops, &mut shared)
+}
+
+/// Commit `ops` and count one more reference to each block in `shared`. Nothing else
+/// can free those blocks meanwhile: the caller holds both files.
+pub(super) fn commit_shares(engine: &Engine, ops: &mut Vec<Op>, shared: &mut Vec<crate::map::SsdBlock>) -> Result<()> {
+    if ops.is_empty() {
+        return Ok(());
+    }
+    let freed = engine.commit(ops)?;
+    for block in shared.drain(..) {
+        engine.blocks.refs.share(block.0);
+    }
+    engine.release_freed(freed);
+    ops.clear();
+    Ok(())
 }
 
 #[cfg(test)]
@@ -126,12 +123,12 @@ mod tests {
         v.write(a, 7, b"residue").unwrap();
         data[7..14].copy_from_slice(b"residue");
         v.write(b, 0, b"old contents of b").unwrap();
-        let used = v.inner.blocks.used_count();
+        let used = v.inner.blocks.refs.used_count();
         assert!(matches!(v.clone_file(a, a), Err(crate::Error::InvalidArgument(_))));
         assert!(matches!(v.clone_file(a, Ino::ROOT), Err(crate::Error::IsDir)));
         v.clone_file(a, b).unwrap();
         // The tail block held only residue and became an SSD block; no data was copied.
-        assert_eq!(v.inner.blocks.used_count(), used + 1);
+        assert_eq!(v.inner.blocks.refs.used_count(), used + 1);
         assert_eq!(read_all(&v, b), data);
         let mut other = data.clone();
         v.write(b, block as u64, &vec![9u8; block]).unwrap();
@@ -146,7 +143,7 @@ mod tests {
         assert_eq!(read_all(&v, b), other);
         assert_eq!(v.check(), []);
         v.unlink(Ino::ROOT, b"b").unwrap();
-        assert_eq!(v.inner.blocks.used_count(), 1, "every shared block freed by its last reference");
+        assert_eq!(v.inner.blocks.refs.used_count(), 1, "every shared block freed by its last reference");
     }
 
     #[test]
@@ -159,10 +156,10 @@ mod tests {
             let part = v.create_file(Ino::ROOT, format!("part{i}").as_bytes(), 0o644, 0, 0).unwrap().ino;
             let data: Vec<u8> = (0..len).map(|j| (j as usize * 7 + i) as u8).collect();
             v.write(part, 0, &data).unwrap();
-            let used = v.inner.blocks.used_count();
+            let used = v.inner.blocks.refs.used_count();
             v.clone_into(part, whole, expected.len() as u64).unwrap();
             // Only a partial block held in residue is merged into a block of its own.
-            assert!(v.inner.blocks.used_count() <= used + 1, "part {i}: no data copied");
+            assert!(v.inner.blocks.refs.used_count() <= used + 1, "part {i}: no data copied");
             expected.extend_from_slice(&data);
             assert_eq!(read_all(&v, whole), expected, "after part {i}");
         }

@@ -2,39 +2,62 @@
 //! the profile keeps blocks at home, their own; in batches, either holding the blocks (a
 //! writer's own merges) or watching them (background work).
 
-use std::sync::atomic::Ordering;
+use super::read;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::background::spawn;
+use crate::background::{spawn, Wakeup};
 use std::sync::Arc;
 
 use super::block_store::{Placement, Target};
-use super::Inner;
+use super::Engine;
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
 
-impl Inner {
-    /// Merge one block's residue into its SSD block. The caller holds the block's range
-    /// lock. Returns whether anything moved.
-    pub(crate) fn migrate_block_locked(&self, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
-        Ok(self.migrate_blocks_locked(vec![(Arc::clone(inode), lblock)], cause)? > 0)
+/// Merges of residue into whole blocks, and the maintenance thread that starts them
+/// past the residue tier's high watermark (and checkpoints the metadata store).
+#[derive(Default)]
+pub(crate) struct Migrator {
+    /// Background merges between their first allocation and their commit.
+    merges_in_flight: AtomicU64,
+    /// Wakes the maintenance thread.
+    due: Wakeup,
+}
+
+impl Migrator {
+    /// Wake the maintenance thread: migration may be due, or a checkpoint, or shutdown.
+    pub(super) fn wake(&self) {
+        self.due.notify();
     }
 
-    /// Merge the residue of several blocks into SSD blocks ([`Inner::write_staged`]), with
+    /// Wait until no background merge is in flight.
+    pub(super) fn settle(&self) {
+        while self.merges_in_flight.load(Ordering::SeqCst) > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Merge one block's residue into its SSD block. The caller holds the block's range
+    /// lock. Returns whether anything moved.
+    pub(crate) fn merge_block_locked(&self, engine: &Engine, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
+        Ok(self.merge_blocks_locked(engine, vec![(Arc::clone(inode), lblock)], cause)? > 0)
+    }
+
+    /// Merge the residue of several blocks into SSD blocks ([`Migrator::write_staged`]), with
     /// one flush and one journal record for all. The caller holds every block's range lock.
     /// Returns how many blocks moved.
-    pub(crate) fn migrate_blocks_locked(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
+    pub(crate) fn merge_blocks_locked(&self, engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
         let mut staged = Vec::with_capacity(blocks.len());
         for (inode, lblock) in blocks {
-            match self.stage(inode, lblock) {
+            match self.stage(engine, inode, lblock) {
                 Ok(Some(one)) => staged.push(one),
                 Ok(None) => {}
                 Err(e) => {
-                    self.buffers.give(staged.into_iter().map(|(_, image)| image));
+                    engine.blocks.buffers.give(staged.into_iter().map(|(_, image)| image));
                     return Err(e);
                 }
             }
@@ -43,34 +66,39 @@ impl Inner {
         if work.is_empty() {
             return Ok(0);
         }
-        let targets = self.write_staged(&work, images, false)?;
-        self.commit_merged(work, targets, cause)
+        let targets = self.write_staged(engine, &work, images, false)?;
+        self.commit_merged(engine, work, targets, cause)
     }
 
     /// Merge every block of `inode` that holds residue, a batch at a time. The caller holds
     /// the whole file's range lock.
-    pub(crate) fn merge_file_locked(&self, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
+    pub(crate) fn merge_file_locked(&self, engine: &Engine, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
         let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for batch in held.chunks(self.migration_batch()) {
-            self.migrate_blocks_locked(batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), cause)?;
+        for batch in held.chunks(self.batch(engine)) {
+            self.merge_blocks_locked(engine, batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), cause)?;
         }
         Ok(())
     }
 
-    /// [`Inner::migrate_blocks_locked`] for blocks the caller does not hold. Each block is
+    /// [`Migrator::merge_blocks_locked`] for blocks the caller does not hold. Each block is
     /// locked only while its residue is copied out and while its merge is committed, so
     /// writers are not held up by the IO and the flush in between. A block a writer holds
     /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
     /// unused): those blocks are returned with the count of blocks that moved.
-    pub(crate) fn migrate_blocks_watched(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+    pub(crate) fn merge_blocks_watched(
+        &self,
+        engine: &Engine,
+        blocks: Vec<(Arc<Inode>, u64)>,
+        cause: Counter,
+    ) -> Result<(u64, Vec<(Ino, u64)>)> {
         self.merges_in_flight.fetch_add(1, Ordering::SeqCst);
-        let result = self.start_watched_merge(blocks).and_then(|merging| self.finish_watched_merge(merging, cause));
+        let result = self.start_watched_merge(engine, blocks).and_then(|merging| self.finish_watched_merge(engine, merging, cause));
         self.merges_in_flight.fetch_sub(1, Ordering::SeqCst);
         result
     }
 
-    /// The first half of [`Inner::migrate_blocks_watched`]: copy out, write, flush.
-    fn start_watched_merge(&self, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
+    /// The first half of [`Migrator::merge_blocks_watched`]: copy out, write, flush.
+    fn start_watched_merge(&self, engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
         let mut merging = WatchedMerge::default();
         let mut images = Vec::new();
         let mut failed = None;
@@ -80,13 +108,13 @@ impl Inner {
                 merging.left.push((inode.ino, lblock));
                 continue;
             };
-            match self.stage(Arc::clone(&inode), lblock) {
+            match self.stage(engine, Arc::clone(&inode), lblock) {
                 Ok(Some((staged, image))) => {
                     // The merge reads this SSD block after the lock is dropped; a writer
                     // may then replace and free it. The pin keeps it allocated (so never
                     // rewritten under the read) until the reads are done.
                     if let Some(block) = staged.entry.ssd_block() {
-                        self.blocks.pin(block.0);
+                        engine.blocks.refs.pin(block.0);
                     }
                     merging.work.push(staged);
                     images.push(image);
@@ -102,13 +130,13 @@ impl Inner {
         }
         let written = match failed {
             Some(e) => {
-                self.buffers.give(images);
+                engine.blocks.buffers.give(images);
                 Err(e)
             }
             None if merging.work.is_empty() => return Ok(merging),
-            None => self.write_staged(&merging.work, images, true),
+            None => self.write_staged(engine, &merging.work, images, true),
         };
-        self.blocks.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
+        engine.blocks.refs.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
         match written {
             Ok(targets) => merging.targets = targets,
             Err(e) => {
@@ -122,12 +150,12 @@ impl Inner {
     }
 
     /// The second half: commit the blocks nobody wrote meanwhile.
-    fn finish_watched_merge(&self, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+    fn finish_watched_merge(&self, engine: &Engine, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
         let WatchedMerge { work, targets, mut left } = merging;
         // How many blocks one record commits is the profile's: with a cheap journal, a few
         // at a time, so writers wait for the journal, and for these blocks, only as long as
         // one small record takes.
-        let chunk = self.policy.merge_commit_batch();
+        let chunk = engine.policy.merge_commit_batch();
         let mut rest = work.into_iter().zip(targets);
         let mut moved = 0;
         loop {
@@ -147,8 +175,8 @@ impl Inner {
                     }
                     _ => {
                         // Never journaled, so free at once.
-                        self.release_new(&[target]);
-                        self.stats.add(Counter::migrations_dropped, 1);
+                        engine.blocks.release_new(&[target]);
+                        engine.stats.add(Counter::migrations_dropped, 1);
                         left.push((staged.inode.ino, staged.lblock));
                     }
                 }
@@ -156,13 +184,13 @@ impl Inner {
             if kept.is_empty() {
                 continue;
             }
-            match self.commit_merged(kept, kept_targets, cause) {
+            match self.commit_merged(engine, kept, kept_targets, cause) {
                 Ok(n) => moved += n,
                 Err(e) => {
                     drop(guards);
                     for (staged, target) in rest {
                         staged.inode.range.unwatch(staged.lblock);
-                        self.release_new(&[target]);
+                        engine.blocks.release_new(&[target]);
                     }
                     return Err(e);
                 }
@@ -172,12 +200,12 @@ impl Inner {
 
     /// Copy out a block's entry and its residue (laid over zeros). The caller holds the
     /// block's range lock. `None` if the block holds no residue.
-    fn stage(&self, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Staged, AlignedBuf)>> {
+    fn stage(&self, engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Staged, AlignedBuf)>> {
         let Some(entry) = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0) else { return Ok(None) };
-        let mut image = self.buffers.take(self.geometry.block() as usize);
+        let mut image = engine.blocks.buffers.take(engine.geometry.block() as usize);
         image.fill(0);
-        if let Err(e) = self.lay_residue(&entry, &mut image) {
-            self.buffers.give([image]);
+        if let Err(e) = read::lay_residue(engine, &entry, &mut image) {
+            engine.blocks.buffers.give([image]);
             return Err(e);
         }
         Ok(Some((Staged { inode, lblock, entry }, image)))
@@ -194,72 +222,73 @@ impl Inner {
     /// residue over whatever of the write landed. `pinned_here`: the caller pinned the
     /// blocks' SSD copies (a watched merge); otherwise a pinned copy is another merge's
     /// and is left alone.
-    fn write_staged(&self, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
-        let block = self.geometry.block();
-        let fills: Vec<usize> = (0..work.len()).filter(|&i| self.needs_fill(&work[i].entry)).collect();
+    fn write_staged(&self, engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
+        let block = engine.geometry.block();
+        let fills: Vec<usize> = (0..work.len()).filter(|&i| read::needs_fill(engine, &work[i].entry)).collect();
         let reads: Vec<IoRequest> = fills
             .iter()
             .filter_map(|&i| work[i].entry.ssd_block())
-            .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: self.buffers.take(block as usize) })
+            .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: engine.blocks.buffers.take(block as usize) })
             .collect();
         let read_bytes = reads.len() as u64 * block;
         let filled = if reads.is_empty() {
             Vec::new()
         } else {
-            match self.submit_ssd(reads).wait() {
+            match engine.blocks.submit(reads).wait() {
                 Ok(filled) => filled,
                 Err(e) => {
-                    self.buffers.give(images);
+                    engine.blocks.buffers.give(images);
                     return Err(e);
                 }
             }
         };
-        self.stats.add(Counter::ssd_read_bytes, read_bytes);
-        self.stats.add(Counter::migration_read_bytes, read_bytes);
+        engine.stats.add(Counter::ssd_read_bytes, read_bytes);
+        engine.stats.add(Counter::migration_read_bytes, read_bytes);
         // A damaged block must not be merged into a new one with a fresh, valid checksum.
         let checked = fills.iter().zip(&filled).try_for_each(|(&i, disk)| match work[i].entry.ssd_block() {
-            Some(block) => self.verify_read(block, disk),
+            Some(block) => engine.blocks.verify_read(block, disk),
             None => Ok(()),
         });
         if let Err(e) = checked {
-            self.buffers.give(filled);
-            self.buffers.give(images);
+            engine.blocks.buffers.give(filled);
+            engine.blocks.buffers.give(images);
             return Err(e);
         }
         for (&i, mut disk) in fills.iter().zip(filled) {
-            self.residue_pieces(&work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
+            read::residue_pieces(engine, &work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
             std::mem::swap(&mut images[i], &mut disk);
-            self.buffers.give([disk]);
+            engine.blocks.buffers.give([disk]);
         }
         let placements: Vec<Placement> = work
             .iter()
             .map(|s| {
-                let in_place = self.keeps_blocks_home() && (pinned_here || s.entry.ssd_block().is_none_or(|b| !self.blocks.is_pinned(b.0)));
-                self.placement(s.lblock, Some(&s.entry), in_place)
+                let in_place = engine.blocks.keeps_blocks_home()
+                    && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
+                engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
             })
             .collect();
         // Delayed allocation: each new block goes to the SSD least busy at this moment.
         let new = placements.iter().filter(|p| matches!(p, Placement::New { .. })).count();
-        let Some(targets) = self.place(&placements, &self.least_busy_members(new), 0) else {
-            self.buffers.give(images);
+        let Some(targets) = engine.blocks.place(&placements, &engine.blocks.least_busy_members(new), 0) else {
+            engine.blocks.buffers.give(images);
             return Err(Error::NoSpace);
         };
         let blocks: Vec<SsdBlock> = targets.iter().map(|t| t.block).collect();
-        let writes = self.coalesce_writes(images, &blocks);
-        match self.submit_ssd(writes).wait() {
+        let writes = self.coalesce_writes(engine, images, &blocks);
+        match engine.blocks.submit(writes).wait() {
             Ok(buffers) => {
-                buffers.iter().for_each(|buf| self.stats.ssd_write(buf.len() as u64));
-                self.buffers.give(buffers);
+                buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
+                engine.blocks.buffers.give(buffers);
             }
             Err(e) => {
-                self.release_new(&targets);
+                engine.blocks.release_new(&targets);
                 return Err(e);
             }
         }
-        self.ssd_written();
-        self.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
-        if let Err(e) = self.flush_ssd() {
-            self.release_new(&targets);
+        engine.blocks.written();
+        engine.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
+        if let Err(e) = engine.blocks.flush() {
+            engine.blocks.release_new(&targets);
             return Err(e);
         }
         Ok(targets)
@@ -268,18 +297,19 @@ impl Inner {
     /// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
     /// allocator hands a batch long free runs, so a batch of small blocks goes out in a
     /// few large IOs rather than one IO per block.
-    fn coalesce_writes(&self, images: Vec<AlignedBuf>, targets: &[SsdBlock]) -> Vec<IoRequest> {
-        let block = self.geometry.block() as usize;
+    fn coalesce_writes(&self, engine: &Engine, images: Vec<AlignedBuf>, targets: &[SsdBlock]) -> Vec<IoRequest> {
+        let block = engine.geometry.block() as usize;
         let indexed: Vec<(SsdBlock, usize)> = targets.iter().copied().zip(0..).collect();
         let mut images: Vec<Option<AlignedBuf>> = images.into_iter().map(Some).collect();
-        let writes = self
+        let writes = engine
+            .blocks
             .runs(&indexed)
             .into_iter()
             .map(|run| {
                 let buf = match run[..] {
                     [&(_, i)] => images[i].take().expect("each image goes out once"),
                     _ => {
-                        let mut buf = self.buffers.take(run.len() * block);
+                        let mut buf = engine.blocks.buffers.take(run.len() * block);
                         for (k, &&(_, i)) in run.iter().enumerate() {
                             buf[k * block..(k + 1) * block].copy_from_slice(images[i].as_ref().expect("each image goes out once"));
                         }
@@ -289,14 +319,14 @@ impl Inner {
                 IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block as u64, buf }
             })
             .collect();
-        self.buffers.give(images.into_iter().flatten());
+        engine.blocks.buffers.give(images.into_iter().flatten());
         writes
     }
 
     /// Journal the staged blocks as moved to `targets` (one record) and free their
     /// residue. The caller holds every block's range lock, and nothing wrote them since
     /// they were staged.
-    fn commit_merged(&self, mut work: Vec<Staged>, mut targets: Vec<Target>, cause: Counter) -> Result<u64> {
+    fn commit_merged(&self, engine: &Engine, mut work: Vec<Staged>, mut targets: Vec<Target>, cause: Counter) -> Result<u64> {
         loop {
             let mut ops: Vec<Op> = work
                 .iter()
@@ -306,61 +336,56 @@ impl Inner {
                 })
                 .collect();
             let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
-            self.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);
-            match self.commit(&ops) {
+            engine.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);
+            match engine.commit(&ops) {
                 Ok(freed) => {
-                    self.release_freed(freed);
+                    engine.release_freed(freed);
                     break;
                 }
                 // A file was removed while its blocks were being merged: drop them.
                 Err(Error::NotFound) => {
-                    let gone: Vec<usize> = (0..work.len()).filter(|&i| self.meta.get(work[i].inode.ino).is_none()).collect();
+                    let gone: Vec<usize> = (0..work.len()).filter(|&i| engine.meta.get(work[i].inode.ino).is_none()).collect();
                     if gone.is_empty() {
-                        self.release_new(&targets);
+                        engine.blocks.release_new(&targets);
                         return Err(Error::NotFound);
                     }
                     for &i in gone.iter().rev() {
                         work.remove(i);
-                        self.release_new(&[targets.remove(i)]);
+                        engine.blocks.release_new(&[targets.remove(i)]);
                     }
                     if work.is_empty() {
                         return Ok(0);
                     }
                 }
                 Err(e) => {
-                    self.release_new(&targets);
+                    engine.blocks.release_new(&targets);
                     return Err(e);
                 }
             }
         }
-        self.stats.add(cause, work.len() as u64);
+        engine.stats.add(cause, work.len() as u64);
         Ok(work.len() as u64)
     }
 
     /// Migrate every block holding residue (UHS's light-load migration).
-    pub(crate) fn drain_residue(&self, cause: Counter) -> Result<u64> {
-        if self.residue.used_units() == 0 {
+    pub(crate) fn drain(&self, engine: &Engine, cause: Counter) -> Result<u64> {
+        if engine.residue.used_units() == 0 {
             return Ok(0);
         }
-        self.migrate_some(self.residue.capacity_units(), cause)
-    }
-
-    /// Writes the volume's callers made since it opened: unchanged means idle.
-    pub(crate) fn writes_so_far(&self) -> u64 {
-        self.stats.get(Counter::app_writes)
+        self.merge_some(engine, engine.residue.capacity_units(), cause)
     }
 
     /// Blocks one migration batch merges: 8 MiB of them.
-    pub(crate) fn migration_batch(&self) -> usize {
-        ((8 << 20) / self.geometry.block()).max(1) as usize
+    pub(crate) fn batch(&self, engine: &Engine) -> usize {
+        ((8 << 20) / engine.geometry.block()).max(1) as usize
     }
 
     /// Migrate the blocks holding the most fast pages until `want_free` pages are free
     /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
     /// skipped.
-    pub(crate) fn migrate_some(&self, want_free: u64, cause: Counter) -> Result<u64> {
+    pub(crate) fn merge_some(&self, engine: &Engine, want_free: u64, cause: Counter) -> Result<u64> {
         let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
-        for inode in self.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+        for inode in engine.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let blocks: Vec<(usize, u64)> =
                 inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
             candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
@@ -369,7 +394,7 @@ impl Inner {
         let mut migrated = 0;
         let mut rest = candidates.as_slice();
         loop {
-            let free = self.residue.capacity_units() - self.residue.used_units();
+            let free = engine.residue.capacity_units() - engine.residue.used_units();
             if free >= want_free || rest.is_empty() {
                 return Ok(migrated);
             }
@@ -378,12 +403,12 @@ impl Inner {
                 rest = tail;
                 batch.push((Arc::clone(inode), *lblock));
                 units += *count as u64;
-                if batch.len() >= self.migration_batch() || free + units >= want_free {
+                if batch.len() >= self.batch(engine) || free + units >= want_free {
                     break;
                 }
             }
             // Blocks a writer is in are skipped: the next round sees them again.
-            migrated += self.migrate_blocks_watched(batch, cause)?.0;
+            migrated += self.merge_blocks_watched(engine, batch, cause)?.0;
         }
     }
 }
@@ -404,34 +429,34 @@ struct WatchedMerge {
     left: Vec<(Ino, u64)>,
 }
 
-impl Inner {
+impl Migrator {
     /// Start the maintenance thread: migration past the high watermark, and a checkpoint
     /// when the journal is half full.
-    pub(crate) fn start_maintenance(self: &Arc<Self>) -> Result<JoinHandle<()>> {
-        let worker = Arc::clone(self);
+    pub(crate) fn start_maintenance(&self, engine: &Arc<Engine>) -> Result<JoinHandle<()>> {
+        let worker = Arc::clone(engine);
         spawn("alignfs-maint".into(), move || {
             lower_priority();
-            worker.maintenance_loop()
+            worker.migrator.maintenance_loop(&worker)
         })
     }
 
-    fn maintenance_loop(&self) {
-        while !self.shutdown.load(Ordering::SeqCst) {
-            self.maintenance_due.wait(Duration::from_millis(200));
-            if self.shutdown.load(Ordering::SeqCst) {
+    fn maintenance_loop(&self, engine: &Engine) {
+        while !engine.shutting_down() {
+            self.due.wait(Duration::from_millis(200));
+            if engine.shutting_down() {
                 break;
             }
-            let capacity = self.residue.capacity_units();
-            let used = self.residue.used_units();
-            if used as f64 > self.options.migrate_high * capacity as f64 {
-                let target_free = capacity - (self.options.migrate_low * capacity as f64) as u64;
-                if let Err(e) = self.migrate_some(target_free, Counter::migrations_watermark) {
+            let capacity = engine.residue.capacity_units();
+            let used = engine.residue.used_units();
+            if used as f64 > engine.options.migrate_high * capacity as f64 {
+                let target_free = capacity - (engine.options.migrate_low * capacity as f64) as u64;
+                if let Err(e) = self.merge_some(engine, target_free, Counter::migrations_watermark) {
                     tracing::warn!("background migration: {e}");
                 }
             }
-            let half_full = self.committer.lock().wants_checkpoint();
+            let half_full = engine.committer.wants_checkpoint();
             if half_full {
-                if let Err(e) = self.checkpoint() {
+                if let Err(e) = engine.checkpoint() {
                     tracing::error!("background checkpoint: {e}");
                 }
             }
@@ -480,17 +505,17 @@ mod tests {
             expect[at..at + 6].copy_from_slice(b"before");
         }
         let inode = v.inner.file(f).unwrap();
-        let merging = v.inner.start_watched_merge(vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+        let merging = v.inner.migrator.start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
         assert_eq!(merging.work.len(), 2);
         // Block 1 is written meanwhile, in place in the same upage.
         v.write(f, (block + 102) as u64, b"AFTER").unwrap();
         expect[block + 102..block + 107].copy_from_slice(b"AFTER");
-        let used_before = v.inner.blocks.used_count();
-        let (moved, left) = v.inner.finish_watched_merge(merging, Counter::migrations_watermark).unwrap();
+        let used_before = v.inner.blocks.refs.used_count();
+        let (moved, left) = v.inner.migrator.finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
         assert_eq!((moved, left), (1, vec![(f, 1)]));
         assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
         // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
-        assert_eq!(v.inner.blocks.used_count(), used_before - 2);
+        assert_eq!(v.inner.blocks.refs.used_count(), used_before - 2);
         assert!(inode.map.lock()[&1].fast_page_count() > 0);
         assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
         assert_eq!(read_all(&v, f, expect.len()), expect);
@@ -523,7 +548,7 @@ mod tests {
             v.write(f, at as u64, data).unwrap();
             expect[at..at + data.len()].copy_from_slice(data);
         }
-        let home = |lblock: u64| v.inner.home_base.unwrap() + lblock;
+        let home = |lblock: u64| v.inner.blocks.home_of(lblock).unwrap();
         let at_home = |lblock: u64| inode.map.lock()[&lblock].ssd_block().map(|b| b.0) == Some(home(lblock));
         // Small writes first (buffered, merged to their homes), then large ones over them.
         let mut random = 7u64;
@@ -546,7 +571,7 @@ mod tests {
             let before = v.inner.stats.get(Counter::ssd_write_ios);
             write(&v, f, &mut expect, start, &vec![0xA0 + k; large]);
             let ios = v.inner.stats.get(Counter::ssd_write_ios) - before;
-            assert!(ios <= v.inner.runs_when_consecutive(256) as u64, "a 1 MiB write took {ios} IOs");
+            assert!(ios <= v.inner.blocks.runs_when_consecutive(256) as u64, "a 1 MiB write took {ios} IOs");
             for _ in 0..20 {
                 write(&v, f, &mut expect, next(blocks) * block + next(4000), b"residue");
             }
@@ -560,12 +585,12 @@ mod tests {
         // Block 5 is rewritten in place by a watched merge while a writer replaces it whole:
         // the writer takes another block, the merge is dropped, the data is the writer's.
         write(&v, f, &mut expect, 5 * block + 10, b"residue");
-        let merging = v.inner.start_watched_merge(vec![(Arc::clone(&inode), 5)]).unwrap();
-        v.inner.blocks.pin(home(5));
+        let merging = v.inner.migrator.start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 5)]).unwrap();
+        v.inner.blocks.refs.pin(home(5));
         write(&v, f, &mut expect, 4 * block, &vec![0x55; 128 * block]);
-        v.inner.blocks.unpin([home(5)]);
+        v.inner.blocks.refs.unpin([home(5)]);
         assert!(!at_home(5) && at_home(4) && at_home(6));
-        assert_eq!(v.inner.finish_watched_merge(merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
+        assert_eq!(v.inner.migrator.finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
         assert_eq!(read_all(&v, f, expect.len()), expect);
         assert_eq!(v.check(), []);
         // Its home is free again: the next write of the block takes it back.

@@ -9,7 +9,9 @@ mod block_store;
 mod check;
 mod clean_pages;
 mod clone;
+mod committer;
 mod devices;
+mod engine;
 mod migrate;
 mod namespace;
 mod open;
@@ -29,84 +31,19 @@ pub use write::MAX_FILE_BYTES;
 
 pub use crate::options::{FormatOptions, MetaStoreChoice, ReadMode, VolumeOptions};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
-use parking_lot::Mutex;
-
-use crate::background::Wakeup;
-
-use crate::device::mssd::MemorySemanticSsd;
-use crate::device::{BlockDevice, BufferPool, ByteTier};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
-use crate::journal::{CommitContext, MetaStore};
-use crate::layout::{BlockChecksums, BlockRefs, Superblock};
-use crate::map::{PageNo, SsdBlock};
-use crate::meta::{apply, DataOp, FileKind, Freed, Ino, MetaState, NamespaceOp, Op};
-use crate::profile::Policy;
-use crate::residue::ResidueStore;
-use crate::stats::{Counter, DeviceCounter, Stats, StatsSnapshot, Usage, VolumeReport};
-use clean_pages::CleanPages;
+use crate::layout::Superblock;
+use crate::meta::{Attr, FileKind, Ino};
+use crate::stats::{Counter, DeviceCounter, StatsSnapshot, Usage, VolumeReport};
+pub(crate) use engine::Engine;
 
 /// Map edits per journal record for operations that edit a block range at once (clone,
 /// fallocate): up to this many blocks they are atomic across a crash.
 const MAP_OPS_PER_RECORD: usize = 4096;
-
-pub(crate) struct Inner {
-    superblock: Superblock,
-    pub(crate) geometry: Geometry,
-    /// `None` for profiles without a fast tier.
-    fast: Option<Arc<dyn ByteTier>>,
-    ssd: Arc<dyn BlockDevice>,
-    /// The byte interface of a memory-semantic SSD (`byte`; `ssd` is its block interface).
-    byte: Option<Arc<MemorySemanticSsd>>,
-    residue: Arc<dyn ResidueStore>,
-    /// The profile's answers to the data path's questions.
-    policy: Box<dyn Policy>,
-    blocks: BlockRefs,
-    /// Under [`Policy::keeps_blocks_home`] (one SSD): the SSD block that logical block 0
-    /// of a file calls home, the first one not reserved. Block `n`'s home is this plus `n`.
-    home_base: Option<u64>,
-    /// Every SSD block's CRC32C, where the profile verifies reads (`nvstore`).
-    checksums: Option<BlockChecksums>,
-    /// Copies of SSD blocks, where the profile keeps clean pages (`nvstore`, `byte`).
-    clean: Option<CleanPages>,
-    pub(crate) meta: MetaState,
-    /// The commit lock and the store it guards: where metadata becomes durable.
-    committer: Mutex<Box<dyn MetaStore>>,
-    /// Commits that want the commit lock or hold it: a group sync about to start lets
-    /// them in first. The lock's own state is not enough: between one holder and the
-    /// next it reads free, and syncs that started then covered 2.3 commits each with 8
-    /// writers, against 3.5 counting these.
-    committing: AtomicUsize,
-    namespace: Mutex<()>,
-    stats: Stats,
-    options: VolumeOptions,
-    /// SSD writes completed so far, and how many of them the last completed flush covers:
-    /// a commit that makes a map point at new SSD blocks waits until they are flushed.
-    ssd_writes_done: AtomicU64,
-    ssd_writes_flushed: Mutex<u64>,
-    /// The last SSD flush failed: writes that needed it failed too, and the next fsync
-    /// retries it.
-    ssd_flush_failed: AtomicBool,
-    buffers: BufferPool,
-    /// Wakes the maintenance thread (migration, checkpoints).
-    maintenance_due: Wakeup,
-    shutdown: AtomicBool,
-    /// Background merges between their first allocation and their commit.
-    merges_in_flight: AtomicU64,
-    /// The directory whose files a crash may lose whole ([`Volume::set_scratch_dir`]).
-    scratch_dir: std::sync::OnceLock<Ino>,
-    recovery: RecoveryReport,
-    /// SSD bytes submitted and not yet complete, per SSD (the flusher's busyness gauge).
-    ssd_in_flight: Vec<AtomicU64>,
-    /// Debug builds check that no SSD write shares its range with another IO in flight.
-    #[cfg(debug_assertions)]
-    io_ranges: block_store::InFlightRanges,
-}
 
 /// An open alignfs volume.
 ///
@@ -127,15 +64,40 @@ pub(crate) struct Inner {
 /// volume.close().unwrap();
 /// ```
 pub struct Volume {
-    inner: Arc<Inner>,
+    inner: Arc<Engine>,
     /// The profile's background threads.
     workers: Vec<JoinHandle<()>>,
     closed: bool,
 }
 
 impl Volume {
-    /// The engine, for the other personalities.
-    pub(crate) fn inner(&self) -> &Arc<Inner> {
+    /// A regular file, for a personality that keeps one open as its object.
+    pub(crate) fn object(&self, ino: Ino) -> Result<Arc<crate::meta::Inode>> {
+        self.inner.file(ino)
+    }
+
+    /// Write into `object` within its size (a block volume's object: its size is fixed,
+    /// and a write journals map edits alone).
+    pub(crate) fn write_within(&self, object: &Arc<crate::meta::Inode>, offset: u64, data: &[u8]) -> Result<usize> {
+        write::write_object(&self.inner, object, offset, data, false)
+    }
+
+    /// Whether a write of `len` bytes goes whole to the residue tier (a scheduling hint).
+    pub(crate) fn write_goes_to_residue(&self, len: u64) -> bool {
+        self.inner.write_goes_to_residue(len)
+    }
+
+    /// Whether an fsync would return without touching the SSD.
+    pub(crate) fn fsync_is_free(&self) -> bool {
+        self.inner.fsync_is_free()
+    }
+
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        self.inner.check_writable()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<Engine> {
         &self.inner
     }
 
@@ -155,19 +117,17 @@ impl Volume {
     /// in DRAM, so that the next reads go to the device: a benchmark's cold reads. The kernel's cache of the
     /// devices is the caller's to drop.
     pub fn drop_clean_pages(&self) {
-        if let Some(clean) = &self.inner.clean {
-            clean.clear();
-        }
+        self.inner.blocks.drop_copies();
         self.inner.residue.drop_copies();
     }
 
     pub fn describe_devices(&self) -> (String, String, String) {
-        let fast = match (&self.inner.fast, &self.inner.byte) {
+        let fast = match (&self.inner.fast, &self.inner.device) {
             (Some(fast), _) => fast.describe(),
             (None, Some(device)) => device.describe_dram(),
             (None, None) => "none".to_string(),
         };
-        (fast, self.inner.ssd.describe(), self.inner.residue.describe())
+        (fast, self.inner.blocks.describe(), self.inner.residue.describe())
     }
 
     /// Make `dir` the scratch directory: the caller promises to empty it at every open,
@@ -180,7 +140,7 @@ impl Volume {
         if self.inner.get(dir)?.kind != FileKind::Dir {
             return Err(Error::NotDir);
         }
-        self.inner.scratch_dir.set(dir).map_err(|_| Error::InvalidArgument("the scratch directory is set already".into()))
+        self.inner.committer.set_scratch_dir(dir)
     }
 
     /// Write a checkpoint now (the journal restarts empty).
@@ -192,28 +152,26 @@ impl Volume {
     /// the maps hold (tests and benchmarks that compare them). Returns at once when no
     /// background work runs.
     pub fn settle(&self) {
-        while self.inner.merges_in_flight.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        self.inner.migrator.settle();
     }
 
     /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).
     pub fn migrate_all(&self) -> Result<u64> {
-        self.inner.migrate_some(u64::MAX, Counter::migrations_watermark)
+        self.inner.migrator.merge_some(&self.inner, u64::MAX, Counter::migrations_watermark)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
         let inner = &self.inner;
-        let meta = inner.committer.lock().usage();
+        let meta = inner.committer.usage();
         StatsSnapshot {
             counters: Counter::ALL.iter().map(|&c| (c, inner.stats.get(c))).collect(),
             usage: Usage {
                 fast_pages_used: inner.residue.used_units(),
                 fast_pages_total: inner.residue.capacity_units(),
                 fast_page_bytes: u64::from(inner.residue.unit_bytes()),
-                ssd_blocks_used: inner.blocks.used_count(),
-                ssd_blocks_promised: inner.blocks.promised_count(),
-                ssd_blocks_total: inner.blocks.capacity(),
+                ssd_blocks_used: inner.blocks.refs.used_count(),
+                ssd_blocks_promised: inner.blocks.refs.promised_count(),
+                ssd_blocks_total: inner.blocks.refs.capacity(),
                 ssd_block_bytes: inner.geometry.block(),
                 journal_used_bytes: meta.log_used_bytes,
                 journal_capacity_bytes: meta.log_capacity_bytes,
@@ -223,7 +181,7 @@ impl Volume {
                 fast_pages_peak: inner.residue.peak_used_units(),
             },
             recovery: inner.recovery.clone(),
-            io_backend: inner.ssd.describe(),
+            io_backend: inner.blocks.describe(),
         }
     }
 
@@ -240,7 +198,7 @@ impl Volume {
             ssd_device,
             residue,
             residue_name: self.inner.residue.name().to_string(),
-            metadata_store: self.inner.committer.lock().name().to_string(),
+            metadata_store: self.inner.committer.store_name().to_string(),
             counters: s.counters.iter().map(|(c, v)| (c.name().to_string(), *v)).collect(),
             ssd_share: s.ssd_share(),
             usage: s.usage,
@@ -255,7 +213,7 @@ impl Volume {
     /// The counters of the SSD itself, where it keeps any (the memory-semantic SSD's
     /// traffic per interface, flash programs, cleanings; docs/BYTE.md).
     pub fn device_counters(&self) -> Vec<DeviceCounter> {
-        let Some(byte) = &self.inner.byte else { return Vec::new() };
+        let Some(byte) = &self.inner.device else { return Vec::new() };
         let stats = byte.stats();
         stats
             .named()
@@ -285,22 +243,248 @@ impl Volume {
             return Ok(());
         }
         self.closed = true;
-        self.inner.shutdown.store(true, Ordering::SeqCst);
-        self.inner.notify_maintenance();
-        self.inner.policy.wake_workers();
+        self.inner.begin_shutdown();
         for handle in self.workers.drain(..) {
             let _ = handle.join();
         }
         if clean && !self.inner.options.read_only {
             self.inner.policy.before_close(self.inner.as_ref())?;
-            self.inner.ssd.flush()?;
+            self.inner.blocks.ssd().flush()?;
             self.inner.checkpoint()?;
         }
         // The emulated device's firmware runs in this process: it stops with the volume.
-        if let Some(byte) = &self.inner.byte {
-            byte.halt();
+        if let Some(device) = &self.inner.device {
+            device.halt();
         }
         Ok(())
+    }
+
+    /// Write `data` at `offset`. Returns when the write is as durable as the profile
+    /// promises ([`crate::profile::Promise`]): for `orch`, residue persisted, SSD IOs
+    /// completed and flushed, map edit journaled; for `scrap`, after the next fsync.
+    pub fn write(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        write::write(&self.inner, ino, offset, data)
+    }
+
+    /// Write back pages a page cache held (FUSE's write-back of cached pages, a shared
+    /// mapping's stores). Where the profile picks the interface by a page's modified ratio
+    /// (`byte`: [`crate::profile::Policy::write_back_line_share`]), each whole block inside
+    /// the file is compared, 64 bytes at a time, with the block as the volume holds it:
+    /// an unchanged block is not written, one with few changed lines sends each run of
+    /// them as a small write, and the rest go whole. Otherwise the same as
+    /// [`Volume::write`].
+    pub fn write_back(&self, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        write::write_back(&self.inner, ino, offset, data)
+    }
+
+    /// Whether every write is durable when it returns, so that an fsync after it has
+    /// nothing to add (`orch`, and every profile whose promise is
+    /// [`crate::profile::Promise::OnWrite`]).
+    pub fn durable_when_written(&self) -> bool {
+        self.inner.durable_when_written()
+    }
+
+    /// Make the file durable. Where the profile makes every write durable when it
+    /// returns (`orch`: its SSD blocks were flushed before its map edit was journaled), this
+    /// only retries a flush that failed. Where writes are durable on fsync (`scrap`), the
+    /// profile first writes the file's residue to the SSD and journals its size.
+    ///
+    /// It flushes the SSD only for the file's own blocks overwritten in place, not for SSD
+    /// writes nobody acknowledged yet: fsync would then wait for background migration's
+    /// writes and flush.
+    pub fn fsync(&self, ino: Ino) -> Result<()> {
+        write::fsync(&self.inner, ino)
+    }
+
+    /// The first offset at or after `offset` that starts data or a hole, at block
+    /// granularity; the end of the file counts as a hole, and so does a zero block
+    /// (`fallocate`'s, like ext4's unwritten extents). `BeyondEnd` past EOF.
+    pub fn seek(&self, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
+        read::seek(&self.inner, ino, offset, target)
+    }
+
+    /// What has been read from and written to a file (object) since the volume opened:
+    /// (writes, bytes written, reads, bytes read).
+    pub fn object_io(&self, ino: Ino) -> Result<(u64, u64, u64, u64)> {
+        read::object_io(&self.inner, ino)
+    }
+
+    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
+    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read::read(&self.inner, ino, offset, buf)
+    }
+
+    /// [`Volume::read`] only if no byte has to come from the device: the residue tier,
+    /// clean pages or the kernel's cache of the SSD (buffered read mode) hold them all.
+    /// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read
+    /// again, waiting, on a thread where that is cheap.
+    pub fn read_if_cached(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read::read_if_cached(&self.inner, ino, offset, buf)
+    }
+
+    /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
+    /// kernel's page cache, counted apart from the application's reads.
+    pub fn read_for_page_cache(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read::read_for_page_cache(&self.inner, ino, offset, buf)
+    }
+
+    /// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
+    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        resize::truncate(&self.inner, ino, size)
+    }
+
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        resize::fallocate(&self.inner, ino, offset, len, mode)
+    }
+
+    /// Make `dst` a copy of `src` (size and data) that shares `src`'s SSD blocks. Both are
+    /// regular files; `dst`'s old data is dropped. A clone of more than
+    /// [`MAP_OPS_PER_RECORD`] blocks commits in several records, the target's size first,
+    /// so a crash leaves it reading zeros where blocks were not shared yet.
+    pub fn clone_file(&self, src: Ino, dst: Ino) -> Result<()> {
+        clone::clone_file(&self.inner, src, dst)
+    }
+
+    /// Put a copy of `src` at `offset` of `dst`, sharing `src`'s SSD blocks: `dst` grows
+    /// to `offset` + `src`'s size. `offset` must be a multiple of the block size, at or
+    /// past the end of `dst` (nothing of `dst` is replaced). Returns the bytes cloned. A
+    /// multipart upload's parts become its object this way.
+    pub fn clone_into(&self, src: Ino, dst: Ino, offset: u64) -> Result<u64> {
+        clone::clone_into(&self.inner, src, dst, offset)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        namespace::getattr(&self.inner, ino)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        namespace::lookup(&self.inner, parent, name)
+    }
+
+    /// A directory's parent (the root is its own parent).
+    pub fn parent(&self, dir: Ino) -> Result<Ino> {
+        namespace::parent(&self.inner, dir)
+    }
+
+    /// Resolve an absolute path (no symlinks followed).
+    pub fn resolve(&self, path: &str) -> Result<Ino> {
+        namespace::resolve(&self.inner, path)
+    }
+
+    pub fn create_file(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+        namespace::create_file(&self.inner, parent, name, perm, uid, gid)
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+        namespace::mkdir(&self.inner, parent, name, perm, uid, gid)
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+        namespace::symlink(&self.inner, parent, name, target, uid, gid)
+    }
+
+    /// A special file (FIFO, socket, device node) or a regular file.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(&self, parent: Ino, name: &[u8], kind: FileKind, perm: u16, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
+        namespace::mknod(&self.inner, parent, name, kind, perm, rdev, uid, gid)
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        namespace::readlink(&self.inner, ino)
+    }
+
+    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        namespace::readdir(&self.inner, ino)
+    }
+
+    /// Up to `limit` entries of a directory from `start` on, in byte order of their names:
+    /// one page of a large directory without copying the rest.
+    pub fn readdir_from(&self, ino: Ino, start: std::ops::Bound<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
+        namespace::readdir_from(&self.inner, ino, start, limit)
+    }
+
+    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+        namespace::link(&self.inner, ino, parent, name)
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::unlink(&self.inner, parent, name)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        namespace::rmdir(&self.inner, parent, name)
+    }
+
+    pub fn rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<()> {
+        namespace::rename(&self.inner, from_parent, from_name, to_parent, to_name, flags)
+    }
+
+    /// Apply `changes` as one transaction: every change is checked first, then all are
+    /// committed in one metadata record, so a crash leaves all of them or none. Each is
+    /// checked against the namespace as it was before the transaction, so a transaction
+    /// is refused (`InvalidArgument`) unapplied if it touches a name twice, drops two
+    /// names of one inode, sets an attribute of an inode it drops, or sets two
+    /// attributes of one inode.
+    pub fn commit_changes(&self, changes: &[NamespaceChange]) -> Result<()> {
+        namespace::commit_changes(&self.inner, changes)
+    }
+
+    /// chmod / chown / utimens / truncate.
+    pub fn setattr(&self, ino: Ino, request: &SetAttrRequest) -> Result<Attr> {
+        namespace::setattr(&self.inner, ino, request)
+    }
+
+    /// Count an open handle: an unlinked file's data lives until its last handle closes.
+    pub fn open_handle(&self, ino: Ino) -> Result<Attr> {
+        namespace::open_handle(&self.inner, ino)
+    }
+
+    pub fn release_handle(&self, ino: Ino) -> Result<()> {
+        namespace::release_handle(&self.inner, ino)
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        namespace::getxattr(&self.inner, ino, name)
+    }
+
+    /// Attribute names, in byte order.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        namespace::listxattr(&self.inner, ino)
+    }
+
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
+        namespace::setxattr(&self.inner, ino, name, value, mode)
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        namespace::removexattr(&self.inner, ino, name)
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        namespace::statfs(&self.inner)
+    }
+
+    /// Check the namespace (every inode reachable from the root, link counts, directory
+    /// parents) and the maps (blocks past the end of a file hold only zeros). Empty =
+    /// consistent.
+    pub fn check(&self) -> Vec<Problem> {
+        check::check(&self.inner)
+    }
+
+    /// Format the devices as one new volume of `options.profile`, which decides whether
+    /// they include a fast tier. Refuses devices that already hold a volume unless
+    /// `options.force`.
+    pub fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
+        open::format(devices, options)
+    }
+
+    /// Open a formatted volume: check the superblocks, load the newest checkpoint, replay
+    /// the journal, rebuild the allocators, start the profile's workers. Nothing is
+    /// written before every check passed, except that a KV store's own open may seal a
+    /// journal, and so an older `nvstore` volume opened writable has its superblocks
+    /// raised to this build's format version first.
+    pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
+        open::open(devices, options)
     }
 }
 
@@ -309,262 +493,6 @@ impl Drop for Volume {
         if let Err(e) = self.shutdown(true) {
             tracing::error!("closing the volume: {e}");
         }
-    }
-}
-
-impl Inner {
-    pub(crate) fn check_writable(&self) -> Result<()> {
-        if self.options.read_only {
-            return Err(Error::ReadOnly);
-        }
-        Ok(())
-    }
-
-    /// Whether the profile sends a write of `len` bytes whole to its residue tier, so
-    /// that it takes no SSD IO unless the tier is full (a scheduling hint).
-    pub(crate) fn write_goes_to_residue(&self, len: u64) -> bool {
-        self.policy.write_rules(len).residue == crate::partition::Residue::All
-    }
-
-    /// Whether the profile makes every write durable before it returns.
-    pub(crate) fn durable_when_written(&self) -> bool {
-        self.superblock.profile.promise() == crate::profile::Promise::OnWrite
-    }
-
-    /// Whether an fsync returns without touching the SSD: the profile makes every write
-    /// durable before it returns, and no earlier SSD flush failed (which an fsync retries).
-    pub(crate) fn fsync_is_free(&self) -> bool {
-        self.durable_when_written() && !self.ssd_flush_failed.load(Ordering::SeqCst)
-    }
-
-    /// Make `ops` durable as one unit in the metadata store and apply them. Returns the
-    /// units they released, which the caller frees (after waiting out users of removed
-    /// inodes). The profile may persist less than `ops`: what a crash would keep of them,
-    /// and nothing at all when that is nothing.
-    pub(crate) fn commit(&self, ops: &[Op]) -> Result<Freed> {
-        self.check_writable()?;
-        let committing = Committing::enter(&self.committing);
-        let mut committer = self.committer.lock();
-        for op in ops {
-            if let Op::Data(DataOp::Map { ino, .. })
-            | Op::Data(DataOp::Extend { ino, .. })
-            | Op::Data(DataOp::SetSize { ino, .. })
-            | Op::Namespace(NamespaceOp::SetAttr { ino, .. })
-            | Op::Namespace(NamespaceOp::SetXattr { ino, .. }) = op
-            {
-                if self.meta.get(*ino).is_none() {
-                    return Err(Error::NotFound);
-                }
-            }
-        }
-        let scratch_only = self.scratch_only(ops);
-        let projection = self.policy.project(self, ops);
-        let journaled = projection.as_ref().map_or(ops, |p| p.journal.as_slice());
-        let mut apply_all = || {
-            let mut freed = Freed::default();
-            for op in ops {
-                let released = apply(&self.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
-                freed.extend(released);
-            }
-            freed
-        };
-        let freed = self.with_commit_context(|cx| committer.commit(cx, journaled, &mut apply_all))?;
-        if let Some(projection) = projection {
-            self.policy.committed(self, projection, &freed);
-        }
-        self.track_scratch(ops);
-        if committer.wants_checkpoint() {
-            self.notify_maintenance();
-        }
-        // A commit that changes only scratch files is ordered in the store but not synced
-        // on its own: the next synced commit covers it.
-        let group = committer.group_sync().filter(|_| !scratch_only).map(|group| {
-            let ticket = group.ordered();
-            (group, ticket)
-        });
-        drop(committer);
-        drop(committing);
-        // Group commit: durable before returning, so that what the commit freed is reused
-        // only once no crash can bring back the state that used it.
-        if let Some((group, ticket)) = group {
-            if group.sync_through(ticket, &|| self.committing.load(Ordering::SeqCst) > 0)? {
-                self.stats.add(Counter::kv_syncs, 1);
-            }
-        }
-        Ok(freed)
-    }
-
-    /// Whether every op changes only scratch files (or the scratch directory's entries
-    /// for them). Decided before the ops apply; false whenever in doubt.
-    fn scratch_only(&self, ops: &[Op]) -> bool {
-        let Some(&dir) = self.scratch_dir.get() else { return false };
-        let scratch = |ino: &Ino| self.meta.get(*ino).is_some_and(|inode| inode.scratch.load(Ordering::SeqCst));
-        !ops.is_empty()
-            && ops.iter().all(|op| match op {
-                Op::Namespace(NamespaceOp::Create { parent, attr, .. }) => *parent == dir && attr.kind == FileKind::File,
-                Op::Namespace(NamespaceOp::Unlink { parent, name, .. }) => {
-                    *parent == dir && self.meta.child(dir, name).is_some_and(|i| scratch(&i))
-                }
-                Op::Namespace(NamespaceOp::Free { ino })
-                | Op::Namespace(NamespaceOp::SetAttr { ino, .. })
-                | Op::Namespace(NamespaceOp::SetXattr { ino, .. })
-                | Op::Data(DataOp::Map { ino, .. })
-                | Op::Data(DataOp::Extend { ino, .. })
-                | Op::Data(DataOp::SetSize { ino, .. }) => scratch(ino),
-                Op::Namespace(NamespaceOp::Link { .. }) | Op::Namespace(NamespaceOp::Rename { .. }) => false,
-            })
-    }
-
-    /// After `ops` applied: a file created in the scratch directory is scratch; one that
-    /// gains a name elsewhere is not any more.
-    fn track_scratch(&self, ops: &[Op]) {
-        let Some(&dir) = self.scratch_dir.get() else { return };
-        let set = |ino: Ino, scratch: bool| {
-            if let Some(inode) = self.meta.get(ino) {
-                inode.scratch.store(scratch, Ordering::SeqCst);
-            }
-        };
-        for op in ops {
-            match op {
-                Op::Namespace(NamespaceOp::Create { parent, attr, .. }) if *parent == dir => set(attr.ino, true),
-                Op::Namespace(NamespaceOp::Link { ino, .. }) => set(*ino, false),
-                Op::Namespace(NamespaceOp::Rename { from_parent, from_name, to_parent, to_name, .. })
-                    if *from_parent == dir || *to_parent == dir =>
-                {
-                    // Both names, whatever moved where (an exchange swaps them).
-                    for ino in [self.meta.child(*from_parent, from_name), self.meta.child(*to_parent, to_name)].into_iter().flatten() {
-                        set(ino, false);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Run `f` with what the metadata store borrows from the engine.
-    fn with_commit_context<R>(&self, f: impl FnOnce(&CommitContext<'_>) -> R) -> R {
-        let payload = || self.policy.checkpoint_payload(self);
-        f(&CommitContext {
-            stats: &self.stats,
-            meta: &self.meta,
-            checkpoint_payload: &payload,
-            checksums: self.checksums.as_ref(),
-            #[cfg(debug_assertions)]
-            pages_per_block: self.geometry.pages_per_block(),
-            #[cfg(debug_assertions)]
-            page_bytes: self.geometry.page_bytes,
-        })
-    }
-
-    /// Return units to their allocators.
-    fn release(&self, pages: &[PageNo], blocks: &[SsdBlock]) {
-        if !pages.is_empty() {
-            self.residue.free(pages);
-        }
-        if !blocks.is_empty() {
-            self.blocks.release(blocks.iter().map(|b| b.0));
-            if let Some(clean) = &self.clean {
-                clean.forget(blocks);
-            }
-        }
-    }
-
-    /// Free what a commit released; removed inodes' units wait until no reader or writer
-    /// of that inode is left.
-    pub(crate) fn release_freed(&self, freed: Freed) {
-        for inode in &freed.removed {
-            drop(inode.range.write(0, u64::MAX));
-        }
-        if freed.promises > 0 {
-            self.blocks.release_promises(freed.promises);
-        }
-        self.release(&freed.pages, &freed.blocks);
-    }
-
-    fn checkpoint(&self) -> Result<()> {
-        self.check_writable()?;
-        let mut committer = self.committer.lock();
-        self.with_commit_context(|cx| committer.checkpoint(cx))
-    }
-
-    fn notify_maintenance(&self) {
-        self.maintenance_due.notify();
-    }
-
-    /// Every counter's value, in [`Counter::ALL`] order.
-    pub(crate) fn counters(&self) -> Vec<u64> {
-        self.stats.all()
-    }
-
-    /// Whether the volume is closing: background workers stop.
-    pub(crate) fn shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::SeqCst)
-    }
-
-    /// How many SSDs the volume spans.
-    pub(crate) fn ssd_count(&self) -> usize {
-        self.ssd_in_flight.len()
-    }
-}
-
-impl crate::profile::Engine for Inner {
-    fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-    fn meta(&self) -> &MetaState {
-        &self.meta
-    }
-    fn counters(&self) -> Vec<u64> {
-        Inner::counters(self)
-    }
-    fn shutting_down(&self) -> bool {
-        Inner::shutting_down(self)
-    }
-    fn writes_so_far(&self) -> u64 {
-        Inner::writes_so_far(self)
-    }
-    fn ssd_count(&self) -> usize {
-        Inner::ssd_count(self)
-    }
-    fn ssd_busy(&self, member: usize) -> bool {
-        Inner::ssd_busy(self, member)
-    }
-    fn ssd_of(&self, block: SsdBlock) -> usize {
-        self.member_of(block.0 * self.geometry.block())
-    }
-    fn merge_batch(&self) -> usize {
-        self.migration_batch()
-    }
-    fn merge_blocks(&self, blocks: Vec<(Arc<crate::meta::Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
-        self.migrate_blocks_watched(blocks, cause)
-    }
-    fn merge_file_locked(&self, inode: &Arc<crate::meta::Inode>, cause: Counter) -> Result<()> {
-        Inner::merge_file_locked(self, inode, cause)
-    }
-    fn drain_residue(&self, cause: Counter) -> Result<u64> {
-        Inner::drain_residue(self, cause)
-    }
-    fn commit(&self, ops: &[Op]) -> Result<()> {
-        let freed = Inner::commit(self, ops)?;
-        self.release_freed(freed);
-        Ok(())
-    }
-}
-
-/// Counts a commit in [`Inner::committing`] from before it asks for the commit lock until
-/// it has been ordered, whichever way it leaves.
-struct Committing<'a>(&'a AtomicUsize);
-
-impl<'a> Committing<'a> {
-    fn enter(count: &'a AtomicUsize) -> Committing<'a> {
-        count.fetch_add(1, Ordering::SeqCst);
-        Committing(count)
-    }
-}
-
-impl Drop for Committing<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -581,6 +509,7 @@ pub(crate) fn test_volume() -> Volume {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meta::{DataOp, Op};
 
     #[test]
     fn a_refused_commit_is_not_counted_as_waiting_for_the_commit_lock() {
@@ -588,8 +517,8 @@ mod tests {
         let inner = volume.inner();
         let missing = Op::Data(DataOp::SetSize { ino: Ino(999), size: 1, time: 0 });
         assert!(matches!(inner.commit(&[missing]), Err(Error::NotFound)));
-        assert_eq!(inner.committing.load(Ordering::SeqCst), 0, "every group sync would wait out its deadline");
+        assert_eq!(inner.committer.committing(), 0, "every group sync would wait out its deadline");
         inner.commit(&[]).unwrap();
-        assert_eq!(inner.committing.load(Ordering::SeqCst), 0);
+        assert_eq!(inner.committer.committing(), 0);
     }
 }

@@ -1,8 +1,9 @@
 //! Namespace operations: validated under the namespace lock, then committed as ops.
 
+use super::resize;
 use std::sync::atomic::Ordering;
 
-use super::{Inner, Volume};
+use super::Engine;
 use crate::error::{Error, Result};
 use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, NamespaceOp, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
 
@@ -99,425 +100,437 @@ fn free_if_last_name(inode: &Inode) -> Option<Op> {
     (last && inode.opens.load(Ordering::SeqCst) == 0).then_some(Op::Namespace(NamespaceOp::Free { ino: inode.ino }))
 }
 
-impl Inner {
-    fn dir(&self, ino: Ino) -> Result<std::sync::Arc<Inode>> {
-        let inode = self.get(ino)?;
-        if inode.kind != FileKind::Dir {
-            return Err(Error::NotDir);
-        }
-        Ok(inode)
+pub(super) fn dir(engine: &Engine, ino: Ino) -> Result<std::sync::Arc<Inode>> {
+    let inode = engine.get(ino)?;
+    if inode.kind != FileKind::Dir {
+        return Err(Error::NotDir);
     }
+    Ok(inode)
+}
 
-    fn child(&self, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
-        Ok(self.dir(parent)?.data.lock().entries.get(name).copied())
-    }
+pub(super) fn child(engine: &Engine, parent: Ino, name: &[u8]) -> Result<Option<Ino>> {
+    Ok(dir(engine, parent)?.data.lock().entries.get(name).copied())
+}
 
-    /// Is `ancestor` on the path from `ino` up to the root?
-    fn is_ancestor(&self, ancestor: Ino, mut ino: Ino) -> bool {
-        loop {
-            if ino == ancestor {
-                return true;
-            }
-            if ino == Ino::ROOT {
-                return false;
-            }
-            match self.meta.get(ino) {
-                Some(inode) => ino = inode.data.lock().parent,
-                None => return false,
-            }
+/// Is `ancestor` on the path from `ino` up to the root?
+pub(super) fn is_ancestor(engine: &Engine, ancestor: Ino, mut ino: Ino) -> bool {
+    loop {
+        if ino == ancestor {
+            return true;
         }
-    }
-
-    /// The ops of an unlink or rmdir, checked; the caller holds the namespace lock.
-    fn plan_remove(&self, parent: Ino, name: &[u8], directory: bool) -> Result<Vec<Op>> {
-        if name == b"." {
-            return Err(Error::InvalidArgument("cannot remove \".\"".into()));
+        if ino == Ino::ROOT {
+            return false;
         }
-        if name == b".." {
-            return Err(Error::NotEmpty);
+        match engine.meta.get(ino) {
+            Some(inode) => ino = inode.data.lock().parent,
+            None => return false,
         }
-        let ino = self.child(parent, name)?.ok_or(Error::NotFound)?;
-        let inode = self.get(ino)?;
-        check_replaceable(&inode, directory)?;
-        let unlink = Op::Namespace(NamespaceOp::Unlink { parent, name: name.to_vec(), time: now_ns() });
-        Ok(std::iter::once(unlink).chain(free_if_last_name(&inode)).collect())
-    }
-
-    /// The ops of a rename, checked; the caller holds the namespace lock. Renaming a name
-    /// onto itself plans nothing.
-    fn plan_rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<Vec<Op>> {
-        check_name(from_name)?;
-        check_name(to_name)?;
-        if flags.exchange && flags.no_replace {
-            return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
-        }
-        let source = self.child(from_parent, from_name)?.ok_or(Error::NotFound)?;
-        let target = self.child(to_parent, to_name)?;
-        let source_dir = self.get(source)?.kind == FileKind::Dir;
-        if source_dir && self.is_ancestor(source, to_parent) {
-            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
-        }
-        let mut free = None;
-        if flags.exchange {
-            let target = target.ok_or(Error::NotFound)?;
-            if self.get(target)?.kind == FileKind::Dir && self.is_ancestor(target, from_parent) {
-                return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
-            }
-        } else if let Some(target) = target {
-            if flags.no_replace {
-                return Err(Error::Exists);
-            }
-            if target == source {
-                return Ok(Vec::new());
-            }
-            let replaced = self.get(target)?;
-            check_replaceable(&replaced, source_dir)?;
-            free = free_if_last_name(&replaced);
-        }
-        let op = Op::Namespace(NamespaceOp::Rename {
-            from_parent,
-            from_name: from_name.to_vec(),
-            to_parent,
-            to_name: to_name.to_vec(),
-            exchange: flags.exchange,
-            time: now_ns(),
-        });
-        Ok(std::iter::once(op).chain(free).collect())
-    }
-
-    /// The op setting (`Some`) or removing (`None`) an extended attribute, checked; the
-    /// caller holds the namespace lock.
-    fn plan_xattr(&self, ino: Ino, name: &[u8], value: Option<&[u8]>, mode: XattrSet) -> Result<Op> {
-        if name.is_empty() || name.contains(&0) {
-            return Err(Error::InvalidName("an extended attribute name must be non-empty and hold no NUL byte".into()));
-        }
-        if name.len() > XATTR_NAME_MAX {
-            return Err(Error::NameTooLong);
-        }
-        let inode = self.get(ino)?;
-        let data = inode.data.lock();
-        let existing = data.xattrs.get(name);
-        let Some(value) = value else {
-            if existing.is_none() {
-                return Err(Error::NoAttribute);
-            }
-            return Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() }));
-        };
-        if value.len() > XATTR_VALUE_MAX {
-            return Err(Error::TooLarge(format!("extended attribute values hold at most {XATTR_VALUE_MAX} bytes")));
-        }
-        match (mode, existing) {
-            (XattrSet::CreateOnly, Some(_)) => return Err(Error::Exists),
-            (XattrSet::ReplaceOnly, None) => return Err(Error::NoAttribute),
-            _ => {}
-        }
-        let others: usize = data.xattrs.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
-        if others + name.len() + value.len() > XATTR_TOTAL_MAX {
-            return Err(Error::NoSpace);
-        }
-        Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: Some(value.to_vec()), ctime: now_ns() }))
-    }
-
-    fn commit_namespace(&self, ops: &[Op]) -> Result<()> {
-        let freed = self.commit(ops)?;
-        self.release_freed(freed);
-        Ok(())
     }
 }
 
-impl Volume {
-    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        Ok(self.inner.get(ino)?.attr())
+/// The ops of an unlink or rmdir, checked; the caller holds the namespace lock.
+pub(super) fn plan_remove(engine: &Engine, parent: Ino, name: &[u8], directory: bool) -> Result<Vec<Op>> {
+    if name == b"." {
+        return Err(Error::InvalidArgument("cannot remove \".\"".into()));
     }
+    if name == b".." {
+        return Err(Error::NotEmpty);
+    }
+    let ino = child(engine, parent, name)?.ok_or(Error::NotFound)?;
+    let inode = engine.get(ino)?;
+    check_replaceable(&inode, directory)?;
+    let unlink = Op::Namespace(NamespaceOp::Unlink { parent, name: name.to_vec(), time: now_ns() });
+    Ok(std::iter::once(unlink).chain(free_if_last_name(&inode)).collect())
+}
 
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
-        if name.len() > MAX_NAME_BYTES {
-            return Err(Error::NameTooLong);
+/// The ops of a rename, checked; the caller holds the namespace lock. Renaming a name
+/// onto itself plans nothing.
+pub(super) fn plan_rename(
+    engine: &Engine,
+    from_parent: Ino,
+    from_name: &[u8],
+    to_parent: Ino,
+    to_name: &[u8],
+    flags: RenameFlags,
+) -> Result<Vec<Op>> {
+    check_name(from_name)?;
+    check_name(to_name)?;
+    if flags.exchange && flags.no_replace {
+        return Err(Error::InvalidArgument("RENAME_EXCHANGE with RENAME_NOREPLACE".into()));
+    }
+    let source = child(engine, from_parent, from_name)?.ok_or(Error::NotFound)?;
+    let target = child(engine, to_parent, to_name)?;
+    let source_dir = engine.get(source)?.kind == FileKind::Dir;
+    if source_dir && is_ancestor(engine, source, to_parent) {
+        return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+    }
+    let mut free = None;
+    if flags.exchange {
+        let target = target.ok_or(Error::NotFound)?;
+        if engine.get(target)?.kind == FileKind::Dir && is_ancestor(engine, target, from_parent) {
+            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
         }
-        let ino = self.inner.child(parent, name)?.ok_or(Error::NotFound)?;
-        self.getattr(ino)
-    }
-
-    /// A directory's parent (the root is its own parent).
-    pub fn parent(&self, dir: Ino) -> Result<Ino> {
-        Ok(self.inner.dir(dir)?.data.lock().parent)
-    }
-
-    /// Resolve an absolute path (no symlinks followed).
-    pub fn resolve(&self, path: &str) -> Result<Ino> {
-        let mut ino = Ino::ROOT;
-        for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
-            ino = if part == ".." {
-                self.inner.dir(ino)?.data.lock().parent
-            } else {
-                self.inner.child(ino, part.as_bytes())?.ok_or(Error::NotFound)?
-            };
-        }
-        Ok(ino)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn make_node(&self, parent: Ino, name: &[u8], kind: FileKind, perm: u16, uid: u32, gid: u32, rdev: u32, target: &[u8]) -> Result<Attr> {
-        self.inner.check_writable()?;
-        check_name(name)?;
-        if target.len() > MAX_SYMLINK_BYTES {
-            return Err(Error::NameTooLong);
-        }
-        let _ns = self.inner.namespace.lock();
-        if self.inner.child(parent, name)?.is_some() {
+    } else if let Some(target) = target {
+        if flags.no_replace {
             return Err(Error::Exists);
         }
-        let now = now_ns();
-        let attr = Attr {
-            ino: Ino(self.inner.meta.next_ino.fetch_add(1, Ordering::SeqCst)),
-            kind,
-            perm: perm & 0o7777,
-            uid,
-            gid,
-            nlink: if kind == FileKind::Dir { 2 } else { 1 },
-            size: if kind == FileKind::Symlink { target.len() as u64 } else { 0 },
-            rdev,
-            atime: now,
-            mtime: now,
-            ctime: now,
+        if target == source {
+            return Ok(Vec::new());
+        }
+        let replaced = engine.get(target)?;
+        check_replaceable(&replaced, source_dir)?;
+        free = free_if_last_name(&replaced);
+    }
+    let op = Op::Namespace(NamespaceOp::Rename {
+        from_parent,
+        from_name: from_name.to_vec(),
+        to_parent,
+        to_name: to_name.to_vec(),
+        exchange: flags.exchange,
+        time: now_ns(),
+    });
+    Ok(std::iter::once(op).chain(free).collect())
+}
+
+/// The op setting (`Some`) or removing (`None`) an extended attribute, checked; the
+/// caller holds the namespace lock.
+pub(super) fn plan_xattr(engine: &Engine, ino: Ino, name: &[u8], value: Option<&[u8]>, mode: XattrSet) -> Result<Op> {
+    if name.is_empty() || name.contains(&0) {
+        return Err(Error::InvalidName("an extended attribute name must be non-empty and hold no NUL byte".into()));
+    }
+    if name.len() > XATTR_NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    let inode = engine.get(ino)?;
+    let data = inode.data.lock();
+    let existing = data.xattrs.get(name);
+    let Some(value) = value else {
+        if existing.is_none() {
+            return Err(Error::NoAttribute);
+        }
+        return Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: None, ctime: now_ns() }));
+    };
+    if value.len() > XATTR_VALUE_MAX {
+        return Err(Error::TooLarge(format!("extended attribute values hold at most {XATTR_VALUE_MAX} bytes")));
+    }
+    match (mode, existing) {
+        (XattrSet::CreateOnly, Some(_)) => return Err(Error::Exists),
+        (XattrSet::ReplaceOnly, None) => return Err(Error::NoAttribute),
+        _ => {}
+    }
+    let others: usize = data.xattrs.iter().filter(|(n, _)| n.as_slice() != name).map(|(n, v)| n.len() + v.len()).sum();
+    if others + name.len() + value.len() > XATTR_TOTAL_MAX {
+        return Err(Error::NoSpace);
+    }
+    Ok(Op::Namespace(NamespaceOp::SetXattr { ino, name: name.to_vec(), value: Some(value.to_vec()), ctime: now_ns() }))
+}
+
+pub(super) fn commit_namespace(engine: &Engine, ops: &[Op]) -> Result<()> {
+    let freed = engine.commit(ops)?;
+    engine.release_freed(freed);
+    Ok(())
+}
+
+pub(super) fn getattr(engine: &Engine, ino: Ino) -> Result<Attr> {
+    Ok(engine.get(ino)?.attr())
+}
+
+pub(super) fn lookup(engine: &Engine, parent: Ino, name: &[u8]) -> Result<Attr> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::NameTooLong);
+    }
+    let ino = child(engine, parent, name)?.ok_or(Error::NotFound)?;
+    getattr(engine, ino)
+}
+
+/// A directory's parent (the root is its own parent).
+pub(super) fn parent(engine: &Engine, dir: Ino) -> Result<Ino> {
+    Ok(self::dir(engine, dir)?.data.lock().parent)
+}
+
+/// Resolve an absolute path (no symlinks followed).
+pub(super) fn resolve(engine: &Engine, path: &str) -> Result<Ino> {
+    let mut ino = Ino::ROOT;
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        ino = if part == ".." {
+            dir(engine, ino)?.data.lock().parent
+        } else {
+            child(engine, ino, part.as_bytes())?.ok_or(Error::NotFound)?
         };
-        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Create {
-            parent,
-            name: name.to_vec(),
-            attr: attr.clone(),
-            target: target.to_vec(),
-        })])?;
-        Ok(attr)
     }
+    Ok(ino)
+}
 
-    pub fn create_file(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
-        self.make_node(parent, name, FileKind::File, perm, uid, gid, 0, &[])
+#[allow(clippy::too_many_arguments)]
+pub(super) fn make_node(
+    engine: &Engine,
+    parent: Ino,
+    name: &[u8],
+    kind: FileKind,
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    target: &[u8],
+) -> Result<Attr> {
+    engine.check_writable()?;
+    check_name(name)?;
+    if target.len() > MAX_SYMLINK_BYTES {
+        return Err(Error::NameTooLong);
     }
-
-    pub fn mkdir(&self, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
-        self.make_node(parent, name, FileKind::Dir, perm, uid, gid, 0, &[])
+    let _ns = engine.namespace.lock();
+    if child(engine, parent, name)?.is_some() {
+        return Err(Error::Exists);
     }
+    let now = now_ns();
+    let attr = Attr {
+        ino: Ino(engine.meta.next_ino.fetch_add(1, Ordering::SeqCst)),
+        kind,
+        perm: perm & 0o7777,
+        uid,
+        gid,
+        nlink: if kind == FileKind::Dir { 2 } else { 1 },
+        size: if kind == FileKind::Symlink { target.len() as u64 } else { 0 },
+        rdev,
+        atime: now,
+        mtime: now,
+        ctime: now,
+    };
+    commit_namespace(
+        engine,
+        &[Op::Namespace(NamespaceOp::Create { parent, name: name.to_vec(), attr: attr.clone(), target: target.to_vec() })],
+    )?;
+    Ok(attr)
+}
 
-    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
-        if target.is_empty() {
-            return Err(Error::InvalidArgument("empty symlink target".into()));
+pub(super) fn create_file(engine: &Engine, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+    make_node(engine, parent, name, FileKind::File, perm, uid, gid, 0, &[])
+}
+
+pub(super) fn mkdir(engine: &Engine, parent: Ino, name: &[u8], perm: u16, uid: u32, gid: u32) -> Result<Attr> {
+    make_node(engine, parent, name, FileKind::Dir, perm, uid, gid, 0, &[])
+}
+
+pub(super) fn symlink(engine: &Engine, parent: Ino, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attr> {
+    if target.is_empty() {
+        return Err(Error::InvalidArgument("empty symlink target".into()));
+    }
+    make_node(engine, parent, name, FileKind::Symlink, 0o777, uid, gid, 0, target)
+}
+
+/// A special file (FIFO, socket, device node) or a regular file.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn mknod(engine: &Engine, parent: Ino, name: &[u8], kind: FileKind, perm: u16, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
+    if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+        return Err(Error::InvalidArgument("mknod makes files, FIFOs, sockets and device nodes".into()));
+    }
+    make_node(engine, parent, name, kind, perm, uid, gid, rdev, &[])
+}
+
+pub(super) fn readlink(engine: &Engine, ino: Ino) -> Result<Vec<u8>> {
+    let inode = engine.get(ino)?;
+    if inode.kind != FileKind::Symlink {
+        return Err(Error::InvalidArgument("not a symlink".into()));
+    }
+    let target = inode.data.lock().target.clone();
+    Ok(target)
+}
+
+pub(super) fn readdir(engine: &Engine, ino: Ino) -> Result<Vec<DirEntry>> {
+    readdir_from(engine, ino, std::ops::Bound::Unbounded, usize::MAX)
+}
+
+/// Up to `limit` entries of a directory from `start` on, in byte order of their names:
+/// one page of a large directory without copying the rest.
+pub(super) fn readdir_from(engine: &Engine, ino: Ino, start: std::ops::Bound<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
+    let dir = dir(engine, ino)?;
+    let entries: Vec<(Vec<u8>, Ino)> =
+        dir.data.lock().entries.range::<[u8], _>((start, std::ops::Bound::Unbounded)).take(limit).map(|(n, i)| (n.clone(), *i)).collect();
+    Ok(entries.into_iter().filter_map(|(name, ino)| engine.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind })).collect())
+}
+
+pub(super) fn link(engine: &Engine, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
+    engine.check_writable()?;
+    check_name(name)?;
+    let _ns = engine.namespace.lock();
+    let inode = engine.get(ino)?;
+    if inode.kind == FileKind::Dir {
+        return Err(Error::NotPermitted("hard links to directories".into()));
+    }
+    if child(engine, parent, name)?.is_some() {
+        return Err(Error::Exists);
+    }
+    commit_namespace(engine, &[Op::Namespace(NamespaceOp::Link { parent, name: name.to_vec(), ino, time: now_ns() })])?;
+    Ok(inode.attr())
+}
+
+pub(super) fn unlink(engine: &Engine, parent: Ino, name: &[u8]) -> Result<()> {
+    remove(engine, parent, name, false)
+}
+
+pub(super) fn rmdir(engine: &Engine, parent: Ino, name: &[u8]) -> Result<()> {
+    remove(engine, parent, name, true)
+}
+
+pub(super) fn remove(engine: &Engine, parent: Ino, name: &[u8], directory: bool) -> Result<()> {
+    engine.check_writable()?;
+    let _ns = engine.namespace.lock();
+    let ops = plan_remove(engine, parent, name, directory)?;
+    commit_namespace(engine, &ops)
+}
+
+pub(super) fn rename(
+    engine: &Engine,
+    from_parent: Ino,
+    from_name: &[u8],
+    to_parent: Ino,
+    to_name: &[u8],
+    flags: RenameFlags,
+) -> Result<()> {
+    engine.check_writable()?;
+    let _ns = engine.namespace.lock();
+    let ops = plan_rename(engine, from_parent, from_name, to_parent, to_name, flags)?;
+    commit_namespace(engine, &ops)
+}
+
+/// Apply `changes` as one transaction: every change is checked first, then all are
+/// committed in one metadata record, so a crash leaves all of them or none. Each is
+/// checked against the namespace as it was before the transaction, so a transaction
+/// is refused (`InvalidArgument`) unapplied if it touches a name twice, drops two
+/// names of one inode, sets an attribute of an inode it drops, or sets two
+/// attributes of one inode.
+pub(super) fn commit_changes(engine: &Engine, changes: &[NamespaceChange]) -> Result<()> {
+    engine.check_writable()?;
+    if changes.len() > MAX_CHANGES {
+        return Err(Error::InvalidArgument(format!("a transaction holds at most {MAX_CHANGES} changes, not {}", changes.len())));
+    }
+    let _ns = engine.namespace.lock();
+    let mut names = std::collections::HashSet::new();
+    let mut dropped = std::collections::HashSet::new();
+    let mut touch_name = |parent: Ino, name: &[u8]| {
+        if names.insert((parent, name.to_vec())) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!("a transaction changes the name {:?} twice", String::from_utf8_lossy(name))))
         }
-        self.make_node(parent, name, FileKind::Symlink, 0o777, uid, gid, 0, target)
-    }
-
-    /// A special file (FIFO, socket, device node) or a regular file.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mknod(&self, parent: Ino, name: &[u8], kind: FileKind, perm: u16, rdev: u32, uid: u32, gid: u32) -> Result<Attr> {
-        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
-            return Err(Error::InvalidArgument("mknod makes files, FIFOs, sockets and device nodes".into()));
-        }
-        self.make_node(parent, name, kind, perm, uid, gid, rdev, &[])
-    }
-
-    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let inode = self.inner.get(ino)?;
-        if inode.kind != FileKind::Symlink {
-            return Err(Error::InvalidArgument("not a symlink".into()));
-        }
-        let target = inode.data.lock().target.clone();
-        Ok(target)
-    }
-
-    pub fn readdir(&self, ino: Ino) -> Result<Vec<DirEntry>> {
-        self.readdir_from(ino, std::ops::Bound::Unbounded, usize::MAX)
-    }
-
-    /// Up to `limit` entries of a directory from `start` on, in byte order of their names:
-    /// one page of a large directory without copying the rest.
-    pub fn readdir_from(&self, ino: Ino, start: std::ops::Bound<&[u8]>, limit: usize) -> Result<Vec<DirEntry>> {
-        let dir = self.inner.dir(ino)?;
-        let entries: Vec<(Vec<u8>, Ino)> = dir
-            .data
-            .lock()
-            .entries
-            .range::<[u8], _>((start, std::ops::Bound::Unbounded))
-            .take(limit)
-            .map(|(n, i)| (n.clone(), *i))
-            .collect();
-        Ok(entries.into_iter().filter_map(|(name, ino)| self.inner.meta.get(ino).map(|i| DirEntry { name, ino, kind: i.kind })).collect())
-    }
-
-    pub fn link(&self, ino: Ino, parent: Ino, name: &[u8]) -> Result<Attr> {
-        self.inner.check_writable()?;
-        check_name(name)?;
-        let _ns = self.inner.namespace.lock();
-        let inode = self.inner.get(ino)?;
-        if inode.kind == FileKind::Dir {
-            return Err(Error::NotPermitted("hard links to directories".into()));
-        }
-        if self.inner.child(parent, name)?.is_some() {
-            return Err(Error::Exists);
-        }
-        self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Link { parent, name: name.to_vec(), ino, time: now_ns() })])?;
-        Ok(inode.attr())
-    }
-
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.remove(parent, name, false)
-    }
-
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
-        self.remove(parent, name, true)
-    }
-
-    fn remove(&self, parent: Ino, name: &[u8], directory: bool) -> Result<()> {
-        self.inner.check_writable()?;
-        let _ns = self.inner.namespace.lock();
-        let ops = self.inner.plan_remove(parent, name, directory)?;
-        self.inner.commit_namespace(&ops)
-    }
-
-    pub fn rename(&self, from_parent: Ino, from_name: &[u8], to_parent: Ino, to_name: &[u8], flags: RenameFlags) -> Result<()> {
-        self.inner.check_writable()?;
-        let _ns = self.inner.namespace.lock();
-        let ops = self.inner.plan_rename(from_parent, from_name, to_parent, to_name, flags)?;
-        self.inner.commit_namespace(&ops)
-    }
-
-    /// Apply `changes` as one transaction: every change is checked first, then all are
-    /// committed in one metadata record, so a crash leaves all of them or none. Each is
-    /// checked against the namespace as it was before the transaction, so a transaction
-    /// is refused (`InvalidArgument`) unapplied if it touches a name twice, drops two
-    /// names of one inode, sets an attribute of an inode it drops, or sets two
-    /// attributes of one inode.
-    pub fn commit_changes(&self, changes: &[NamespaceChange]) -> Result<()> {
-        self.inner.check_writable()?;
-        if changes.len() > MAX_CHANGES {
-            return Err(Error::InvalidArgument(format!("a transaction holds at most {MAX_CHANGES} changes, not {}", changes.len())));
-        }
-        let _ns = self.inner.namespace.lock();
-        let mut names = std::collections::HashSet::new();
-        let mut dropped = std::collections::HashSet::new();
-        let mut touch_name = |parent: Ino, name: &[u8]| {
-            if names.insert((parent, name.to_vec())) {
-                Ok(())
-            } else {
-                Err(Error::InvalidArgument(format!("a transaction changes the name {:?} twice", String::from_utf8_lossy(name))))
+    };
+    let mut ops = Vec::new();
+    let mut xattrs = Vec::new();
+    for change in changes {
+        let (replaced, planned) = match change {
+            NamespaceChange::Rename { from_parent, from_name, to_parent, to_name } => {
+                touch_name(*from_parent, from_name)?;
+                touch_name(*to_parent, to_name)?;
+                let planned = plan_rename(engine, *from_parent, from_name, *to_parent, to_name, RenameFlags::default())?;
+                (child(engine, *to_parent, to_name)?, planned)
+            }
+            NamespaceChange::Unlink { parent, name } => {
+                touch_name(*parent, name)?;
+                let planned = plan_remove(engine, *parent, name, false)?;
+                (child(engine, *parent, name)?, planned)
+            }
+            NamespaceChange::SetXattr { ino, name, value } => {
+                if xattrs.iter().any(|(other, _)| other == ino) {
+                    return Err(Error::InvalidArgument(format!("a transaction sets two attributes of inode {}", ino.0)));
+                }
+                xattrs.push((*ino, plan_xattr(engine, *ino, name, Some(value), XattrSet::CreateOrReplace)?));
+                continue;
             }
         };
-        let mut ops = Vec::new();
-        let mut xattrs = Vec::new();
-        for change in changes {
-            let (replaced, planned) = match change {
-                NamespaceChange::Rename { from_parent, from_name, to_parent, to_name } => {
-                    touch_name(*from_parent, from_name)?;
-                    touch_name(*to_parent, to_name)?;
-                    let planned = self.inner.plan_rename(*from_parent, from_name, *to_parent, to_name, RenameFlags::default())?;
-                    (self.inner.child(*to_parent, to_name)?, planned)
-                }
-                NamespaceChange::Unlink { parent, name } => {
-                    touch_name(*parent, name)?;
-                    let planned = self.inner.plan_remove(*parent, name, false)?;
-                    (self.inner.child(*parent, name)?, planned)
-                }
-                NamespaceChange::SetXattr { ino, name, value } => {
-                    if xattrs.iter().any(|(other, _)| other == ino) {
-                        return Err(Error::InvalidArgument(format!("a transaction sets two attributes of inode {}", ino.0)));
-                    }
-                    xattrs.push((*ino, self.inner.plan_xattr(*ino, name, Some(value), XattrSet::CreateOrReplace)?));
-                    continue;
-                }
-            };
-            if let Some(ino) = replaced {
-                if !dropped.insert(ino) {
-                    return Err(Error::InvalidArgument(format!("a transaction drops two names of inode {}", ino.0)));
-                }
+        if let Some(ino) = replaced {
+            if !dropped.insert(ino) {
+                return Err(Error::InvalidArgument(format!("a transaction drops two names of inode {}", ino.0)));
             }
-            ops.extend(planned);
         }
-        if let Some((ino, _)) = xattrs.iter().find(|(ino, _)| dropped.contains(ino)) {
-            return Err(Error::InvalidArgument(format!("a transaction sets an attribute of inode {} while removing it", ino.0)));
-        }
-        // Attributes first, before any op of the record frees an inode.
-        let ops: Vec<Op> = xattrs.into_iter().map(|(_, op)| op).chain(ops).collect();
-        if ops.is_empty() {
-            return Ok(());
-        }
-        self.inner.commit_namespace(&ops)
+        ops.extend(planned);
     }
-
-    /// chmod / chown / utimens / truncate.
-    pub fn setattr(&self, ino: Ino, request: &SetAttrRequest) -> Result<Attr> {
-        self.inner.check_writable()?;
-        if let Some(size) = request.size {
-            self.truncate(ino, size)?;
-        }
-        let changes =
-            request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
-        if changes {
-            let op = Op::Namespace(NamespaceOp::SetAttr {
-                ino,
-                perm: request.perm.map(|p| p & 0o7777),
-                uid: request.uid,
-                gid: request.gid,
-                atime: request.atime,
-                mtime: request.mtime,
-                ctime: now_ns(),
-            });
-            self.inner.commit_namespace(&[op])?;
-        }
-        self.getattr(ino)
+    if let Some((ino, _)) = xattrs.iter().find(|(ino, _)| dropped.contains(ino)) {
+        return Err(Error::InvalidArgument(format!("a transaction sets an attribute of inode {} while removing it", ino.0)));
     }
-
-    /// Count an open handle: an unlinked file's data lives until its last handle closes.
-    pub fn open_handle(&self, ino: Ino) -> Result<Attr> {
-        let inode = self.inner.get(ino)?;
-        inode.opens.fetch_add(1, Ordering::SeqCst);
-        Ok(inode.attr())
+    // Attributes first, before any op of the record frees an inode.
+    let ops: Vec<Op> = xattrs.into_iter().map(|(_, op)| op).chain(ops).collect();
+    if ops.is_empty() {
+        return Ok(());
     }
+    commit_namespace(engine, &ops)
+}
 
-    pub fn release_handle(&self, ino: Ino) -> Result<()> {
-        let Some(inode) = self.inner.meta.get(ino) else { return Ok(()) };
-        let previous = inode.opens.fetch_sub(1, Ordering::SeqCst);
-        if previous == 1 && inode.data.lock().attr.nlink == 0 && !self.inner.options.read_only {
-            let _ns = self.inner.namespace.lock();
-            self.inner.commit_namespace(&[Op::Namespace(NamespaceOp::Free { ino })])?;
-        }
-        Ok(())
+/// chmod / chown / utimens / truncate.
+pub(super) fn setattr(engine: &Engine, ino: Ino, request: &SetAttrRequest) -> Result<Attr> {
+    engine.check_writable()?;
+    if let Some(size) = request.size {
+        resize::truncate(engine, ino, size)?;
     }
-
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        let inode = self.inner.get(ino)?;
-        let value = inode.data.lock().xattrs.get(name).cloned();
-        value.ok_or(Error::NoAttribute)
+    let changes =
+        request.perm.is_some() || request.uid.is_some() || request.gid.is_some() || request.atime.is_some() || request.mtime.is_some();
+    if changes {
+        let op = Op::Namespace(NamespaceOp::SetAttr {
+            ino,
+            perm: request.perm.map(|p| p & 0o7777),
+            uid: request.uid,
+            gid: request.gid,
+            atime: request.atime,
+            mtime: request.mtime,
+            ctime: now_ns(),
+        });
+        commit_namespace(engine, &[op])?;
     }
+    getattr(engine, ino)
+}
 
-    /// Attribute names, in byte order.
-    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let inode = self.inner.get(ino)?;
-        let names = inode.data.lock().xattrs.keys().cloned().collect();
-        Ok(names)
+/// Count an open handle: an unlinked file's data lives until its last handle closes.
+pub(super) fn open_handle(engine: &Engine, ino: Ino) -> Result<Attr> {
+    let inode = engine.get(ino)?;
+    inode.opens.fetch_add(1, Ordering::SeqCst);
+    Ok(inode.attr())
+}
+
+pub(super) fn release_handle(engine: &Engine, ino: Ino) -> Result<()> {
+    let Some(inode) = engine.meta.get(ino) else { return Ok(()) };
+    let previous = inode.opens.fetch_sub(1, Ordering::SeqCst);
+    if previous == 1 && inode.data.lock().attr.nlink == 0 && !engine.options.read_only {
+        let _ns = engine.namespace.lock();
+        commit_namespace(engine, &[Op::Namespace(NamespaceOp::Free { ino })])?;
     }
+    Ok(())
+}
 
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
-        self.inner.check_writable()?;
-        let _ns = self.inner.namespace.lock();
-        let op = self.inner.plan_xattr(ino, name, Some(value), mode)?;
-        self.inner.commit_namespace(&[op])
-    }
+pub(super) fn getxattr(engine: &Engine, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+    let inode = engine.get(ino)?;
+    let value = inode.data.lock().xattrs.get(name).cloned();
+    value.ok_or(Error::NoAttribute)
+}
 
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
-        self.inner.check_writable()?;
-        let _ns = self.inner.namespace.lock();
-        let op = self.inner.plan_xattr(ino, name, None, XattrSet::ReplaceOnly)?;
-        self.inner.commit_namespace(&[op])
-    }
+/// Attribute names, in byte order.
+pub(super) fn listxattr(engine: &Engine, ino: Ino) -> Result<Vec<Vec<u8>>> {
+    let inode = engine.get(ino)?;
+    let names = inode.data.lock().xattrs.keys().cloned().collect();
+    Ok(names)
+}
 
-    pub fn statfs(&self) -> StatFs {
-        let inner = &self.inner;
-        StatFs {
-            block_bytes: inner.geometry.block(),
-            blocks_total: inner.blocks.capacity() - 1,
-            blocks_free: inner.blocks.available_count(),
-            fast_pages_total: inner.residue.capacity_units(),
-            fast_pages_free: inner.residue.capacity_units() - inner.residue.used_units(),
-            inodes: inner.meta.inodes.read().len() as u64,
-            max_name_bytes: MAX_NAME_BYTES as u64,
-        }
+pub(super) fn setxattr(engine: &Engine, ino: Ino, name: &[u8], value: &[u8], mode: XattrSet) -> Result<()> {
+    engine.check_writable()?;
+    let _ns = engine.namespace.lock();
+    let op = plan_xattr(engine, ino, name, Some(value), mode)?;
+    commit_namespace(engine, &[op])
+}
+
+pub(super) fn removexattr(engine: &Engine, ino: Ino, name: &[u8]) -> Result<()> {
+    engine.check_writable()?;
+    let _ns = engine.namespace.lock();
+    let op = plan_xattr(engine, ino, name, None, XattrSet::ReplaceOnly)?;
+    commit_namespace(engine, &[op])
+}
+
+pub(super) fn statfs(engine: &Engine) -> StatFs {
+    let inner = engine;
+    StatFs {
+        block_bytes: inner.geometry.block(),
+        blocks_total: inner.blocks.refs.capacity() - 1,
+        blocks_free: inner.blocks.refs.available_count(),
+        fast_pages_total: inner.residue.capacity_units(),
+        fast_pages_free: inner.residue.capacity_units() - inner.residue.used_units(),
+        inodes: inner.meta.inodes.read().len() as u64,
+        max_name_bytes: MAX_NAME_BYTES as u64,
     }
 }

@@ -2,18 +2,17 @@
 //! allocators rebuilt from the maps, then the profile's policy and workers.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::Mutex;
-
+use super::block_store::{BlockPlacement, BlockStore, BlockStoreParts};
 use super::clean_pages::CleanPages;
-use super::{Devices, FormatOptions, Inner, RecoveryReport, Volume, VolumeOptions};
-use crate::background::Wakeup;
+use super::committer::Committer;
+use super::engine::{Engine, EngineParts};
+use super::{resize, Devices, FormatOptions, RecoveryReport, Volume, VolumeOptions};
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::power_loss::PowerLog;
-use crate::device::{run_batch, AlignedBuf, BlockDevice, BufferPool, ByteTier, IoOp, IoRequest};
+use crate::device::{run_batch, AlignedBuf, BlockDevice, ByteTier, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{
@@ -24,8 +23,7 @@ use crate::layout::{BlockChecksums, BlockRefs, DeviceRole, Superblock, FORMAT_VE
 use crate::lines::LineStore;
 use crate::map::SsdBlock;
 use crate::meta::{apply, now_ns, FileKind, Ino, MetaState};
-use crate::profile::MetaStore as MetaStoreKind;
-use crate::profile::ResidueSetup;
+use crate::profile::{MetaStore as MetaStoreKind, Promise, ResidueSetup};
 use crate::residue::{restore_fragment_pages, ResidueStore};
 use crate::stats::Stats;
 
@@ -161,159 +159,155 @@ fn write_ssd_superblock(ssd: &dyn BlockDevice, member: u64, image: &[u8]) -> Res
     ssd.flush()
 }
 
-impl Volume {
-    /// Format the devices as one new volume of `options.profile`, which decides whether
-    /// they include a fast tier. Refuses devices that already hold a volume unless
-    /// `options.force`.
-    pub fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
-        let profile = options.profile;
-        profile.validate_geometry(&options.geometry)?;
-        let kind = profile.devices();
-        if !devices.are(kind) {
-            return Err(Error::WrongDevices(format!(
-                "profile {} is made of {}, not {}",
-                profile.name(),
-                kind.describe(),
-                devices.describe_kind()
-            )));
-        }
-        match devices {
-            Devices::FastTierAndSsd { fast, ssd } => format_with_fast_tier(fast, ssd.as_ref(), options),
-            Devices::Ssds { ssd } => format_on_ssd(ssd, MetaDevice::Ssd(ssd), options),
-            Devices::SsdAndKvStore { ssd, dir, syncs } => format_with_kv(ssd.as_ref(), dir, syncs.as_ref(), options),
-            Devices::MemorySemanticSsd { device } => {
-                let ssd = devices.ssd();
-                format_on_ssd(&ssd, MetaDevice::MemorySemantic { ssd: &ssd, byte: Some(device) }, options)
-            }
+/// Format the devices as one new volume of `options.profile`, which decides whether
+/// they include a fast tier. Refuses devices that already hold a volume unless
+/// `options.force`.
+pub(super) fn format(devices: &Devices, options: &FormatOptions) -> Result<Superblock> {
+    let profile = options.profile;
+    profile.validate_geometry(&options.geometry)?;
+    let kind = profile.devices();
+    if !devices.are(kind) {
+        return Err(Error::WrongDevices(format!(
+            "profile {} is made of {}, not {}",
+            profile.name(),
+            kind.describe(),
+            devices.describe_kind()
+        )));
+    }
+    match devices {
+        Devices::FastTierAndSsd { fast, ssd } => format_with_fast_tier(fast, ssd.as_ref(), options),
+        Devices::Ssds { ssd } => format_on_ssd(ssd, MetaDevice::Ssd(ssd), options),
+        Devices::SsdAndKvStore { ssd, dir, syncs } => format_with_kv(ssd.as_ref(), dir, syncs.as_ref(), options),
+        Devices::MemorySemanticSsd { device } => {
+            let ssd = devices.ssd();
+            format_on_ssd(&ssd, MetaDevice::MemorySemantic { ssd: &ssd, byte: Some(device) }, options)
         }
     }
+}
 
-    /// Open a formatted volume: check the superblocks, load the newest checkpoint, replay
-    /// the journal, rebuild the allocators, start the profile's workers. Nothing is
-    /// written before every check passed, except that a KV store's own open may seal a
-    /// journal, and so an older `nvstore` volume opened writable has its superblocks
-    /// raised to this build's format version first.
-    pub fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
-        let started = Instant::now();
-        let ssd = devices.ssd();
-        let (superblock, meta_name) = match devices.fast() {
-            Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
-            None => check_on_ssd(ssd.as_ref())?,
-        };
-        let kind = superblock.profile.devices();
-        if !devices.are(kind) {
-            let profile = superblock.profile.name();
-            return Err(Error::WrongDevices(format!("a {profile} volume is made of {}, not {}", kind.describe(), devices.describe_kind())));
-        }
-        let superblock = match &devices {
-            Devices::SsdAndKvStore { dir, .. } if !options.read_only => {
-                // A directory of another volume, or none, is refused before anything is written.
-                KvMeta::check_owner(dir, superblock.uuid)?;
-                raise_format_version(ssd.as_ref(), superblock)?
-            }
-            _ => superblock,
-        };
-        Self::assemble(devices, superblock, meta_name, options, started)
+/// Open a formatted volume: check the superblocks, load the newest checkpoint, replay
+/// the journal, rebuild the allocators, start the profile's workers. Nothing is
+/// written before every check passed, except that a KV store's own open may seal a
+/// journal, and so an older `nvstore` volume opened writable has its superblocks
+/// raised to this build's format version first.
+pub(super) fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
+    let started = Instant::now();
+    let ssd = devices.ssd();
+    let (superblock, meta_name) = match devices.fast() {
+        Some(fast) => check_with_fast_tier(fast.as_ref(), ssd.as_ref())?,
+        None => check_on_ssd(ssd.as_ref())?,
+    };
+    let kind = superblock.profile.devices();
+    if !devices.are(kind) {
+        let profile = superblock.profile.name();
+        return Err(Error::WrongDevices(format!("a {profile} volume is made of {}, not {}", kind.describe(), devices.describe_kind())));
     }
+    let superblock = match &devices {
+        Devices::SsdAndKvStore { dir, .. } if !options.read_only => {
+            // A directory of another volume, or none, is refused before anything is written.
+            KvMeta::check_owner(dir, superblock.uuid)?;
+            raise_format_version(ssd.as_ref(), superblock)?
+        }
+        _ => superblock,
+    };
+    assemble(devices, superblock, meta_name, options, started)
+}
 
-    fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options: VolumeOptions, started: Instant) -> Result<Volume> {
-        let ssd = devices.ssd();
-        if ssd.len_bytes() < superblock.ssd_bytes {
-            return Err(Error::corrupt(
-                "superblock",
-                &format!("SSD {}", ssd.describe()),
-                0,
-                format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes),
-            ));
-        }
-        let geometry = superblock.geometry;
-        let layout = superblock.layout;
-        let (fast, byte) = match &devices {
-            Devices::FastTierAndSsd { fast, .. } => (Some(Arc::clone(fast)), None),
-            Devices::MemorySemanticSsd { device } => (None, Some(Arc::clone(device))),
-            _ => (None, None),
-        };
-        let recovered = match (&devices, superblock.in_place_meta) {
-            (Devices::SsdAndKvStore { dir, syncs, .. }, _) => recover_kv(dir, syncs.clone(), &superblock, &options, started)?,
-            (_, true) => recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?,
-            (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), &superblock, &meta_name, started)?,
-            (Devices::MemorySemanticSsd { device }, _) => {
-                let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
-                recover_journal(meta_device, &superblock, &meta_name, started)?
-            }
-            (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), &superblock, &meta_name, started)?,
-        };
-        let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
-        let spec = superblock.profile.spec();
-        let residue = spec.residue_store(&ResidueSetup {
-            fast: fast.as_ref(),
-            byte: byte.as_ref(),
-            layout: &layout,
-            geometry: &geometry,
-            options: &options,
-            fragments: fragments.as_ref().map(|(log, _)| log),
-            units_to_restore: fragments.as_ref().map_or(0, |(_, blocks)| blocks.len() as u64),
-        })?;
-        if let Some((log, blocks)) = &fragments {
-            restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes);
-        }
-        let policy = spec.policy(&options);
-        let clean = if policy.keeps_clean_pages() { CleanPages::new(options.clean_cache_bytes, geometry.block()) } else { None };
-        let reserved = superblock.reserved_ssd_blocks();
-        let blocks = BlockRefs::new(superblock.ssd_blocks(), &reserved);
-        claim_units(&meta, residue.as_ref(), &blocks, &meta_name)?;
-        let superblock_ssds = superblock.ssd_count as usize;
-        // With one SSD the reserved blocks are the first ones.
-        let home_base = (policy.keeps_blocks_home() && superblock_ssds == 1).then_some(reserved.len() as u64);
-        let inner = Arc::new(Inner {
-            superblock,
-            geometry,
-            fast,
-            ssd,
-            byte,
-            residue,
-            policy,
-            blocks,
-            home_base,
-            checksums,
-            clean,
-            meta,
-            committer: Mutex::new(store),
-            committing: AtomicUsize::new(0),
-            namespace: Mutex::new(()),
-            stats: Stats::new(&counters),
-            options,
-            ssd_writes_done: AtomicU64::new(0),
-            ssd_writes_flushed: Mutex::new(0),
-            ssd_flush_failed: AtomicBool::new(false),
-            buffers: BufferPool::new(64 << 20),
-            maintenance_due: Wakeup::default(),
-            shutdown: AtomicBool::new(false),
-            merges_in_flight: AtomicU64::new(0),
-            scratch_dir: std::sync::OnceLock::new(),
-            recovery,
-            ssd_in_flight: (0..superblock_ssds).map(|_| AtomicU64::new(0)).collect(),
-            #[cfg(debug_assertions)]
-            io_ranges: super::block_store::InFlightRanges::default(),
-        });
-        if !inner.options.read_only {
-            // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
-            // a later extension exposes zeros (never-acknowledged data stays invisible).
-            for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
-                inner.zero_beyond_eof(inode, inode.size());
-            }
-        }
-        let background = inner.options.background && !inner.options.read_only;
-        let workers = if background {
-            let engine: Arc<dyn crate::profile::Engine> = Arc::clone(&inner) as _;
-            let mut workers = vec![inner.start_maintenance()?];
-            workers.extend(inner.policy.start_workers(&engine)?);
-            workers
-        } else {
-            Vec::new()
-        };
-        Ok(Volume { inner, workers, closed: false })
+fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options: VolumeOptions, started: Instant) -> Result<Volume> {
+    let ssd = devices.ssd();
+    if ssd.len_bytes() < superblock.ssd_bytes {
+        return Err(Error::corrupt(
+            "superblock",
+            &format!("SSD {}", ssd.describe()),
+            0,
+            format!("device is {} bytes, the volume needs {}", ssd.len_bytes(), superblock.ssd_bytes),
+        ));
     }
+    let geometry = superblock.geometry;
+    let layout = superblock.layout;
+    let (fast, byte) = match &devices {
+        Devices::FastTierAndSsd { fast, .. } => (Some(Arc::clone(fast)), None),
+        Devices::MemorySemanticSsd { device } => (None, Some(Arc::clone(device))),
+        _ => (None, None),
+    };
+    let recovered = match (&devices, superblock.in_place_meta) {
+        (Devices::SsdAndKvStore { dir, syncs, .. }, _) => recover_kv(dir, syncs.clone(), &superblock, &options, started)?,
+        (_, true) => recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?,
+        (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), &superblock, &meta_name, started)?,
+        (Devices::MemorySemanticSsd { device }, _) => {
+            let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
+            recover_journal(meta_device, &superblock, &meta_name, started)?
+        }
+        (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), &superblock, &meta_name, started)?,
+    };
+    let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
+    let spec = superblock.profile.spec();
+    let residue = spec.residue_store(&ResidueSetup {
+        fast: fast.as_ref(),
+        byte: byte.as_ref(),
+        layout: &layout,
+        geometry: &geometry,
+        options: &options,
+        fragments: fragments.as_ref().map(|(log, _)| log),
+        units_to_restore: fragments.as_ref().map_or(0, |(_, blocks)| blocks.len() as u64),
+    })?;
+    if let Some((log, blocks)) = &fragments {
+        restore_fragment_pages(&meta, residue.as_ref(), log, blocks, geometry.page_bytes);
+    }
+    let policy = spec.policy(&options);
+    let clean = if policy.keeps_clean_pages() { CleanPages::new(options.clean_cache_bytes, geometry.block()) } else { None };
+    let reserved = superblock.reserved_ssd_blocks();
+    let refs = BlockRefs::new(superblock.ssd_blocks(), &reserved);
+    claim_units(&meta, residue.as_ref(), &refs, &meta_name)?;
+    let ssd_count = superblock.ssd_count as usize;
+    let placement = match (policy.keeps_blocks_home(), superblock.profile.promise()) {
+        // With one SSD the reserved blocks are the first ones: homes start after them.
+        (true, _) if ssd_count == 1 => BlockPlacement::AtHome { base: reserved.len() as u64 },
+        (_, Promise::OnSync) => BlockPlacement::InPlaceUntilSync,
+        _ => BlockPlacement::OutOfPlace,
+    };
+    let stats = Arc::new(Stats::new(&counters));
+    let blocks = BlockStore::new(BlockStoreParts {
+        ssd: devices.ssd(),
+        geometry,
+        member_bytes: superblock.member_bytes(),
+        ssd_count,
+        refs,
+        placement,
+        checksums,
+        clean,
+        stats: Arc::clone(&stats),
+    });
+    let inner = Arc::new(Engine::new(EngineParts {
+        superblock,
+        options,
+        meta,
+        stats,
+        policy,
+        blocks,
+        committer: Committer::new(store),
+        residue,
+        fast,
+        device: byte,
+        recovery,
+    }));
+    if !inner.options.read_only {
+        // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
+        // a later extension exposes zeros (never-acknowledged data stays invisible).
+        for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
+            resize::zero_beyond_eof(&inner, inode, inode.size());
+        }
+    }
+    let background = inner.options.background && !inner.options.read_only;
+    let workers = if background {
+        let engine: Arc<dyn crate::profile::EngineApi> = Arc::clone(&inner) as _;
+        let mut workers = vec![inner.migrator.start_maintenance(&inner)?];
+        workers.extend(inner.policy.start_workers(&engine)?);
+        workers
+    } else {
+        Vec::new()
+    };
+    Ok(Volume { inner, workers, closed: false })
 }
 
 /// The metadata as recovered from its store, and what the rest of opening needs of it.

@@ -3,12 +3,12 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use super::{Inner, ReadMode, Volume};
+use super::{Engine, ReadMode};
 use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, Chunks, Overlay, PageNo, SsdBlock};
-use crate::meta::{FileKind, Ino, Inode};
+use crate::meta::{Ino, Inode};
 use crate::stats::Counter;
 
 /// Whether a read may wait for the SSD.
@@ -26,139 +26,136 @@ pub enum SeekTarget {
     Hole,
 }
 
-impl Volume {
-    /// The first offset at or after `offset` that starts data or a hole, at block
-    /// granularity; the end of the file counts as a hole, and so does a zero block
-    /// (`fallocate`'s, like ext4's unwritten extents). `BeyondEnd` past EOF.
-    pub fn seek(&self, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
-        let inode = self.inner.file(ino)?;
-        let size = inode.size();
-        if offset >= size {
-            return Err(Error::BeyondEnd);
+/// The first offset at or after `offset` that starts data or a hole, at block
+/// granularity; the end of the file counts as a hole, and so does a zero block
+/// (`fallocate`'s, like ext4's unwritten extents). `BeyondEnd` past EOF.
+pub(super) fn seek(engine: &Engine, ino: Ino, offset: u64, target: SeekTarget) -> Result<u64> {
+    let inode = engine.file(ino)?;
+    let size = inode.size();
+    if offset >= size {
+        return Err(Error::BeyondEnd);
+    }
+    let block = engine.geometry.block();
+    let map = inode.map.lock();
+    match target {
+        SeekTarget::Data => {
+            let first = map.range(offset / block..).find(|(_, e)| !e.is_zeros()).map(|(&lb, _)| lb * block).filter(|&start| start < size);
+            first.map(|start| start.max(offset)).ok_or(Error::BeyondEnd)
         }
-        let block = self.inner.geometry.block();
-        let map = inode.map.lock();
-        match target {
-            SeekTarget::Data => {
-                let first =
-                    map.range(offset / block..).find(|(_, e)| !e.is_zeros()).map(|(&lb, _)| lb * block).filter(|&start| start < size);
-                first.map(|start| start.max(offset)).ok_or(Error::BeyondEnd)
+        SeekTarget::Hole => {
+            let mut lb = offset / block;
+            while lb * block < size && map.get(&lb).is_some_and(|e| !e.is_zeros()) {
+                lb += 1;
             }
-            SeekTarget::Hole => {
-                let mut lb = offset / block;
-                while lb * block < size && map.get(&lb).is_some_and(|e| !e.is_zeros()) {
-                    lb += 1;
-                }
-                Ok((lb * block).clamp(offset, size))
-            }
+            Ok((lb * block).clamp(offset, size))
         }
-    }
-
-    /// What has been read from and written to a file (object) since the volume opened:
-    /// (writes, bytes written, reads, bytes read).
-    pub fn object_io(&self, ino: Ino) -> Result<(u64, u64, u64, u64)> {
-        Ok(self.inner.get(ino)?.io.snapshot())
-    }
-
-    /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
-    pub fn read(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.read_with(ino, offset, buf, Wait::ForDevice)
-    }
-
-    /// [`Volume::read`] only if no byte has to come from the device: the residue tier,
-    /// clean pages or the kernel's cache of the SSD (buffered read mode) hold them all.
-    /// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read
-    /// again, waiting, on a thread where that is cheap.
-    pub fn read_if_cached(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.read_with(ino, offset, buf, Wait::Never)
-    }
-
-    /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
-    /// kernel's page cache, counted apart from the application's reads.
-    pub fn read_for_page_cache(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        let inode = self.inner.file(ino)?;
-        let n = self.inner.read_file(&inode, offset, buf, Wait::ForDevice)?;
-        self.inner.stats.add(Counter::page_cache_fill_bytes, n as u64);
-        Ok(n)
-    }
-
-    fn read_with(&self, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
-        let inode = self.inner.file(ino)?;
-        let n = self.inner.read_file(&inode, offset, buf, wait)?;
-        inode.io.read(n as u64);
-        self.inner.stats.add(Counter::app_reads, 1);
-        self.inner.stats.add(Counter::app_read_bytes, n as u64);
-        Ok(n)
     }
 }
 
-impl Inner {
-    /// NVStore's read of a fragment page (Table 2, FP -> DP): the SSD block just read
-    /// fills the page around its fragments, and the entry names the whole page, so later
-    /// reads and the sync read nothing from the device. The caller holds the block's read
-    /// lock, so no writer or merge changes it; the page's fragment bytes are left alone,
-    /// and what a crash keeps (the fragments) is unchanged.
-    fn keep_merged(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, disk: &[u8]) {
-        let BlockEntry::Ssd { overlays, .. } = entry else { return };
-        let [(0, Overlay::Upage { page: unit, chunks })] = overlays.as_slice() else { return };
-        if self.geometry.pages_per_block() != 1 {
-            return;
-        }
-        self.fill_around(*unit, chunks, disk);
-        let mut map = inode.map.lock();
-        if let Some(BlockEntry::Ssd { overlays, .. }) = map.get_mut(&lblock) {
-            if let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() {
-                if overlay.page() == *unit {
-                    *overlay = Overlay::Page(*unit);
-                    self.stats.add(Counter::pages_merged_by_reads, 1);
-                }
+/// What has been read from and written to a file (object) since the volume opened:
+/// (writes, bytes written, reads, bytes read).
+pub(super) fn object_io(engine: &Engine, ino: Ino) -> Result<(u64, u64, u64, u64)> {
+    Ok(engine.get(ino)?.io.snapshot())
+}
+
+/// Read into `buf` from `offset`; returns the bytes read (short at EOF).
+pub(super) fn read(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    read_with(engine, ino, offset, buf, Wait::ForDevice)
+}
+
+/// [`Volume::read`] only if no byte has to come from the device: the residue tier,
+/// clean pages or the kernel's cache of the SSD (buffered read mode) hold them all.
+/// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read
+/// again, waiting, on a thread where that is cheap.
+pub(super) fn read_if_cached(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    read_with(engine, ino, offset, buf, Wait::Never)
+}
+
+/// [`Volume::read`] on behalf of no application: what a mount reads to fill the
+/// kernel's page cache, counted apart from the application's reads.
+pub(super) fn read_for_page_cache(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    let inode = engine.file(ino)?;
+    let n = read_file(engine, &inode, offset, buf, Wait::ForDevice)?;
+    engine.stats.add(Counter::page_cache_fill_bytes, n as u64);
+    Ok(n)
+}
+
+pub(super) fn read_with(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
+    let inode = engine.file(ino)?;
+    let n = read_file(engine, &inode, offset, buf, wait)?;
+    inode.io.read(n as u64);
+    engine.stats.add(Counter::app_reads, 1);
+    engine.stats.add(Counter::app_read_bytes, n as u64);
+    Ok(n)
+}
+
+/// NVStore's read of a fragment page (Table 2, FP -> DP): the SSD block just read
+/// fills the page around its fragments, and the entry names the whole page, so later
+/// reads and the sync read nothing from the device. The caller holds the block's read
+/// lock, so no writer or merge changes it; the page's fragment bytes are left alone,
+/// and what a crash keeps (the fragments) is unchanged.
+pub(super) fn keep_merged(engine: &Engine, inode: &Inode, lblock: u64, entry: &BlockEntry, disk: &[u8]) {
+    let BlockEntry::Ssd { overlays, .. } = entry else { return };
+    let [(0, Overlay::Upage { page: unit, chunks })] = overlays.as_slice() else { return };
+    if engine.geometry.pages_per_block() != 1 {
+        return;
+    }
+    fill_around(engine, *unit, chunks, disk);
+    let mut map = inode.map.lock();
+    if let Some(BlockEntry::Ssd { overlays, .. }) = map.get_mut(&lblock) {
+        if let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() {
+            if overlay.page() == *unit {
+                *overlay = Overlay::Page(*unit);
+                engine.stats.add(Counter::pages_merged_by_reads, 1);
             }
         }
     }
+}
 
-    /// Write the block's bytes into a fragment page's unit wherever its chunks leave a gap.
-    fn fill_around(&self, unit: PageNo, chunks: &Chunks, block: &[u8]) {
-        let page = self.geometry.page_bytes;
-        let mut at = 0u32;
-        for &(start, end) in chunks.ranges().iter().chain(std::iter::once(&(page, page))) {
-            if at < start {
-                self.residue.write(unit, at, &block[at as usize..start as usize]);
-            }
-            at = end;
+/// Write the block's bytes into a fragment page's unit wherever its chunks leave a gap.
+pub(super) fn fill_around(engine: &Engine, unit: PageNo, chunks: &Chunks, block: &[u8]) {
+    let page = engine.geometry.page_bytes;
+    let mut at = 0u32;
+    for &(start, end) in chunks.ranges().iter().chain(std::iter::once(&(page, page))) {
+        if at < start {
+            engine.residue.write(unit, at, &block[at as usize..start as usize]);
         }
+        at = end;
     }
+}
 
-    /// NVStore's unaligned write to a clean page (Table 2, CP → DP): the fragment page a
-    /// write leaves over a cached block is filled from the copy and becomes a whole dirty
-    /// page, so its reads and its sync need no device read. The copy leaves the clean
-    /// pages. Only memory changes: the fragments remain what a crash keeps. The caller
-    /// holds the block's write lock.
-    pub(super) fn dirty_from_clean(&self, entry: &mut BlockEntry) {
-        let Some(clean) = self.clean.as_ref().filter(|_| self.policy.dirties_clean_pages()) else { return };
-        let BlockEntry::Ssd { block, overlays, .. } = entry else { return };
-        let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() else { return };
-        if self.geometry.pages_per_block() != 1 {
-            return;
-        }
-        let Some(copy) = clean.take(*block) else { return };
-        if let Overlay::Upage { page: unit, chunks } = overlay {
-            self.fill_around(*unit, chunks, &copy);
-            *overlay = Overlay::Page(*unit);
-            self.stats.add(Counter::pages_dirtied_from_clean, 1);
-        }
+/// NVStore's unaligned write to a clean page (Table 2, CP → DP): the fragment page a
+/// write leaves over a cached block is filled from the copy and becomes a whole dirty
+/// page, so its reads and its sync need no device read. The copy leaves the clean
+/// pages. Only memory changes: the fragments remain what a crash keeps. The caller
+/// holds the block's write lock.
+pub(super) fn dirty_from_clean(engine: &Engine, entry: &mut BlockEntry) {
+    if !engine.policy.dirties_clean_pages() {
+        return;
     }
+    let BlockEntry::Ssd { block, overlays, .. } = entry else { return };
+    let [(0, overlay @ Overlay::Upage { .. })] = overlays.as_mut_slice() else { return };
+    if engine.geometry.pages_per_block() != 1 {
+        return;
+    }
+    let Some(copy) = engine.blocks.take_copy(*block) else { return };
+    if let Overlay::Upage { page: unit, chunks } = overlay {
+        fill_around(engine, *unit, chunks, &copy);
+        *overlay = Overlay::Page(*unit);
+        engine.stats.add(Counter::pages_dirtied_from_clean, 1);
+    }
+}
 
-    /// After a block came from the device: a fragment page over it merges with it (Table
-    /// 2's FP → DP) where the profile keeps that; otherwise the block becomes a clean page
-    /// where the profile keeps those (its residue stays where it is and is laid over the
-    /// copy on every read).
-    fn keep_block_read(&self, inode: &Inode, lblock: u64, entry: &BlockEntry, block: SsdBlock, image: &[u8]) {
-        let has_residue = matches!(entry, BlockEntry::Ssd { overlays, .. } if !overlays.is_empty());
-        if has_residue && self.policy.keep_merged_on_read() {
-            self.keep_merged(inode, lblock, entry, image);
-        } else if let Some(clean) = &self.clean {
-            clean.read(block, image);
-        }
+/// After a block came from the device: a fragment page over it merges with it (Table
+/// 2's FP → DP) where the profile keeps that; otherwise the block becomes a clean page
+/// where the profile keeps those (its residue stays where it is and is laid over the
+/// copy on every read).
+pub(super) fn keep_block_read(engine: &Engine, inode: &Inode, lblock: u64, entry: &BlockEntry, block: SsdBlock, image: &[u8]) {
+    let has_residue = matches!(entry, BlockEntry::Ssd { overlays, .. } if !overlays.is_empty());
+    if has_residue && engine.policy.keep_merged_on_read() {
+        keep_merged(engine, inode, lblock, entry, image);
+    } else {
+        engine.blocks.keep_read(block, image);
     }
 }
 
@@ -229,243 +226,232 @@ impl Runs {
 /// One piece of a read served from a fast page: (page, offset in page, offset in output, length).
 type PageCopy = (PageNo, u32, usize, usize);
 
-impl Inner {
-    pub(crate) fn get(&self, ino: Ino) -> Result<Arc<Inode>> {
-        self.meta.get(ino).ok_or(Error::NotFound)
+/// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
+/// Returns the bytes read from the SSD.
+pub(super) fn materialize(engine: &Engine, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
+    image.fill(0);
+    let Some(entry) = entry else { return Ok(0) };
+    let mut read = 0;
+    if let (Some(block), true) = (entry.ssd_block(), needs_fill(engine, entry)) {
+        if let Some(copy) = engine.blocks.copy_of(block) {
+            image.copy_from_slice(&copy);
+            engine.stats.add(Counter::clean_page_hits, 1);
+            lay_residue(engine, entry, image)?;
+            return Ok(0);
+        }
+        let request =
+            IoRequest { op: IoOp::Read, offset_bytes: block.0 * engine.geometry.block(), buf: engine.blocks.buffers.take(image.len()) };
+        let buf = engine.blocks.submit(vec![request]).wait()?.remove(0);
+        if let Err(e) = engine.blocks.verify_read(block, &buf) {
+            engine.blocks.buffers.give([buf]);
+            return Err(e);
+        }
+        image.copy_from_slice(&buf);
+        read = buf.len() as u64;
+        engine.blocks.buffers.give([buf]);
+        engine.stats.add(Counter::ssd_read_bytes, read);
     }
+    lay_residue(engine, entry, image)?;
+    Ok(read)
+}
 
-    pub(crate) fn file(&self, ino: Ino) -> Result<Arc<Inode>> {
-        let inode = self.get(ino)?;
-        match inode.kind {
-            FileKind::File => Ok(inode),
-            FileKind::Dir => Err(Error::IsDir),
-            _ => Err(Error::NotAFile),
+/// Whether merging `entry`'s residue needs its SSD copy: some page of the block is not
+/// replaced whole by a residue page (WSBuffer's "unfilled" scrap page).
+pub(super) fn needs_fill(engine: &Engine, entry: &BlockEntry) -> bool {
+    match entry {
+        BlockEntry::Fast { .. } => false,
+        BlockEntry::Ssd { overlays, .. } => {
+            overlays.iter().filter(|(_, o)| matches!(o, Overlay::Page(_))).count() < engine.geometry.pages_per_block()
         }
     }
+}
 
-    /// The bytes of one logical block: SSD block (if any) with overlays, or fast pages.
-    /// Returns the bytes read from the SSD.
-    pub(crate) fn materialize(&self, entry: Option<&BlockEntry>, image: &mut [u8]) -> Result<u64> {
-        image.fill(0);
-        let Some(entry) = entry else { return Ok(0) };
-        let mut read = 0;
-        if let (Some(block), true) = (entry.ssd_block(), self.needs_fill(entry)) {
-            if let Some(copy) = self.clean.as_ref().and_then(|clean| clean.get(block)) {
-                image.copy_from_slice(&copy);
-                self.stats.add(Counter::clean_page_hits, 1);
-                self.lay_residue(entry, image)?;
-                return Ok(0);
-            }
-            let request = IoRequest { op: IoOp::Read, offset_bytes: block.0 * self.geometry.block(), buf: self.buffers.take(image.len()) };
-            let buf = self.submit_ssd(vec![request]).wait()?.remove(0);
-            if let Err(e) = self.verify_read(block, &buf) {
-                self.buffers.give([buf]);
-                return Err(e);
-            }
-            image.copy_from_slice(&buf);
-            read = buf.len() as u64;
-            self.buffers.give([buf]);
-            self.stats.add(Counter::ssd_read_bytes, read);
+/// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
+pub(super) fn lay_residue(engine: &Engine, entry: &BlockEntry, image: &mut [u8]) -> Result<()> {
+    let mut result = Ok(());
+    residue_pieces(engine, entry, |range, unit, offset| {
+        if result.is_ok() {
+            result = engine.residue.read(unit, offset, &mut image[range]);
         }
-        self.lay_residue(entry, image)?;
-        Ok(read)
-    }
+    });
+    result
+}
 
-    /// Whether merging `entry`'s residue needs its SSD copy: some page of the block is not
-    /// replaced whole by a residue page (WSBuffer's "unfilled" scrap page).
-    pub(super) fn needs_fill(&self, entry: &BlockEntry) -> bool {
-        match entry {
-            BlockEntry::Fast { .. } => false,
-            BlockEntry::Ssd { overlays, .. } => {
-                overlays.iter().filter(|(_, o)| matches!(o, Overlay::Page(_))).count() < self.geometry.pages_per_block()
+/// Each piece of a block's residue: the bytes of the block it covers, and the unit and
+/// offset in the unit that hold them.
+pub(super) fn residue_pieces(engine: &Engine, entry: &BlockEntry, mut piece: impl FnMut(Range<usize>, PageNo, u32)) {
+    let page = engine.geometry.page_bytes as usize;
+    match entry {
+        BlockEntry::Fast { pages } => {
+            for &(index, unit) in pages {
+                let at = index as usize * page;
+                piece(at..at + page, unit, 0);
             }
         }
-    }
-
-    /// Copy an entry's residue over `image` (which holds its SSD copy, or zeros).
-    pub(super) fn lay_residue(&self, entry: &BlockEntry, image: &mut [u8]) -> Result<()> {
-        let mut result = Ok(());
-        self.residue_pieces(entry, |range, unit, offset| {
-            if result.is_ok() {
-                result = self.residue.read(unit, offset, &mut image[range]);
-            }
-        });
-        result
-    }
-
-    /// Each piece of a block's residue: the bytes of the block it covers, and the unit and
-    /// offset in the unit that hold them.
-    pub(super) fn residue_pieces(&self, entry: &BlockEntry, mut piece: impl FnMut(Range<usize>, PageNo, u32)) {
-        let page = self.geometry.page_bytes as usize;
-        match entry {
-            BlockEntry::Fast { pages } => {
-                for &(index, unit) in pages {
-                    let at = index as usize * page;
-                    piece(at..at + page, unit, 0);
-                }
-            }
-            BlockEntry::Ssd { overlays, .. } => {
-                for (index, overlay) in overlays {
-                    let at = *index as usize * page;
-                    match overlay {
-                        Overlay::Page(unit) => piece(at..at + page, *unit, 0),
-                        Overlay::Upage { page: unit, chunks } => {
-                            for &(start, end) in chunks.ranges() {
-                                piece(at + start as usize..at + end as usize, *unit, start);
-                            }
+        BlockEntry::Ssd { overlays, .. } => {
+            for (index, overlay) in overlays {
+                let at = *index as usize * page;
+                match overlay {
+                    Overlay::Page(unit) => piece(at..at + page, *unit, 0),
+                    Overlay::Upage { page: unit, chunks } => {
+                        for &(start, end) in chunks.ranges() {
+                            piece(at + start as usize..at + end as usize, *unit, start);
                         }
                     }
                 }
             }
         }
     }
+}
 
-    pub(crate) fn read_file(&self, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
-        let (block, page) = (self.geometry.block(), u64::from(self.geometry.page_bytes));
-        if buf.is_empty() || offset >= inode.size() {
-            return Ok(0);
-        }
-        // No read without waiting where none could finish without the device or without
-        // side effects: clean pages count their hits and merge on read (a read that gave
-        // up halfway would count twice when repeated), checksummed blocks are read whole
-        // into buffers, and direct reads bypass the kernel's cache.
-        if wait == Wait::Never && (self.clean.is_some() || self.checksums.is_some() || self.options.read_mode == ReadMode::Direct) {
-            return Err(Error::WouldBlock);
-        }
-        let last = (offset + buf.len() as u64 - 1) / block;
-        let _guard = inode.range.read(offset / block, last);
-        let size = inode.size();
-        if offset >= size {
-            return Ok(0);
-        }
-        let n = (buf.len() as u64).min(size - offset) as usize;
-        let out = &mut buf[..n];
-        let entries: Vec<(u64, Option<BlockEntry>)> = {
-            let map = inode.map.lock();
-            (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
+pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
+    let (block, page) = (engine.geometry.block(), u64::from(engine.geometry.page_bytes));
+    if buf.is_empty() || offset >= inode.size() {
+        return Ok(0);
+    }
+    // No read without waiting where none could finish without the device or without
+    // side effects: clean pages count their hits and merge on read (a read that gave
+    // up halfway would count twice when repeated), checksummed blocks are read whole
+    // into buffers, and direct reads bypass the kernel's cache.
+    if wait == Wait::Never
+        && (engine.blocks.keeps_copies() || engine.blocks.verifies_reads() || engine.options.read_mode == ReadMode::Direct)
+    {
+        return Err(Error::WouldBlock);
+    }
+    let last = (offset + buf.len() as u64 - 1) / block;
+    let _guard = inode.range.read(offset / block, last);
+    let size = inode.size();
+    if offset >= size {
+        return Ok(0);
+    }
+    let n = (buf.len() as u64).min(size - offset) as usize;
+    let out = &mut buf[..n];
+    let entries: Vec<(u64, Option<BlockEntry>)> = {
+        let map = inode.map.lock();
+        (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
+    };
+    let mut direct: Vec<DirectPiece> = Vec::new();
+    let mut cached = Runs::default();
+    let verified = engine.blocks.verifies_reads();
+    let mut copies: Vec<PageCopy> = Vec::new();
+    for (lb, entry) in &entries {
+        let block_start = lb * block;
+        let (s, e) = (offset.max(block_start) - block_start, (offset + n as u64).min(block_start + block) - block_start);
+        let out_at = (block_start + s - offset) as usize;
+        out[out_at..out_at + (e - s) as usize].fill(0);
+        // Overlay pieces are copied after the SSD data they cover has arrived.
+        let mut overlay = |index: u8, unit: PageNo, range: (u64, u64)| {
+            let (ps, pe) = (u64::from(index) * page + range.0, u64::from(index) * page + range.1);
+            let (cs, ce) = (ps.max(s), pe.min(e));
+            if cs < ce {
+                copies.push((unit, (cs - u64::from(index) * page) as u32, out_at + (cs - s) as usize, (ce - cs) as usize));
+            }
         };
-        let mut direct: Vec<DirectPiece> = Vec::new();
-        let mut cached = Runs::default();
-        let verified = self.checksums.is_some();
-        let mut copies: Vec<PageCopy> = Vec::new();
-        for (lb, entry) in &entries {
-            let block_start = lb * block;
-            let (s, e) = (offset.max(block_start) - block_start, (offset + n as u64).min(block_start + block) - block_start);
-            let out_at = (block_start + s - offset) as usize;
-            out[out_at..out_at + (e - s) as usize].fill(0);
-            // Overlay pieces are copied after the SSD data they cover has arrived.
-            let mut overlay = |index: u8, unit: PageNo, range: (u64, u64)| {
-                let (ps, pe) = (u64::from(index) * page + range.0, u64::from(index) * page + range.1);
-                let (cs, ce) = (ps.max(s), pe.min(e));
-                if cs < ce {
-                    copies.push((unit, (cs - u64::from(index) * page) as u32, out_at + (cs - s) as usize, (ce - cs) as usize));
-                }
-            };
-            match entry {
-                None => {}
-                Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
-                Some(whole @ BlockEntry::Ssd { block: ssd_block, overlays, .. }) => {
-                    let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
-                    let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
-                    if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
-                        let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
-                        let device_at = ssd_block.0 * block + rs;
-                        let dest = out_at + (rs - s) as usize;
-                        if let Some(copy) = self.clean.as_ref().and_then(|clean| clean.get(*ssd_block)) {
-                            // A clean page: the block's bytes without the device.
-                            self.stats.add(Counter::clean_page_hits, 1);
-                            out[dest..dest + (re - rs) as usize].copy_from_slice(&copy[rs as usize..re as usize]);
-                            if self.policy.keep_merged_on_read() {
-                                self.keep_merged(inode, *lb, whole, &copy);
-                            }
-                        } else {
-                            let (rs, re) = (rs as usize, re as usize);
-                            match self.options.read_mode {
-                                // Read whole, to check against its checksum or to keep.
-                                _ if verified || self.clean.is_some() => {
-                                    let at = ssd_block.0 * block;
-                                    let whole = Some((*lb, *ssd_block));
-                                    direct.push(DirectPiece { at, extent: block as usize, skip: rs, dest, len: re - rs, whole });
-                                }
-                                ReadMode::Buffered => cached.push(device_at, dest, re - rs),
-                                ReadMode::Direct => {
-                                    let align = IO_ALIGN as u64;
-                                    let (a0, a1) = (device_at / align * align, (device_at + (re - rs) as u64).div_ceil(align) * align);
-                                    let (skip, extent) = ((device_at - a0) as usize, (a1 - a0) as usize);
-                                    direct.push(DirectPiece { at: a0, extent, skip, dest, len: re - rs, whole: None });
-                                }
-                            }
+        match entry {
+            None => {}
+            Some(BlockEntry::Fast { pages }) => pages.iter().for_each(|&(i, unit)| overlay(i, unit, (0, page))),
+            Some(whole @ BlockEntry::Ssd { block: ssd_block, overlays, .. }) => {
+                let covered = |index: u64| overlays.iter().any(|(i, o)| u64::from(*i) == index && matches!(o, Overlay::Page(_)));
+                let uncovered: Vec<u64> = (s / page..e.div_ceil(page)).filter(|&i| !covered(i)).collect();
+                if let (Some(&lo), Some(&hi)) = (uncovered.first(), uncovered.last()) {
+                    let (rs, re) = ((lo * page).max(s), ((hi + 1) * page).min(e));
+                    let device_at = ssd_block.0 * block + rs;
+                    let dest = out_at + (rs - s) as usize;
+                    if let Some(copy) = engine.blocks.copy_of(*ssd_block) {
+                        // A clean page: the block's bytes without the device.
+                        engine.stats.add(Counter::clean_page_hits, 1);
+                        out[dest..dest + (re - rs) as usize].copy_from_slice(&copy[rs as usize..re as usize]);
+                        if engine.policy.keep_merged_on_read() {
+                            keep_merged(engine, inode, *lb, whole, &copy);
                         }
-                    }
-                    for (i, o) in overlays {
-                        match o {
-                            Overlay::Page(unit) => overlay(*i, *unit, (0, page)),
-                            Overlay::Upage { page: unit, chunks } => {
-                                chunks.ranges().iter().for_each(|&(cs, ce)| overlay(*i, *unit, (u64::from(cs), u64::from(ce))))
+                    } else {
+                        let (rs, re) = (rs as usize, re as usize);
+                        match engine.options.read_mode {
+                            // Read whole, to check against its checksum or to keep.
+                            _ if verified || engine.blocks.keeps_copies() => {
+                                let at = ssd_block.0 * block;
+                                let whole = Some((*lb, *ssd_block));
+                                direct.push(DirectPiece { at, extent: block as usize, skip: rs, dest, len: re - rs, whole });
+                            }
+                            ReadMode::Buffered => cached.push(device_at, dest, re - rs),
+                            ReadMode::Direct => {
+                                let align = IO_ALIGN as u64;
+                                let (a0, a1) = (device_at / align * align, (device_at + (re - rs) as u64).div_ceil(align) * align);
+                                let (skip, extent) = ((device_at - a0) as usize, (a1 - a0) as usize);
+                                direct.push(DirectPiece { at: a0, extent, skip, dest, len: re - rs, whole: None });
                             }
                         }
                     }
                 }
-            }
-        }
-        // Blocks that lie one after another on the SSD are one read: a fresh file's blocks
-        // mostly do, and the kernel reads ahead within one call, not across calls. Several
-        // runs are prefetched together first, so that scattered blocks the cache lacks are
-        // read from the device in parallel, not one after another. (Probing the cache with
-        // a non-blocking read first measured slower: it upsets the kernel's readahead.)
-        match wait {
-            Wait::Never => {
-                for &(device_at, dest, len) in &cached.0 {
-                    if !self.ssd.read_cached(device_at, &mut out[dest..dest + len])? {
-                        return Err(Error::WouldBlock);
-                    }
-                }
-            }
-            Wait::ForDevice => {
-                if cached.0.len() > 1 {
-                    cached.0.iter().for_each(|&(device_at, _, len)| self.ssd.prefetch(device_at, len as u64));
-                }
-                for &(device_at, dest, len) in &cached.0 {
-                    self.ssd.read_buffered(device_at, &mut out[dest..dest + len])?;
-                }
-            }
-        }
-        let cached_bytes: usize = cached.0.iter().map(|&(_, _, len)| len).sum();
-        let direct_bytes: usize = direct.iter().map(|piece| piece.len).sum();
-        self.stats.add(Counter::ssd_read_bytes, (cached_bytes + direct_bytes) as u64);
-        if !direct.is_empty() {
-            let reads = direct_reads(direct);
-            let requests = reads.iter().map(|read| IoRequest { op: IoOp::Read, offset_bytes: read.at, buf: self.buffers.take(read.len) });
-            let buffers = self.submit_ssd(requests.collect()).wait()?;
-            let mut damaged = None;
-            for (buf, read) in buffers.iter().zip(reads) {
-                for (in_read, DirectPiece { extent, skip, dest, len, whole, .. }) in read.pieces {
-                    let image = &buf[in_read..in_read + extent];
-                    if let Some((lb, ssd_block)) = whole {
-                        if let Err(e) = self.verify_read(ssd_block, image) {
-                            damaged.get_or_insert(damaged_object(e, inode, lb * block));
-                            continue;
-                        }
-                        // `entries` holds the read's blocks in order, from its first.
-                        if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
-                            self.keep_block_read(inode, lb, entry, ssd_block, image);
+                for (i, o) in overlays {
+                    match o {
+                        Overlay::Page(unit) => overlay(*i, *unit, (0, page)),
+                        Overlay::Upage { page: unit, chunks } => {
+                            chunks.ranges().iter().for_each(|&(cs, ce)| overlay(*i, *unit, (u64::from(cs), u64::from(ce))))
                         }
                     }
-                    out[dest..dest + len].copy_from_slice(&image[skip..skip + len]);
                 }
             }
-            // Only single blocks go back: reads of other sizes would fill the pool with
-            // buffers the write path never asks for.
-            self.buffers.give(buffers.into_iter().filter(|buf| buf.len() == block as usize));
-            if let Some(e) = damaged {
-                return Err(e);
-            }
         }
-        for (unit, in_page, dest, len) in copies {
-            self.residue.read(unit, in_page, &mut out[dest..dest + len])?;
-        }
-        Ok(n)
     }
+    // Blocks that lie one after another on the SSD are one read: a fresh file's blocks
+    // mostly do, and the kernel reads ahead within one call, not across calls. Several
+    // runs are prefetched together first, so that scattered blocks the cache lacks are
+    // read from the device in parallel, not one after another. (Probing the cache with
+    // a non-blocking read first measured slower: it upsets the kernel's readahead.)
+    match wait {
+        Wait::Never => {
+            for &(device_at, dest, len) in &cached.0 {
+                if !engine.blocks.ssd().read_cached(device_at, &mut out[dest..dest + len])? {
+                    return Err(Error::WouldBlock);
+                }
+            }
+        }
+        Wait::ForDevice => {
+            if cached.0.len() > 1 {
+                cached.0.iter().for_each(|&(device_at, _, len)| engine.blocks.ssd().prefetch(device_at, len as u64));
+            }
+            for &(device_at, dest, len) in &cached.0 {
+                engine.blocks.ssd().read_buffered(device_at, &mut out[dest..dest + len])?;
+            }
+        }
+    }
+    let cached_bytes: usize = cached.0.iter().map(|&(_, _, len)| len).sum();
+    let direct_bytes: usize = direct.iter().map(|piece| piece.len).sum();
+    engine.stats.add(Counter::ssd_read_bytes, (cached_bytes + direct_bytes) as u64);
+    if !direct.is_empty() {
+        let reads = direct_reads(direct);
+        let requests =
+            reads.iter().map(|read| IoRequest { op: IoOp::Read, offset_bytes: read.at, buf: engine.blocks.buffers.take(read.len) });
+        let buffers = engine.blocks.submit(requests.collect()).wait()?;
+        let mut damaged = None;
+        for (buf, read) in buffers.iter().zip(reads) {
+            for (in_read, DirectPiece { extent, skip, dest, len, whole, .. }) in read.pieces {
+                let image = &buf[in_read..in_read + extent];
+                if let Some((lb, ssd_block)) = whole {
+                    if let Err(e) = engine.blocks.verify_read(ssd_block, image) {
+                        damaged.get_or_insert(damaged_object(e, inode, lb * block));
+                        continue;
+                    }
+                    // `entries` holds the read's blocks in order, from its first.
+                    if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
+                        keep_block_read(engine, inode, lb, entry, ssd_block, image);
+                    }
+                }
+                out[dest..dest + len].copy_from_slice(&image[skip..skip + len]);
+            }
+        }
+        // Only single blocks go back: reads of other sizes would fill the pool with
+        // buffers the write path never asks for.
+        engine.blocks.buffers.give(buffers.into_iter().filter(|buf| buf.len() == block as usize));
+        if let Some(e) = damaged {
+            return Err(e);
+        }
+    }
+    for (unit, in_page, dest, len) in copies {
+        engine.residue.read(unit, in_page, &mut out[dest..dest + len])?;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Changing a file's size or allocation: truncate, fallocate, hole punching.
 
+use super::read;
+use super::write;
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
-use super::{Inner, Volume, MAP_OPS_PER_RECORD};
+use super::{Engine, MAP_OPS_PER_RECORD};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
 use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
@@ -23,196 +25,192 @@ pub enum FallocateMode {
     PunchHole,
 }
 
-impl Volume {
-    /// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
-    pub fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
-        let inode = self.inner.file(ino)?;
-        self.inner.check_writable()?;
-        if size > MAX_FILE_BYTES {
-            return Err(Error::FileTooLarge);
-        }
-        let _guard = inode.range.write(0, u64::MAX);
-        self.inner.truncate_locked(&inode, size)
+/// Set the size; shrinking frees whole blocks and zeroes the tail of the last one.
+pub(super) fn truncate(engine: &Engine, ino: Ino, size: u64) -> Result<()> {
+    let inode = engine.file(ino)?;
+    engine.check_writable()?;
+    if size > MAX_FILE_BYTES {
+        return Err(Error::FileTooLarge);
     }
+    let _guard = inode.range.write(0, u64::MAX);
+    truncate_locked(engine, &inode, size)
+}
 
-    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
-        let inode = self.inner.file(ino)?;
-        self.inner.check_writable()?;
-        if len == 0 {
-            return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
-        }
-        let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
-        let block = self.inner.geometry.block();
-        let _guard = inode.range.write(0, u64::MAX);
-        let size = inode.size();
-        match mode {
-            FallocateMode::Allocate { keep_size } => {
-                let holes: Vec<u64> = {
-                    let map = inode.map.lock();
-                    (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
-                };
-                self.inner.fill_with_zero_blocks(&inode, &holes)?;
-                if !keep_size && end > size {
-                    self.inner.release_freed(self.inner.commit(&[Op::Data(DataOp::Extend { ino, size: end, mtime: now_ns() })])?);
-                }
-            }
-            FallocateMode::PunchHole => {
-                let end = end.min(size);
-                if offset >= end {
-                    return Ok(());
-                }
-                let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
-                let drops: Vec<Op> = if first_whole < last_whole {
-                    let map = inode.map.lock();
-                    map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
-                } else {
-                    Vec::new()
-                };
-                if !drops.is_empty() {
-                    self.inner.release_freed(self.inner.commit(&drops)?);
-                }
-                let edges = [(offset, (first_whole * block).min(end)), ((last_whole * block).max(offset), end)];
-                for (start, stop) in edges {
-                    let reads_zero = inode.map.lock().get(&(start / block)).is_none_or(BlockEntry::is_zeros);
-                    if start < stop && !reads_zero {
-                        self.inner.write_locked(&inode, start, &vec![0u8; (stop - start) as usize], false)?;
-                    }
-                }
+pub(super) fn fallocate(engine: &Engine, ino: Ino, offset: u64, len: u64, mode: FallocateMode) -> Result<()> {
+    let inode = engine.file(ino)?;
+    engine.check_writable()?;
+    if len == 0 {
+        return Err(Error::InvalidArgument("fallocate of zero bytes".into()));
+    }
+    let end = offset.checked_add(len).filter(|&e| e <= MAX_FILE_BYTES).ok_or(Error::FileTooLarge)?;
+    let block = engine.geometry.block();
+    let _guard = inode.range.write(0, u64::MAX);
+    let size = inode.size();
+    match mode {
+        FallocateMode::Allocate { keep_size } => {
+            let holes: Vec<u64> = {
+                let map = inode.map.lock();
+                (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
+            };
+            fill_with_zero_blocks(engine, &inode, &holes)?;
+            if !keep_size && end > size {
+                engine.release_freed(engine.commit(&[Op::Data(DataOp::Extend { ino, size: end, mtime: now_ns() })])?);
             }
         }
-        Ok(())
+        FallocateMode::PunchHole => {
+            let end = end.min(size);
+            if offset >= end {
+                return Ok(());
+            }
+            let (first_whole, last_whole) = (offset.div_ceil(block), end / block);
+            let drops: Vec<Op> = if first_whole < last_whole {
+                let map = inode.map.lock();
+                map.range(first_whole..last_whole).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
+            } else {
+                Vec::new()
+            };
+            if !drops.is_empty() {
+                engine.release_freed(engine.commit(&drops)?);
+            }
+            let edges = [(offset, (first_whole * block).min(end)), ((last_whole * block).max(offset), end)];
+            for (start, stop) in edges {
+                let reads_zero = inode.map.lock().get(&(start / block)).is_none_or(BlockEntry::is_zeros);
+                if start < stop && !reads_zero {
+                    write::write_locked(engine, &inode, start, &vec![0u8; (stop - start) as usize], false)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Map each of `holes` (logical blocks of `ino` with no entry) to a zero block, holding
+/// one SSD block for each. With `NoSpace` nothing changes; other errors may leave the
+/// first records committed.
+pub(super) fn fill_with_zero_blocks(engine: &Engine, inode: &Inode, holes: &[u64]) -> Result<()> {
+    if !engine.blocks.refs.promise(holes.len() as u64) {
+        return Err(Error::NoSpace);
+    }
+    let ino = inode.ino;
+    let mut unmapped = holes.len() as u64;
+    for run in holes.chunks(MAP_OPS_PER_RECORD) {
+        let ops: Vec<Op> = run.iter().map(|&lblock| Op::Data(DataOp::Map { ino, lblock, entry: Some(BlockEntry::zeros()) })).collect();
+        if let Err(e) = engine.commit(&ops) {
+            // A commit can fail after applying its edits (its sync): those keep theirs.
+            let map = inode.map.lock();
+            let applied = run.iter().filter(|lb| map.get(lb).is_some_and(BlockEntry::is_zeros)).count() as u64;
+            engine.blocks.refs.release_promises(unmapped - applied);
+            return Err(e);
+        }
+        unmapped -= run.len() as u64;
+    }
+    Ok(())
+}
+
+/// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
+/// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
+pub(super) fn zero_beyond_eof(engine: &Engine, inode: &Inode, size: u64) {
+    let (block, page) = (engine.geometry.block(), engine.geometry.page_bytes);
+    let within = (size % block) as u32;
+    if within == 0 {
+        return;
+    }
+    let map = inode.map.lock();
+    let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
+        Some(BlockEntry::Fast { pages }) => pages.clone(),
+        Some(BlockEntry::Ssd { overlays, .. }) => {
+            overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
+        }
+        None => Vec::new(),
+    };
+    for (index, unit) in units {
+        let page_start = u32::from(index) * page;
+        let from = within.saturating_sub(page_start);
+        if from < page {
+            engine.residue.zero(unit, from, page - from);
+            engine.residue.persist(unit, from, page - from);
+        }
     }
 }
 
-impl Inner {
-    /// Map each of `holes` (logical blocks of `ino` with no entry) to a zero block, holding
-    /// one SSD block for each. With `NoSpace` nothing changes; other errors may leave the
-    /// first records committed.
-    fn fill_with_zero_blocks(&self, inode: &Inode, holes: &[u64]) -> Result<()> {
-        if !self.blocks.promise(holes.len() as u64) {
-            return Err(Error::NoSpace);
+/// Truncate with the whole file locked. The new last block, if partial, is rewritten
+/// with a zeroed tail into fresh units, in the same journal record as the size.
+pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) -> Result<()> {
+    let block = engine.geometry.block();
+    let old = inode.size();
+    let ino = inode.ino;
+    let time = now_ns();
+    if size >= old {
+        zero_beyond_eof(engine, inode, old);
+        return engine.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| engine.release_freed(f));
+    }
+    let mut ops: Vec<Op> = {
+        let map = inode.map.lock();
+        map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
+    };
+    let mut fresh_units = (Vec::new(), Vec::new());
+    let within = size % block;
+    let tail = inode.map.lock().get(&(size / block)).cloned();
+    // A zero block needs no zeroed tail.
+    if let (true, Some(entry)) = (within != 0, tail.filter(|e| !e.is_zeros())) {
+        let mut image = AlignedBuf::zeroed(block as usize);
+        read::materialize(engine, Some(&entry), &mut image)?;
+        image[within as usize..].fill(0);
+        let page = u64::from(engine.geometry.page_bytes);
+        let npages = within.div_ceil(page) as usize;
+        let requests: Vec<UnitRequest> =
+            (0..npages).map(|_| UnitRequest { object: ino, lblock: size / block, bytes: page as u32 }).collect();
+        let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| engine.residue.allocate(&requests)).flatten();
+        let new_entry = match fast_pages {
+            Some(units) => {
+                for (i, &unit) in units.iter().enumerate() {
+                    let at = i * page as usize;
+                    write::store_residue(engine, unit, 0, &image[at..at + page as usize], false);
+                }
+                fresh_units.0 = units.clone();
+                BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
+            }
+            None => {
+                let new_block = write_new_block(engine, image)?;
+                fresh_units.1 = vec![new_block];
+                BlockEntry::whole(new_block)
+            }
+        };
+        ops.push(Op::Data(DataOp::Map { ino, lblock: size / block, entry: Some(new_entry) }));
+    }
+    ops.push(Op::Data(DataOp::SetSize { ino, size, time }));
+    match engine.commit(&ops) {
+        Ok(freed) => {
+            engine.release_freed(freed);
+            Ok(())
         }
-        let ino = inode.ino;
-        let mut unmapped = holes.len() as u64;
-        for run in holes.chunks(MAP_OPS_PER_RECORD) {
-            let ops: Vec<Op> = run.iter().map(|&lblock| Op::Data(DataOp::Map { ino, lblock, entry: Some(BlockEntry::zeros()) })).collect();
-            if let Err(e) = self.commit(&ops) {
-                // A commit can fail after applying its edits (its sync): those keep theirs.
-                let map = inode.map.lock();
-                let applied = run.iter().filter(|lb| map.get(lb).is_some_and(BlockEntry::is_zeros)).count() as u64;
-                self.blocks.release_promises(unmapped - applied);
+        Err(e) => {
+            engine.release(&fresh_units.0, &fresh_units.1);
+            Err(e)
+        }
+    }
+}
+
+/// Write one block image to a freshly allocated SSD block (not yet referenced by any
+/// map; the allocation is undone if the write fails).
+pub(super) fn write_new_block(engine: &Engine, image: AlignedBuf) -> Result<SsdBlock> {
+    let target = engine.blocks.allocate(&[0], 0).ok_or(Error::NoSpace)?[0];
+    let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * engine.geometry.block(), buf: image };
+    match engine.blocks.submit(vec![write]).wait() {
+        Ok(buffers) => {
+            engine.blocks.buffers.give(buffers);
+            engine.blocks.written();
+            engine.stats.ssd_write(engine.geometry.block());
+            // The caller journals a map edit pointing here next: flush first.
+            if let Err(e) = engine.blocks.flush() {
+                engine.release(&[], &[target]);
                 return Err(e);
             }
-            unmapped -= run.len() as u64;
+            Ok(target)
         }
-        Ok(())
-    }
-
-    /// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
-    /// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
-    pub(crate) fn zero_beyond_eof(&self, inode: &Inode, size: u64) {
-        let (block, page) = (self.geometry.block(), self.geometry.page_bytes);
-        let within = (size % block) as u32;
-        if within == 0 {
-            return;
-        }
-        let map = inode.map.lock();
-        let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
-            Some(BlockEntry::Fast { pages }) => pages.clone(),
-            Some(BlockEntry::Ssd { overlays, .. }) => {
-                overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
-            }
-            None => Vec::new(),
-        };
-        for (index, unit) in units {
-            let page_start = u32::from(index) * page;
-            let from = within.saturating_sub(page_start);
-            if from < page {
-                self.residue.zero(unit, from, page - from);
-                self.residue.persist(unit, from, page - from);
-            }
-        }
-    }
-
-    /// Truncate with the whole file locked. The new last block, if partial, is rewritten
-    /// with a zeroed tail into fresh units, in the same journal record as the size.
-    pub(crate) fn truncate_locked(&self, inode: &Arc<Inode>, size: u64) -> Result<()> {
-        let block = self.geometry.block();
-        let old = inode.size();
-        let ino = inode.ino;
-        let time = now_ns();
-        if size >= old {
-            self.zero_beyond_eof(inode, old);
-            return self.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| self.release_freed(f));
-        }
-        let mut ops: Vec<Op> = {
-            let map = inode.map.lock();
-            map.range(size.div_ceil(block)..).map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None })).collect()
-        };
-        let mut fresh_units = (Vec::new(), Vec::new());
-        let within = size % block;
-        let tail = inode.map.lock().get(&(size / block)).cloned();
-        // A zero block needs no zeroed tail.
-        if let (true, Some(entry)) = (within != 0, tail.filter(|e| !e.is_zeros())) {
-            let mut image = AlignedBuf::zeroed(block as usize);
-            self.materialize(Some(&entry), &mut image)?;
-            image[within as usize..].fill(0);
-            let page = u64::from(self.geometry.page_bytes);
-            let npages = within.div_ceil(page) as usize;
-            let requests: Vec<UnitRequest> =
-                (0..npages).map(|_| UnitRequest { object: ino, lblock: size / block, bytes: page as u32 }).collect();
-            let fast_pages = matches!(entry, BlockEntry::Fast { .. }).then(|| self.residue.allocate(&requests)).flatten();
-            let new_entry = match fast_pages {
-                Some(units) => {
-                    for (i, &unit) in units.iter().enumerate() {
-                        let at = i * page as usize;
-                        self.store_residue(unit, 0, &image[at..at + page as usize], false);
-                    }
-                    fresh_units.0 = units.clone();
-                    BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
-                }
-                None => {
-                    let new_block = self.write_new_block(image)?;
-                    fresh_units.1 = vec![new_block];
-                    BlockEntry::whole(new_block)
-                }
-            };
-            ops.push(Op::Data(DataOp::Map { ino, lblock: size / block, entry: Some(new_entry) }));
-        }
-        ops.push(Op::Data(DataOp::SetSize { ino, size, time }));
-        match self.commit(&ops) {
-            Ok(freed) => {
-                self.release_freed(freed);
-                Ok(())
-            }
-            Err(e) => {
-                self.release(&fresh_units.0, &fresh_units.1);
-                Err(e)
-            }
-        }
-    }
-
-    /// Write one block image to a freshly allocated SSD block (not yet referenced by any
-    /// map; the allocation is undone if the write fails).
-    pub(super) fn write_new_block(&self, image: AlignedBuf) -> Result<SsdBlock> {
-        let target = SsdBlock(self.blocks.allocate(1, 0).ok_or(Error::NoSpace)?[0]);
-        let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * self.geometry.block(), buf: image };
-        match self.submit_ssd(vec![write]).wait() {
-            Ok(buffers) => {
-                self.buffers.give(buffers);
-                self.ssd_written();
-                self.stats.ssd_write(self.geometry.block());
-                // The caller journals a map edit pointing here next: flush first.
-                if let Err(e) = self.flush_ssd() {
-                    self.release(&[], &[target]);
-                    return Err(e);
-                }
-                Ok(target)
-            }
-            Err(e) => {
-                self.release(&[], &[target]);
-                Err(e)
-            }
+        Err(e) => {
+            engine.release(&[], &[target]);
+            Err(e)
         }
     }
 }

@@ -15,7 +15,7 @@ use super::ScrapState;
 use crate::journal::DurableView;
 use crate::map::BlockEntry;
 use crate::meta::{DataOp, Ino, Op};
-use crate::profile::{Engine, Projection};
+use crate::profile::{EngineApi, Projection};
 
 /// A block's entry as a crash leaves it: its SSD block without overlays, a zero block
 /// (`fallocate`: no residue, so nothing to lose), or a hole.
@@ -36,7 +36,7 @@ impl ScrapState {
 
     /// `ops` as a crash would keep them. The caller holds the commit lock and has not
     /// applied `ops` yet.
-    pub(super) fn durable_ops(&self, engine: &dyn Engine, ops: &[Op]) -> Projection {
+    pub(super) fn durable_ops(&self, engine: &dyn EngineApi, ops: &[Op]) -> Projection {
         let block = engine.geometry().block();
         let mut journal = Vec::new();
         // Projections already journaled by this commit (a block edited twice).
@@ -89,7 +89,7 @@ impl ScrapState {
 
     /// Where, at or after `from`, the first block holding residue starts once `ops` apply
     /// (`u64::MAX` if none): every byte of `ino` between `from` and there is durable.
-    fn first_volatile_byte(&self, engine: &dyn Engine, ino: Ino, ops: &[Op], from: u64) -> u64 {
+    fn first_volatile_byte(&self, engine: &dyn EngineApi, ino: Ino, ops: &[Op], from: u64) -> u64 {
         let block = engine.geometry().block();
         let from_block = from / block;
         let mut first = u64::MAX;
@@ -117,7 +117,7 @@ impl ScrapState {
     }
 
     /// After a commit applied: remember which files' live sizes run ahead of the journal.
-    pub(super) fn note_durable_sizes(&self, engine: &dyn Engine, sizes: &[(Ino, u64)]) {
+    pub(super) fn note_durable_sizes(&self, engine: &dyn EngineApi, sizes: &[(Ino, u64)]) {
         let mut unsynced = self.unsynced_sizes.lock();
         for &(ino, durable) in sizes {
             match engine.meta().get(ino) {

@@ -10,7 +10,7 @@ use super::ScrapState;
 use crate::error::Result;
 use crate::map::BlockEntry;
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
-use crate::profile::Engine;
+use crate::profile::EngineApi;
 use crate::stats::Counter;
 
 /// How long a block keeps volatile residue before an idle SSD takes it (stage 1).
@@ -20,7 +20,7 @@ impl ScrapState {
     /// WSBuffer's stage 1 when the SSDs are idle: merge the blocks that have held residue
     /// for at least [`IDLE_FLUSH_AGE`] (so a block still being filled is left alone), oldest
     /// first, a batch at a time. A block whose SSD is busy waits for a later round.
-    pub(crate) fn flush_when_idle(&self, engine: &dyn Engine) -> Result<u64> {
+    pub(crate) fn flush_when_idle(&self, engine: &dyn EngineApi) -> Result<u64> {
         let due: Vec<(Instant, Ino, u64)> = {
             let dirty = self.dirty_since.lock();
             let mut due: Vec<(Instant, Ino, u64)> =
@@ -65,7 +65,7 @@ impl ScrapState {
     /// Flush every block of `inode` that holds residue, then journal its size and mtime:
     /// afterwards a crash keeps the file as it is. The caller holds the whole file's range
     /// lock.
-    pub(crate) fn sync_file_locked(&self, engine: &dyn Engine, inode: &Arc<Inode>) -> Result<()> {
+    pub(crate) fn sync_file_locked(&self, engine: &dyn EngineApi, inode: &Arc<Inode>) -> Result<()> {
         engine.merge_file_locked(inode, Counter::migrations_sync)?;
         let attr = inode.attr();
         if self.durable_size(inode.ino, attr.size) < attr.size {
@@ -75,7 +75,7 @@ impl ScrapState {
     }
 
     /// [`ScrapState::sync_file_locked`] for every file (unmount).
-    pub(crate) fn sync_all(&self, engine: &dyn Engine) -> Result<()> {
+    pub(crate) fn sync_all(&self, engine: &dyn EngineApi) -> Result<()> {
         for inode in engine.meta().snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
             let _guard = inode.range.write(0, u64::MAX);
             if engine.meta().get(inode.ino).is_some() {

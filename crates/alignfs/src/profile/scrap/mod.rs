@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{DeviceKind, Engine, FullBlocks, Policy, Profile, ProfileSpec, Projection, Promise, ResidueSetup, Tunable};
+use super::{DeviceKind, EngineApi, FullBlocks, Policy, Profile, ProfileSpec, Projection, Promise, ResidueSetup, Tunable};
 use crate::background::{spawn, Wakeup};
 use crate::error::{Error, Result};
 use crate::geometry::{Geometry, IO_ALIGN, KIB, MIB, SCRAP_MAX_SEGMENTS};
@@ -113,11 +113,11 @@ impl Policy for ScrapPolicy {
         Rules { residue: if small { Residue::All } else { Residue::Partial }, max_segments: SCRAP_MAX_SEGMENTS }
     }
 
-    fn project(&self, engine: &dyn Engine, ops: &[Op]) -> Option<Projection> {
+    fn project(&self, engine: &dyn EngineApi, ops: &[Op]) -> Option<Projection> {
         Some(self.0.durable_ops(engine, ops))
     }
 
-    fn committed(&self, engine: &dyn Engine, projection: Projection, freed: &Freed) {
+    fn committed(&self, engine: &dyn EngineApi, projection: Projection, freed: &Freed) {
         self.0.note_durable_sizes(engine, &projection.sizes);
         let mut unsynced = self.0.unsynced_sizes.lock();
         for inode in &freed.removed {
@@ -125,11 +125,11 @@ impl Policy for ScrapPolicy {
         }
     }
 
-    fn checkpoint_payload(&self, engine: &dyn Engine) -> Vec<u8> {
+    fn checkpoint_payload(&self, engine: &dyn EngineApi) -> Vec<u8> {
         checkpoint_payload(engine.meta(), &engine.counters(), &durable::AfterCrash { state: &self.0 })
     }
 
-    fn residue_stored(&self, _engine: &dyn Engine, inode: &Inode, plan: &Plan, full: &[u64]) {
+    fn residue_stored(&self, _engine: &dyn EngineApi, inode: &Inode, plan: &Plan, full: &[u64]) {
         {
             let mut dirty = self.0.dirty_since.lock();
             for bp in plan.blocks.iter().filter(|b| !b.needs_ssd_block()) {
@@ -143,18 +143,18 @@ impl Policy for ScrapPolicy {
     }
 
     /// Flush the file's scrap pages to the SSD and journal its size.
-    fn fsync(&self, engine: &dyn Engine, inode: &Arc<Inode>) -> Result<()> {
+    fn fsync(&self, engine: &dyn EngineApi, inode: &Arc<Inode>) -> Result<()> {
         let _guard = inode.range.write(0, u64::MAX);
         self.0.sync_file_locked(engine, inode)
     }
 
-    fn before_close(&self, engine: &dyn Engine) -> Result<()> {
+    fn before_close(&self, engine: &dyn EngineApi) -> Result<()> {
         self.0.sync_all(engine)
     }
 
     /// The flushers: full scrap pages as they come (stage 2), then blocks that have waited
     /// while the SSD is idle (stage 1). Flushers take disjoint batches.
-    fn start_workers(&self, engine: &Arc<dyn Engine>) -> Result<Vec<JoinHandle<()>>> {
+    fn start_workers(&self, engine: &Arc<dyn EngineApi>) -> Result<Vec<JoinHandle<()>>> {
         let mut workers = Vec::new();
         for id in 0..self.0.flush_workers {
             let (engine, state) = (Arc::clone(engine), Arc::clone(&self.0));
