@@ -1,12 +1,18 @@
 //! The KV metadata of the `nvstore` profile (docs/NVSTORE.md): NVStore's records and
 //! the store that keeps them in fjall.
 
+mod commit;
 mod fragments;
+mod group;
+mod load;
 pub mod records;
 mod store;
+#[cfg(test)]
+mod tests;
 
 pub use fragments::{FragmentBlock, FragmentLog};
-pub use store::{KvMeta, Loaded};
+pub use load::Loaded;
+pub use store::KvMeta;
 
 use std::path::Path;
 
