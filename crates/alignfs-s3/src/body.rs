@@ -15,7 +15,7 @@ use s3s::dto::StreamingBlob;
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Result};
 use tokio::sync::mpsc;
 
-use crate::gateway::storage_error;
+use crate::errors::storage_error;
 
 /// Bytes written to the staged object at a time: a multiple of every block size.
 const WRITE_BYTES: usize = 1 << 20;

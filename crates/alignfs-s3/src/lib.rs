@@ -6,11 +6,18 @@
 //! operator's file. See docs/S3.md.
 
 mod body;
+mod buckets;
+mod checksums;
+mod errors;
 mod gateway;
 mod keys;
 mod listing;
+mod multipart;
+mod objects;
 mod record;
 mod server;
+mod service;
+mod store;
 mod timeouts;
 
 pub use gateway::{Gateway, Limits};

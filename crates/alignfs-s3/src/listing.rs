@@ -8,8 +8,10 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use s3s::dto::*;
 use s3s::{s3_error, S3Result};
 
-use crate::gateway::{bucket, quoted, storage_error, timestamp, uploads, Gateway};
+use crate::errors::storage_error;
+use crate::gateway::Gateway;
 use crate::record::{self, ObjectRecord, UploadRecord};
+use crate::store::{bucket, quoted, timestamp, uploads};
 
 /// Bytes a URL-encoded listing leaves as they are: RFC 3986's unreserved characters and
 /// `/`. Everything else, `+` and space included, is percent-encoded: clients decode

@@ -2,6 +2,9 @@
 //! publishes with it (JSON: small, and readable in a dump), and the multipart uploads in
 //! progress, kept as objects of a bucket S3 cannot name.
 
+use s3s::dto::{ContentType, Metadata};
+
+use crate::body::Received;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -72,6 +75,25 @@ pub fn encode<T: Serialize>(record: &T) -> Vec<u8> {
 /// Decode a record; a damaged one is an error naming what it belongs to.
 pub fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, String> {
     serde_json::from_slice(bytes).map_err(|e| format!("the S3 attributes of {what} are damaged: {e}"))
+}
+
+/// User metadata as kept: names in lower case, as S3 returns them.
+pub(crate) fn user_metadata(metadata: Option<Metadata>) -> BTreeMap<String, String> {
+    metadata.unwrap_or_default().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect()
+}
+
+pub(crate) fn object_record(headers: Headers, metadata: Option<Metadata>, received: &Received) -> ObjectRecord {
+    ObjectRecord { etag: received.md5_hex(), headers, metadata: user_metadata(metadata), checksum: received.checksum.clone(), parts: None }
+}
+
+pub(crate) fn headers_of(
+    content_type: Option<ContentType>,
+    content_encoding: Option<String>,
+    content_disposition: Option<String>,
+    content_language: Option<String>,
+    cache_control: Option<String>,
+) -> Headers {
+    Headers { content_type, content_encoding, content_disposition, content_language, cache_control }
 }
 
 #[cfg(test)]
