@@ -97,7 +97,7 @@ pub unsafe extern "C" fn alignfs_block_sector_size(volume: *const AlignfsBlock) 
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_block_read(volume: *const AlignfsBlock, buf: *mut libc::c_void, len: usize, offset: u64) -> c_int {
     on_block!(volume, |v| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` writable bytes, by the C API's contract for this call (alignfs.h).
         let buf = unsafe { out_buffer(buf, len) }?;
         v.read(offset, buf).map(|()| 0)
     }) as c_int
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn alignfs_block_read(volume: *const AlignfsBlock, buf: *m
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_block_write(volume: *const AlignfsBlock, buf: *const libc::c_void, len: usize, offset: u64) -> c_int {
     on_block!(volume, |v| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` readable bytes, by the C API's contract for this call (alignfs.h).
         let data = unsafe { in_buffer(buf, len) }?;
         v.write(offset, data).map(|()| 0)
     }) as c_int

@@ -206,7 +206,7 @@ fn offset(off: libc::off_t) -> alignfs::Result<u64> {
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_read(volume: *const AlignfsVolume, fd: c_int, buf: *mut libc::c_void, len: usize) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` writable bytes, by the C API's contract for this call (alignfs.h).
         let buf = unsafe { out_buffer(buf, len) }?;
         s.read(fd, buf).map(|n| n as i64)
     }) as isize
@@ -217,7 +217,7 @@ pub unsafe extern "C" fn alignfs_read(volume: *const AlignfsVolume, fd: c_int, b
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_write(volume: *const AlignfsVolume, fd: c_int, buf: *const libc::c_void, len: usize) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` readable bytes, by the C API's contract for this call (alignfs.h).
         let data = unsafe { in_buffer(buf, len) }?;
         s.write(fd, data).map(|n| n as i64)
     }) as isize
@@ -234,7 +234,7 @@ pub unsafe extern "C" fn alignfs_pread(
     off: libc::off_t,
 ) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` writable bytes, by the C API's contract for this call (alignfs.h).
         let buf = unsafe { out_buffer(buf, len) }?;
         s.pread(fd, buf, offset(off)?).map(|n| n as i64)
     }) as isize
@@ -251,7 +251,7 @@ pub unsafe extern "C" fn alignfs_pwrite(
     off: libc::off_t,
 ) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `buf` is null only when `len` is 0, else holds `len` readable bytes, by the C API's contract for this call (alignfs.h).
         let data = unsafe { in_buffer(buf, len) }?;
         s.pwrite(fd, data, offset(off)?).map(|n| n as i64)
     }) as isize
@@ -284,7 +284,7 @@ pub unsafe extern "C" fn alignfs_preadv(
     off: libc::off_t,
 ) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `iov` holds `count` valid iovecs, by the C API's contract for this call (alignfs.h).
         let iov = unsafe { iovecs(iov, count) }?;
         let mut at = offset(off)?;
         let mut total = 0i64;
@@ -315,7 +315,7 @@ pub unsafe extern "C" fn alignfs_pwritev(
     off: libc::off_t,
 ) -> isize {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `iov` holds `count` valid iovecs, by the C API's contract for this call (alignfs.h).
         let iov = unsafe { iovecs(iov, count) }?;
         let mut data = Vec::new();
         for v in iov {
@@ -361,7 +361,7 @@ pub unsafe extern "C" fn alignfs_ftruncate(volume: *const AlignfsVolume, fd: c_i
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_truncate(volume: *const AlignfsVolume, path: *const c_char, len: libc::off_t) -> c_int {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `path` is null or a NUL-terminated string, by the C API's contract for this call (alignfs.h).
         let path = unsafe { text(path, "path") }?;
         s.truncate(path, offset(len)?).map(|()| 0)
     }) as c_int
@@ -416,7 +416,7 @@ pub fn fill_stat(attr: &Attr, block_bytes: u64, out: &mut libc::stat) {
 /// `out` is null or points to a writable `struct stat`.
 unsafe fn write_stat(s: &Session, attr: alignfs::Result<Attr>, out: *mut libc::stat) -> alignfs::Result<i64> {
     let attr = attr?;
-    // SAFETY: contract.
+    // SAFETY: this function's contract: `out` is null or a writable `struct stat`.
     let out = unsafe { out.as_mut() }.ok_or_else(|| fault("statbuf"))?;
     fill_stat(&attr, s.volume().geometry().block(), out);
     Ok(0)
@@ -427,9 +427,9 @@ unsafe fn write_stat(s: &Session, attr: alignfs::Result<Attr>, out: *mut libc::s
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_stat(volume: *const AlignfsVolume, path: *const c_char, out: *mut libc::stat) -> c_int {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `path` is null or a NUL-terminated string, by the C API's contract for this call (alignfs.h).
         let path = unsafe { text(path, "path") }?;
-        // SAFETY: contract.
+        // SAFETY: `path` is null or a writable `struct stat`, by the C API's contract for this call (alignfs.h).
         unsafe { write_stat(s, s.stat(path), out) }
     }) as c_int
 }
@@ -438,7 +438,7 @@ pub unsafe extern "C" fn alignfs_stat(volume: *const AlignfsVolume, path: *const
 /// `volume` is a live handle; `out` a writable `struct stat`.
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_fstat(volume: *const AlignfsVolume, fd: c_int, out: *mut libc::stat) -> c_int {
-    // SAFETY: contract.
+    // SAFETY: `fd` is null or a writable `struct stat`, by the C API's contract for this call (alignfs.h).
     on_session!(volume, |s| unsafe { write_stat(s, s.fstat(fd), out) }) as c_int
 }
 
@@ -451,7 +451,7 @@ macro_rules! path_call {
         #[no_mangle]
         pub unsafe extern "C" fn $name(volume: *const AlignfsVolume, path: *const c_char $(, $arg: $ty)*) -> c_int {
             on_session!(volume, |$s| {
-                // SAFETY: contract.
+                // SAFETY: `path` is null or a NUL-terminated string, by the C API's contract for this call (alignfs.h).
                 let $p = unsafe { text(path, "path") }?;
                 $body.map(|()| 0)
             }) as c_int
@@ -468,7 +468,7 @@ path_call!(alignfs_rmdir, |s, path| s.rmdir(path));
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_rename(volume: *const AlignfsVolume, from: *const c_char, to: *const c_char) -> c_int {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `from` is null or a NUL-terminated string, by the C API's contract for this call (alignfs.h).
         let (from, to) = unsafe { (text(from, "from")?, text(to, "to")?) };
         s.rename(from, to).map(|()| 0)
     }) as c_int
@@ -481,7 +481,7 @@ pub unsafe extern "C" fn alignfs_rename(volume: *const AlignfsVolume, from: *con
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_opendir(volume: *const AlignfsVolume, path: *const c_char, out: *mut *mut AlignfsDir) -> c_int {
     on_session!(volume, |s| {
-        // SAFETY: contract.
+        // SAFETY: `path` is null or a NUL-terminated string, by the C API's contract for this call (alignfs.h).
         let path = unsafe { text(path, "path") }?;
         if out.is_null() {
             return Err(fault("out"));
@@ -500,7 +500,7 @@ pub unsafe extern "C" fn alignfs_opendir(volume: *const AlignfsVolume, path: *co
 #[no_mangle]
 pub unsafe extern "C" fn alignfs_readdir(dir: *mut AlignfsDir, entry: *mut AlignfsDirent) -> c_int {
     call_int(|| {
-        // SAFETY: contract.
+        // SAFETY: `dir` and `entry` are null or the handles `alignfs_opendir` and the caller gave, by the C API's contract for this call.
         let (dir, entry) = unsafe { (dir.as_mut().ok_or_else(|| fault("dir"))?, entry.as_mut().ok_or_else(|| fault("entry"))?) };
         let Some(next) = dir.entries.get(dir.next) else { return Ok(0) };
         dir.next += 1;

@@ -45,9 +45,9 @@ fn stream(fd: c_int) -> *mut libc::DIR {
 /// libc's contract for `opendir`.
 #[no_mangle]
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
-    // SAFETY: contract.
+    // SAFETY: `path` is a NUL-terminated path, by libc's contract for this call.
     let Some(p) = (unsafe { map_c_path(path) }) else {
-        // SAFETY: contract.
+        // SAFETY: the caller's arguments, unchanged, to libc's own `opendir`: it has the same contract as this function.
         return unsafe { real!(opendir: fn(*const c_char) -> *mut libc::DIR)(path) };
     };
     match with(|s| s.open_file(&p, libc::O_RDONLY | libc::O_DIRECTORY, 0)) {
@@ -66,7 +66,7 @@ pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut libc::DIR {
     if is_ours(fd) {
         return stream(fd);
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `fdopendir`: it has the same contract as this function.
     unsafe { real!(fdopendir: fn(c_int) -> *mut libc::DIR)(fd) }
 }
 
@@ -100,7 +100,7 @@ pub unsafe extern "C" fn readdir(dir: *mut libc::DIR) -> *mut libc::dirent {
         // SAFETY: ours.
         return unsafe { next_entry(dir) }.cast();
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `readdir`: it has the same contract as this function.
     unsafe { real!(readdir: fn(*mut libc::DIR) -> *mut libc::dirent)(dir) }
 }
 
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn readdir64(dir: *mut libc::DIR) -> *mut libc::dirent64 {
         // SAFETY: ours.
         return unsafe { next_entry(dir) };
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `readdir64`: it has the same contract as this function.
     unsafe { real!(readdir64: fn(*mut libc::DIR) -> *mut libc::dirent64)(dir) }
 }
 
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn rewinddir(dir: *mut libc::DIR) {
         unsafe { (*dir.cast::<OurDir>()).next = 0 };
         return;
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `rewinddir`: it has the same contract as this function.
     unsafe { real!(rewinddir: fn(*mut libc::DIR) -> ())(dir) }
 }
 
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn dirfd(dir: *mut libc::DIR) -> c_int {
         // SAFETY: registered pointers are live OurDir boxes.
         return unsafe { (*dir.cast::<OurDir>()).fd };
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `dirfd`: it has the same contract as this function.
     unsafe { real!(dirfd: fn(*mut libc::DIR) -> c_int)(dir) }
 }
 
@@ -151,6 +151,6 @@ pub unsafe extern "C" fn closedir(dir: *mut libc::DIR) -> c_int {
         let dir = unsafe { Box::from_raw(dir.cast::<OurDir>()) };
         return crate::int(with(|s| s.close_fd(dir.fd).map(|()| 0)));
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `closedir`: it has the same contract as this function.
     unsafe { real!(closedir: fn(*mut libc::DIR) -> c_int)(dir) }
 }

@@ -103,13 +103,13 @@ unsafe fn stream(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
 /// # Safety
 /// `path` and `mode` are NUL-terminated strings.
 unsafe fn open_stream(path: &str, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: contract.
+    // SAFETY: `mode` is a NUL-terminated string, by libc's contract for this call.
     let Some(flags) = mode_flags(unsafe { CStr::from_ptr(mode) }.to_bytes()) else {
         set_errno(libc::EINVAL);
         return std::ptr::null_mut();
     };
     match with(|s| s.open_file(path, flags, 0o666)) {
-        // SAFETY: contract.
+        // SAFETY: `mode` is a NUL-terminated string, by libc's contract for this call.
         Ok(fd) => unsafe { stream(fd, mode) },
         Err(e) => {
             set_errno(e);
@@ -122,11 +122,11 @@ unsafe fn open_stream(path: &str, mode: *const c_char) -> *mut libc::FILE {
 /// libc's contract for `fopen`.
 #[no_mangle]
 pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: contract.
+    // SAFETY: `path` is a NUL-terminated path, by libc's contract for this call.
     match unsafe { map_c_path(path) } {
-        // SAFETY: contract.
+        // SAFETY: `mode` is a NUL-terminated string, by libc's contract for this call.
         Some(p) if !mode.is_null() => unsafe { open_stream(&p, mode) },
-        // SAFETY: contract.
+        // SAFETY: the caller's arguments, unchanged, to libc's own `fopen`: it has the same contract as this function.
         _ => unsafe { real!(fopen: fn(*const c_char, *const c_char) -> *mut libc::FILE)(path, mode) },
     }
 }
@@ -135,11 +135,11 @@ pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut
 /// libc's contract for `fopen64`.
 #[no_mangle]
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    // SAFETY: contract.
+    // SAFETY: `path` is a NUL-terminated path, by libc's contract for this call.
     match unsafe { map_c_path(path) } {
-        // SAFETY: contract.
+        // SAFETY: `mode` is a NUL-terminated string, by libc's contract for this call.
         Some(p) if !mode.is_null() => unsafe { open_stream(&p, mode) },
-        // SAFETY: contract.
+        // SAFETY: the caller's arguments, unchanged, to libc's own `fopen64`: it has the same contract as this function.
         _ => unsafe { real!(fopen64: fn(*const c_char, *const c_char) -> *mut libc::FILE)(path, mode) },
     }
 }
@@ -149,10 +149,10 @@ pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *m
 #[no_mangle]
 pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE {
     if is_ours(fd) && !mode.is_null() {
-        // SAFETY: contract.
+        // SAFETY: `mode` is a NUL-terminated string, by libc's contract for this call.
         return unsafe { stream(fd, mode) };
     }
-    // SAFETY: contract.
+    // SAFETY: the caller's arguments, unchanged, to libc's own `fdopen`: it has the same contract as this function.
     unsafe { real!(fdopen: fn(c_int, *const c_char) -> *mut libc::FILE)(fd, mode) }
 }
 
