@@ -5,8 +5,10 @@
 //! per-connection request scheduling. The server serves anything that implements
 //! [`Export`]; [`BlockVolume`] does, mapping engine errors to NBD errors in one place.
 
+mod negotiate;
 pub mod protocol;
 pub mod server;
+mod transmit;
 
 use alignfs::personality::BlockVolume;
 use alignfs::Error;
