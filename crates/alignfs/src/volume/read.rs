@@ -305,7 +305,7 @@ pub(super) fn residue_pieces(engine: &Engine, entry: &BlockEntry, mut piece: imp
 }
 
 pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
-    let (block, page) = (engine.geometry.block(), u64::from(engine.geometry.page_bytes));
+    let block = engine.geometry.block();
     if buf.is_empty() || offset >= inode.size() {
         return Ok(0);
     }
@@ -330,11 +330,40 @@ pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &
         let map = inode.map.lock();
         (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
     };
-    let mut direct: Vec<DirectPiece> = Vec::new();
-    let mut cached = Runs::default();
+    let ReadPlan { direct, cached, copies } = plan_read(engine, inode, &entries, offset, out);
+    // Blocks that lie one after another on the SSD are one read: a fresh file's blocks
+    // mostly do, and the kernel reads ahead within one call, not across calls.
+    read_cached_runs(engine, &cached, out, wait)?;
+    let cached_bytes: usize = cached.0.iter().map(|&(_, _, len)| len).sum();
+    let direct_bytes: usize = direct.iter().map(|piece| piece.len).sum();
+    engine.stats.add(Counter::ssd_read_bytes, (cached_bytes + direct_bytes) as u64);
+    if !direct.is_empty() {
+        read_direct(engine, inode, &entries, offset, direct, out)?;
+    }
+    for (unit, in_page, dest, len) in copies {
+        engine.residue.read(unit, in_page, &mut out[dest..dest + len])?;
+    }
+    Ok(n)
+}
+
+/// Where each byte of a read comes from: the device through the kernel's cache
+/// (`cached`), the device directly (`direct`), or the residue tier (`copies`, applied
+/// last because they overlay the SSD's bytes). Holes and clean copies are filled while
+/// planning.
+#[derive(Default)]
+struct ReadPlan {
+    direct: Vec<DirectPiece>,
+    cached: Runs,
+    copies: Vec<PageCopy>,
+}
+
+/// The plan for reading `out.len()` bytes at `offset`, whose blocks map as `entries`.
+fn plan_read(engine: &Engine, inode: &Arc<Inode>, entries: &[(u64, Option<BlockEntry>)], offset: u64, out: &mut [u8]) -> ReadPlan {
+    let (block, page) = (engine.geometry.block(), u64::from(engine.geometry.page_bytes));
+    let n = out.len();
     let verified = engine.blocks.verifies_reads();
-    let mut copies: Vec<PageCopy> = Vec::new();
-    for (lb, entry) in &entries {
+    let ReadPlan { mut direct, mut cached, mut copies } = ReadPlan::default();
+    for (lb, entry) in entries {
         let block_start = lb * block;
         let (s, e) = (offset.max(block_start) - block_start, (offset + n as u64).min(block_start + block) - block_start);
         let out_at = (block_start + s - offset) as usize;
@@ -394,11 +423,14 @@ pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &
             }
         }
     }
-    // Blocks that lie one after another on the SSD are one read: a fresh file's blocks
-    // mostly do, and the kernel reads ahead within one call, not across calls. Several
-    // runs are prefetched together first, so that scattered blocks the cache lacks are
-    // read from the device in parallel, not one after another. (Probing the cache with
-    // a non-blocking read first measured slower: it upsets the kernel's readahead.)
+    ReadPlan { direct, cached, copies }
+}
+
+/// Reads the runs that go through the kernel's cache. Several runs are prefetched
+/// together first, so that scattered blocks the cache lacks are read from the device in
+/// parallel, not one after another. (Probing the cache with a non-blocking read first
+/// measured slower: it upsets the kernel's readahead.)
+fn read_cached_runs(engine: &Engine, cached: &Runs, out: &mut [u8], wait: Wait) -> Result<()> {
     match wait {
         Wait::Never => {
             for &(device_at, dest, len) in &cached.0 {
@@ -416,42 +448,44 @@ pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &
             }
         }
     }
-    let cached_bytes: usize = cached.0.iter().map(|&(_, _, len)| len).sum();
-    let direct_bytes: usize = direct.iter().map(|piece| piece.len).sum();
-    engine.stats.add(Counter::ssd_read_bytes, (cached_bytes + direct_bytes) as u64);
-    if !direct.is_empty() {
-        let reads = direct_reads(direct);
-        let requests =
-            reads.iter().map(|read| IoRequest { op: IoOp::Read, offset_bytes: read.at, buf: engine.blocks.buffers.take(read.len) });
-        let buffers = engine.blocks.submit(requests.collect()).wait()?;
-        let mut damaged = None;
-        for (buf, read) in buffers.iter().zip(reads) {
-            for (in_read, DirectPiece { extent, skip, dest, len, whole, .. }) in read.pieces {
-                let image = &buf[in_read..in_read + extent];
-                if let Some((lb, ssd_block)) = whole {
-                    if let Err(e) = engine.blocks.verify_read(ssd_block, image) {
-                        damaged.get_or_insert(damaged_object(e, inode, lb * block));
-                        continue;
-                    }
-                    // `entries` holds the read's blocks in order, from its first.
-                    if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
-                        keep_block_read(engine, inode, lb, entry, ssd_block, image);
-                    }
+    Ok(())
+}
+
+/// Reads the direct pieces in as few device reads as they allow, checks whole blocks
+/// against their checksums and keeps the copies the profile keeps.
+fn read_direct(
+    engine: &Engine,
+    inode: &Arc<Inode>,
+    entries: &[(u64, Option<BlockEntry>)],
+    offset: u64,
+    direct: Vec<DirectPiece>,
+    out: &mut [u8],
+) -> Result<()> {
+    let block = engine.geometry.block();
+    let reads = direct_reads(direct);
+    let requests = reads.iter().map(|read| IoRequest { op: IoOp::Read, offset_bytes: read.at, buf: engine.blocks.buffers.take(read.len) });
+    let buffers = engine.blocks.submit(requests.collect()).wait()?;
+    let mut damaged = None;
+    for (buf, read) in buffers.iter().zip(reads) {
+        for (in_read, DirectPiece { extent, skip, dest, len, whole, .. }) in read.pieces {
+            let image = &buf[in_read..in_read + extent];
+            if let Some((lb, ssd_block)) = whole {
+                if let Err(e) = engine.blocks.verify_read(ssd_block, image) {
+                    damaged.get_or_insert(damaged_object(e, inode, lb * block));
+                    continue;
                 }
-                out[dest..dest + len].copy_from_slice(&image[skip..skip + len]);
+                // `entries` holds the read's blocks in order, from its first.
+                if let Some(entry) = &entries[(lb - offset / block) as usize].1 {
+                    keep_block_read(engine, inode, lb, entry, ssd_block, image);
+                }
             }
-        }
-        // Only single blocks go back: reads of other sizes would fill the pool with
-        // buffers the write path never asks for.
-        engine.blocks.buffers.give(buffers.into_iter().filter(|buf| buf.len() == block as usize));
-        if let Some(e) = damaged {
-            return Err(e);
+            out[dest..dest + len].copy_from_slice(&image[skip..skip + len]);
         }
     }
-    for (unit, in_page, dest, len) in copies {
-        engine.residue.read(unit, in_page, &mut out[dest..dest + len])?;
-    }
-    Ok(n)
+    // Only single blocks go back: reads of other sizes would fill the pool with
+    // buffers the write path never asks for.
+    engine.blocks.buffers.give(buffers.into_iter().filter(|buf| buf.len() == block as usize));
+    damaged.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
