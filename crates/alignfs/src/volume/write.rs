@@ -256,6 +256,51 @@ pub(super) fn execute(
     entries: &[Option<BlockEntry>],
     data: &[u8],
 ) -> Result<(Vec<Op>, u64)> {
+    let Placements { placements, members, redeem } = choose_placements(engine, plan, entries);
+    let Some(placed) = engine.blocks.place(&placements, &members, redeem) else {
+        engine.release(&pages, &[]);
+        return Err(Error::NoSpace);
+    };
+    let undo = |e: Error| {
+        engine.release(&pages, &[]);
+        engine.blocks.release_new(&placed);
+        engine.blocks.refs.restore_promises(redeem);
+        e
+    };
+    let targets: Vec<SsdBlock> = placed.iter().map(|t| t.block).collect();
+    let moved = placed.iter().filter(|t| t.new).count();
+    let in_flight = submit_block_images(engine, plan, entries, &targets, data).map_err(&undo)?;
+    let (bound_pages, mut full) = store_plan_residue(engine, plan, &pages, data);
+    if !in_flight.is_empty() {
+        let written = wait_all(in_flight).map_err(&undo)?;
+        engine.blocks.written();
+        written.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
+        engine.blocks.buffers.give(written);
+        if moved == 0 && engine.blocks.flushes_on_sync() {
+            // Only overwrites in place: the file's next fsync flushes them.
+            inode.unflushed_overwrite.store(true, Ordering::SeqCst);
+        } else {
+            // Data before metadata: the map edit must not outlive a power cut that the
+            // blocks it points at did not (and a write durable on return is flushed).
+            engine.blocks.flush().map_err(&undo)?;
+        }
+        engine.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - moved) as u64);
+    }
+    let ops = map_ops(engine, inode, plan, entries, &bound_pages, &targets);
+    full.dedup();
+    engine.policy.residue_stored(engine, inode, plan, &full);
+    Ok((ops, redeem))
+}
+
+/// Where the plan's SSD blocks go, which SSD each new one is on, and how many of them
+/// take the place of zero blocks (whose promised space they redeem).
+struct Placements {
+    placements: Vec<Placement>,
+    members: Vec<usize>,
+    redeem: u64,
+}
+
+fn choose_placements(engine: &Engine, plan: &Plan, entries: &[Option<BlockEntry>]) -> Placements {
     // Where a write need only be durable after a sync, a block the file owns alone is
     // overwritten where it is: a crash may then leave any mix of its old and new bytes,
     // which that promise allows, and the map edit, its journal record and the flush are
@@ -293,52 +338,30 @@ pub(super) fn execute(
         .collect();
     let redeem =
         plan.blocks.iter().zip(entries).filter(|(b, e)| b.needs_ssd_block() && e.as_ref().is_some_and(BlockEntry::is_zeros)).count() as u64;
-    let placements: Vec<Placement> = placements.into_iter().map(|(_, p)| p).collect();
-    let Some(placed) = engine.blocks.place(&placements, &members, redeem) else {
-        engine.release(&pages, &[]);
-        return Err(Error::NoSpace);
-    };
-    let undo = |e: Error| {
-        engine.release(&pages, &[]);
-        engine.blocks.release_new(&placed);
-        engine.blocks.refs.restore_promises(redeem);
-        e
-    };
-    let targets: Vec<SsdBlock> = placed.iter().map(|t| t.block).collect();
-    let moved = placed.iter().filter(|t| t.new).count();
-    let in_flight = submit_block_images(engine, plan, entries, &targets, data).map_err(&undo)?;
-    let (bound_pages, mut full) = store_plan_residue(engine, plan, &pages, data);
-    if !in_flight.is_empty() {
-        let written = wait_all(in_flight).map_err(&undo)?;
-        engine.blocks.written();
-        written.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
-        engine.blocks.buffers.give(written);
-        if moved == 0 && engine.blocks.flushes_on_sync() {
-            // Only overwrites in place: the file's next fsync flushes them.
-            inode.unflushed_overwrite.store(true, Ordering::SeqCst);
-        } else {
-            // Data before metadata: the map edit must not outlive a power cut that the
-            // blocks it points at did not (and a write durable on return is flushed).
-            engine.blocks.flush().map_err(&undo)?;
-        }
-        engine.stats.add(Counter::ssd_overwrites_in_place, (targets.len() - moved) as u64);
-    }
+    Placements { placements: placements.into_iter().map(|(_, p)| p).collect(), members, redeem }
+}
+
+/// The map edits that point the plan's blocks at their new homes and residue.
+fn map_ops(
+    engine: &Engine,
+    inode: &Inode,
+    plan: &Plan,
+    entries: &[Option<BlockEntry>],
+    bound_pages: &[Vec<PageNo>],
+    targets: &[SsdBlock],
+) -> Vec<Op> {
     let mut next_block = targets.iter();
-    let ops = plan
-        .blocks
+    plan.blocks
         .iter()
         .zip(entries)
-        .zip(&bound_pages)
+        .zip(bound_pages)
         .map(|((bp, current), bound)| {
             let block = bp.needs_ssd_block().then(|| *next_block.next().expect("bound block"));
             let mut entry = next_entry(current.as_ref(), bp, block, bound).entry;
             read::dirty_from_clean(engine, &mut entry);
             Op::Data(DataOp::Map { ino: inode.ino, lblock: bp.lblock, entry: Some(entry) })
         })
-        .collect();
-    full.dedup();
-    engine.policy.residue_stored(engine, inode, plan, &full);
-    Ok((ops, redeem))
+        .collect()
 }
 
 /// Build the SSD image of every block the plan sends to the SSD (whole blocks, and on
