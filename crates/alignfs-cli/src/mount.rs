@@ -334,25 +334,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
     let faults = args.inject_faults.then(|| Arc::new(FaultPlan::default()));
     let fill_on_close = alignfs::geometry::parse_size(&args.fill_on_close).context("--fill-on-close")?;
-    let defaults = VolumeOptions::default();
-    let size = |given: &Option<String>, flag: &str, default: u64| -> Result<u64> {
-        given.as_deref().map_or(Ok(default), |text| alignfs::geometry::parse_size(text).with_context(|| format!("--{flag}")))
-    };
-    let options = VolumeOptions {
-        read_only: parsed.read_only,
-        scrap_mem_bytes: size(&args.scrap_mem, "scrap-mem", defaults.scrap_mem_bytes)?,
-        request_threshold: args
-            .request_threshold
-            .as_deref()
-            .map(|t| alignfs::geometry::parse_size(t).context("--request-threshold"))
-            .transpose()?,
-        flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
-        byte_interface: !args.no_byte_interface,
-        device_latency: args.device_latency,
-        clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
-        ..defaults
-    };
-    let volume = open_volume(&args.devices, options, faults.clone())?;
+    let volume = open_volume(&args.devices, volume_options(args, parsed)?, faults.clone())?;
     let profile = volume.superblock().profile;
     let personality = profile.personality();
     if personality != alignfs::profile::Personality::Files {
@@ -382,15 +364,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         faults,
         fill_on_close,
     };
-    let mut config = Config::default();
-    config.mount_options = parsed.mount.clone();
-    config.mount_options.push(MountOption::FSName(format!("alignfs:{}", volume.superblock().profile.name())));
-    config.mount_options.push(MountOption::Subtype("alignfs".into()));
-    config.acl = parsed.acl;
-    config.n_threads = Some(args.threads);
-    config.clone_fd = true;
-    args.transport.configure(&mut config);
-    args.ring_threads.configure(&mut config);
+    let config = fuse_config(args, parsed, profile);
     // The kernel fixes a mount's request size when it mounts: raise the limit first.
     match raise_fuse_request_limit(args.keep_fuse_limit) {
         Ok(Some(note)) => {
@@ -416,19 +390,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         }
     }
     link.attach(&session);
-    let mut unmounter = session.unmount_callable();
-    let mut signals =
-        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
-    let signal_mountpoint = mountpoint.clone();
-    std::thread::Builder::new().name("alignfs-signals".into()).spawn(move || {
-        for signal in signals.forever() {
-            tracing::info!("signal {signal}: unmounting {}", signal_mountpoint.display());
-            match unmounter.unmount() {
-                Ok(()) => break,
-                Err(e) => tracing::error!("unmount {}: {e} (still mounted)", signal_mountpoint.display()),
-            }
-        }
-    })?;
+    unmount_on_signals(session.unmount_callable(), mountpoint.clone())?;
     tracing::info!(
         "mounted at {} (page cache: {}, {} request threads, transport: {})",
         mountpoint.display(),
@@ -436,6 +398,68 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         args.threads,
         transport.summary()
     );
+    announce(daemon, mountpoint)?;
+    session.run().context("serve FUSE requests")?;
+    tracing::info!("unmounted {}", mountpoint.display());
+    Ok(())
+}
+
+/// The volume options the mount's flags ask for.
+fn volume_options(args: &MountArgs, parsed: &ParsedOptions) -> Result<VolumeOptions> {
+    let defaults = VolumeOptions::default();
+    let size = |given: &Option<String>, flag: &str, default: u64| -> Result<u64> {
+        given.as_deref().map_or(Ok(default), |text| alignfs::geometry::parse_size(text).with_context(|| format!("--{flag}")))
+    };
+    let options = VolumeOptions {
+        read_only: parsed.read_only,
+        scrap_mem_bytes: size(&args.scrap_mem, "scrap-mem", defaults.scrap_mem_bytes)?,
+        request_threshold: args
+            .request_threshold
+            .as_deref()
+            .map(|t| alignfs::geometry::parse_size(t).context("--request-threshold"))
+            .transpose()?,
+        flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
+        byte_interface: !args.no_byte_interface,
+        device_latency: args.device_latency,
+        clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
+        ..defaults
+    };
+    Ok(options)
+}
+
+/// The FUSE session's configuration: the mount options, threads and transport.
+fn fuse_config(args: &MountArgs, parsed: &ParsedOptions, profile: Profile) -> Config {
+    let mut config = Config::default();
+    config.mount_options = parsed.mount.clone();
+    config.mount_options.push(MountOption::FSName(format!("alignfs:{}", profile.name())));
+    config.mount_options.push(MountOption::Subtype("alignfs".into()));
+    config.acl = parsed.acl;
+    config.n_threads = Some(args.threads);
+    config.clone_fd = true;
+    args.transport.configure(&mut config);
+    args.ring_threads.configure(&mut config);
+    config
+}
+
+/// SIGTERM, SIGINT and SIGHUP unmount, which ends the session and closes the volume.
+fn unmount_on_signals(mut unmounter: fuser::SessionUnmounter, mountpoint: PathBuf) -> Result<()> {
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
+    std::thread::Builder::new().name("alignfs-signals".into()).spawn(move || {
+        for signal in signals.forever() {
+            tracing::info!("signal {signal}: unmounting {}", mountpoint.display());
+            match unmounter.unmount() {
+                Ok(()) => break,
+                Err(e) => tracing::error!("unmount {}: {e} (still mounted)", mountpoint.display()),
+            }
+        }
+    })?;
+    Ok(())
+}
+
+/// Tell whoever started the mount that it serves: the parent waiting on a daemon's
+/// pipe, or the terminal.
+fn announce(daemon: bool, mountpoint: &Path) -> Result<()> {
     if daemon {
         println!("{READY}");
         std::io::stdout().flush()?;
@@ -445,8 +469,6 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     } else {
         eprintln!("mounted at {}; Ctrl-C or `alignfs umount {0}` unmounts", mountpoint.display());
     }
-    session.run().context("serve FUSE requests")?;
-    tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
 }
 
