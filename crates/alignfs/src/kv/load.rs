@@ -17,6 +17,12 @@ use crate::meta::{FileKind, Ino, Inode, InodeData, MetaState};
 
 use super::store::*;
 
+/// Fragment records by the block they belong to, with their order.
+type FragmentsByBlock = BTreeMap<BlockKey, Vec<(u32, FragmentValue)>>;
+
+/// (SSD block, checksum) pairs.
+type BlockChecksums = Vec<(u64, u32)>;
+
 /// What [`KvMeta::load`] rebuilt.
 pub struct Loaded {
     pub state: MetaState,
@@ -24,7 +30,7 @@ pub struct Loaded {
     /// store rebuilds them.
     pub fragment_blocks: Vec<FragmentBlock>,
     /// The checksum of every SSD block a record names.
-    pub checksums: Vec<(u64, u32)>,
+    pub checksums: BlockChecksums,
     /// Objects a crash left without a name (unlinked while open), dropped from `state`;
     /// [`KvMeta::forget`] deletes their records.
     pub orphans: Vec<Ino>,
@@ -47,6 +53,28 @@ impl KvMeta {
             let ino = decode_object_key(&key).map_err(|s| self.corrupt("onodes", &key, s))?;
             sizes.insert(ino, Onode::decode(&value).map_err(|s| self.corrupt("onodes", &key, s))?.size);
         }
+        let state = self.load_objects(next_ino, &sizes)?;
+        self.load_names(&state)?;
+        let orphans: Vec<Ino> =
+            state.snapshot().iter().filter(|i| i.ino != Ino::ROOT && i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
+        for ino in &orphans {
+            state.inodes.write().remove(ino);
+        }
+        let mut fragments = self.load_fragments(block_bytes)?;
+        let (fragment_blocks, checksums) = self.load_blocks(&state, &orphans, &mut fragments)?;
+        let stray_fragments = fragments
+            .into_iter()
+            .filter(|(block, _)| !orphans.contains(&block.object))
+            .flat_map(|(block, list)| list.into_iter().map(move |(order, _)| FragmentKey { block, order }))
+            .collect();
+        self.durable_sizes = sizes;
+        self.durable_next_ino = next_ino.0;
+        Ok(Loaded { state, fragment_blocks, checksums, orphans, stray_fragments })
+    }
+
+    /// Every object with its attributes, and the size its onode gives.
+    fn load_objects(&self, next_ino: Ino, sizes: &HashMap<Ino, u64>) -> Result<MetaState> {
+        let read = |e| kv_error(&self.dir, "read", e);
         let state = MetaState::default();
         state.next_ino.store(next_ino.0, Ordering::SeqCst);
         for item in self.attrs.iter() {
@@ -82,6 +110,12 @@ impl KvMeta {
         if state.get(Ino::ROOT).is_none_or(|root| root.kind != FileKind::Dir) {
             return Err(self.corrupt("attrs", &object_prefix(Ino::ROOT), Short { at: 0, what: "no root directory".into() }));
         }
+        Ok(state)
+    }
+
+    /// Every name, into its directory; a name whose object or parent is missing is damage.
+    fn load_names(&self, state: &MetaState) -> Result<()> {
+        let read = |e| kv_error(&self.dir, "read", e);
         for item in self.names.iter() {
             let (key, value) = item.into_inner().map_err(read)?;
             let (parent, name) = decode_name_key(&key).map_err(|s| self.corrupt("names", &key, s))?;
@@ -96,18 +130,31 @@ impl KvMeta {
             };
             return Err(self.corrupt("names", &key, Short { at: 0, what: problem }));
         }
-        let orphans: Vec<Ino> =
-            state.snapshot().iter().filter(|i| i.ino != Ino::ROOT && i.data.lock().attr.nlink == 0).map(|i| i.ino).collect();
-        for ino in &orphans {
-            state.inodes.write().remove(ino);
-        }
-        let mut fragments: BTreeMap<BlockKey, Vec<(u32, FragmentValue)>> = BTreeMap::new();
+        Ok(())
+    }
+
+    /// Every fragment, by the block it belongs to, in its order.
+    fn load_fragments(&self, block_bytes: u32) -> Result<FragmentsByBlock> {
+        let read = |e| kv_error(&self.dir, "read", e);
+        let mut fragments: FragmentsByBlock = BTreeMap::new();
         for item in self.fragments.iter() {
             let (key, value) = item.into_inner().map_err(read)?;
             let fragment = FragmentKey::decode(&key).map_err(|s| self.corrupt("fragments", &key, s))?;
             let value = FragmentValue::decode(&value, block_bytes).map_err(|s| self.corrupt("fragments", &key, s))?;
             fragments.entry(fragment.block).or_default().push((fragment.order, value));
         }
+        Ok(fragments)
+    }
+
+    /// Every block record: whole blocks into their files' maps, blocks with fragments (taken
+    /// out of `fragments`) for the residue store, and the checksum of each SSD block.
+    fn load_blocks(
+        &self,
+        state: &MetaState,
+        orphans: &[Ino],
+        fragments: &mut FragmentsByBlock,
+    ) -> Result<(Vec<FragmentBlock>, BlockChecksums)> {
+        let read = |e| kv_error(&self.dir, "read", e);
         let (mut fragment_blocks, mut checksums) = (Vec::new(), Vec::new());
         for item in self.blocks.iter() {
             let (key, value) = item.into_inner().map_err(read)?;
@@ -131,13 +178,6 @@ impl KvMeta {
                 inode.map.lock().insert(block.lblock, BlockEntry::Ssd { block: ssd, overlays: Vec::new(), shared: value.shared });
             }
         }
-        let stray_fragments = fragments
-            .into_iter()
-            .filter(|(block, _)| !orphans.contains(&block.object))
-            .flat_map(|(block, list)| list.into_iter().map(move |(order, _)| FragmentKey { block, order }))
-            .collect();
-        self.durable_sizes = sizes;
-        self.durable_next_ino = next_ino.0;
-        Ok(Loaded { state, fragment_blocks, checksums, orphans, stray_fragments })
+        Ok((fragment_blocks, checksums))
     }
 }
