@@ -230,16 +230,7 @@ fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options
         Devices::MemorySemanticSsd { device } => (None, Some(Arc::clone(device))),
         _ => (None, None),
     };
-    let recovered = match (&devices, superblock.in_place_meta) {
-        (Devices::SsdAndKvStore { dir, syncs, .. }, _) => recover_kv(dir, syncs.clone(), &superblock, &options, started)?,
-        (_, true) => recover_lines(&ssd, byte.as_ref().filter(|_| options.byte_interface), &superblock, &meta_name, &options, started)?,
-        (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), &superblock, &meta_name, started)?,
-        (Devices::MemorySemanticSsd { device }, _) => {
-            let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
-            recover_journal(meta_device, &superblock, &meta_name, started)?
-        }
-        (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), &superblock, &meta_name, started)?,
-    };
+    let recovered = recover_metadata(&devices, &superblock, &meta_name, &options, started)?;
     let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
     let spec = superblock.profile.spec();
     let residue = spec.residue_store(&ResidueSetup {
@@ -291,6 +282,36 @@ fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options
         device: byte,
         recovery,
     }));
+    start(inner)
+}
+
+/// The metadata as the store the profile keeps it in left it, replayed to its last
+/// commit.
+fn recover_metadata(
+    devices: &Devices,
+    superblock: &Superblock,
+    meta_name: &str,
+    options: &VolumeOptions,
+    started: Instant,
+) -> Result<Recovered> {
+    let ssd = devices.ssd();
+    Ok(match (devices, superblock.in_place_meta) {
+        (Devices::SsdAndKvStore { dir, syncs, .. }, _) => recover_kv(dir, syncs.clone(), superblock, options, started)?,
+        (Devices::MemorySemanticSsd { device }, true) => {
+            recover_lines(&ssd, Some(device).filter(|_| options.byte_interface), superblock, meta_name, options, started)?
+        }
+        (_, true) => recover_lines(&ssd, None, superblock, meta_name, options, started)?,
+        (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), superblock, meta_name, started)?,
+        (Devices::MemorySemanticSsd { device }, _) => {
+            let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
+            recover_journal(meta_device, superblock, meta_name, started)?
+        }
+        (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), superblock, meta_name, started)?,
+    })
+}
+
+/// Readies an assembled engine for use and starts its background work.
+fn start(inner: Arc<Engine>) -> Result<Volume> {
     if !inner.options.read_only {
         // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
         // a later extension exposes zeros (never-acknowledged data stays invisible).
