@@ -45,17 +45,15 @@ import datetime
 import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import enable_fuse_uring, ensure_tools, log, mount_transport, run  # noqa: E402
+from common import ALIGNFS, REPO, enable_fuse_uring, fs_on, log, med, mount_alignfs, mount_transport, run, umount_alignfs  # noqa: E402
+from run import ensure_tools  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-ALIGNFS = REPO / "target" / "release" / "alignfs"
 MACRO = REPO / "target" / "release" / "alignfs-macro"
 SYSTEMS = ["byte", "byte-journal", "block-only", "ext4"]
 # The same two byte volumes opened in the workload's own process through the LD_PRELOAD
@@ -103,8 +101,7 @@ class System:
             run(["fallocate", "-l", self.device, image])
             self.loop = run(["losetup", "-f", "--show", image]).strip()
             # Initialise inode tables and the journal now, not in the background during a cell.
-            run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop])
-            run(["mount", self.loop, self.mnt])
+            fs_on(self.loop, self.mnt, mkfs_options=["-E", "lazy_itable_init=0,lazy_journal_init=0"])
         else:
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
@@ -112,9 +109,8 @@ class System:
             run([ALIGNFS, "mkfs", "--profile", "byte", *store, "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
             if not self.in_process:
                 options = ["--device-latency"] + (["--no-byte-interface"] if self.block_only else [])
-                run([ALIGNFS, "mount", "--ssd", self.image, "--fast", self.dram, *options, "--log",
-                     self.work / f"{self.slug}.log", self.mnt])
-                self.transport = mount_transport(self.mnt, ALIGNFS)
+                mount_alignfs(["--ssd", self.image, "--fast", self.dram], self.mnt, options, self.work / f"{self.slug}.log")
+                self.transport = mount_transport(self.mnt)
         return self.mnt
 
     def remove(self) -> None:
@@ -126,7 +122,7 @@ class System:
             (self.work / "ext4.img").unlink(missing_ok=True)
         else:
             if not self.in_process:
-                run([ALIGNFS, "umount", self.mnt], check=False)
+                umount_alignfs(self.mnt)
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
 
@@ -244,7 +240,7 @@ def median_cells(cells: list) -> dict:
     out = {}
     for key, cs in groups.items():
         fields = [k for k, v in cs[0].items() if isinstance(v, (int, float))]
-        out[key] = {k: statistics.median(c[k] for c in cs) for k in fields}
+        out[key] = {k: med(c[k] for c in cs) for k in fields}
         out[key]["rounds"] = len(cs)
         out[key]["ops_per_s_range"] = (min(c["ops_per_s"] for c in cs), max(c["ops_per_s"] for c in cs))
     return out

@@ -39,18 +39,16 @@ import datetime
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as mountbench  # noqa: E402  (fio, run and log, shared with the mount benchmark)
+import run as mountbench  # noqa: E402  (fio and db_bench, shared with the mount benchmark)
 import scrap as scrapbench  # noqa: E402  (its prefill)
+from common import ALIGNFS, REPO, drop_caches, log, med, mount_alignfs, mount_transport, run, umount_alignfs  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-ALIGNFS = REPO / "target" / "release" / "alignfs"
 MACRO = REPO / "target" / "release" / "alignfs-macro"
 PY = "/usr/bin/python3"  # Debian's: python3-rados (BlueStore) imports only there
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -128,7 +126,6 @@ HEADLINES = [
 DEVICE_WORKLOADS = {"micro": "create/mkdir/unlink/rmdir, durable", "varmail": "varmail", "rocksdb": "RocksDB fillrandom sync=1"}
 
 
-log, run = mountbench.log, mountbench.run
 
 
 # --- memory cgroups ----------------------------------------------------------------------
@@ -202,21 +199,17 @@ class Mounts:
 
     def mount(self, profile: str, scrap_mem: int | None = None, cap: MemoryCap | None = None) -> Path:
         mnt = self.mnt(profile)
-        mnt.mkdir(parents=True, exist_ok=True)
         extra = ["--scrap-mem", str(scrap_mem or self.scrap_mem)] if profile == "scrap" else []
-        cmd = [ALIGNFS, "mount", *self.devices[profile], *extra, "--log", self.work / f"{profile}.log", mnt]
-        run(cap.wrap(cmd) if cap else cmd)
-        self.transports.add(mountbench.mount_transport(mnt, ALIGNFS))
+        mount_alignfs(self.devices[profile], mnt, extra, self.work / f"{profile}.log", wrap=cap.wrap if cap else None)
+        self.transports.add(mount_transport(mnt))
         return mnt
 
     def umount(self, profile: str) -> None:
         mnt = self.mnt(profile)
+        # A daemon that died (an OOM kill under a cap) leaves a mount that only a lazy
+        # unmount removes; umount_alignfs does that.
         if os.path.ismount(mnt):
-            run([ALIGNFS, "umount", mnt], check=False)
-        if os.path.ismount(mnt):
-            # A daemon that died (an OOM kill under a cap) leaves a mount that only a lazy
-            # unmount removes.
-            run(["fusermount3", "-u", "-z", mnt], check=False)
+            umount_alignfs(mnt)
 
     def settle(self, timeout: float = 120.0) -> None:
         """Wait until no mounted volume writes in the background (scrap's idle migration,
@@ -334,7 +327,7 @@ class Compare:
         targets.update(ext4=self.ext4 / "overwrite", limit=self.limit / "overwrite")
         for i, (name, lo, hi) in enumerate(self.FILE_WORKLOADS):
             for system in self.order(list(targets), round_no):
-                mountbench.drop_caches()
+                drop_caches()
                 before = self.mounts.counters(system) if system in FILE_PROFILES else None
                 result = fio_cell(targets[system], self.file_bytes, system, lo, hi, True, self.seconds, 42 + i + 100 * round_no)
                 t = traffic(before, self.mounts.counters(system)) if before is not None else None
@@ -350,7 +343,7 @@ class Compare:
                        **mountbench.sync_env(system, True)}
                 # Lay the files out first, so that the counters and the timing cover only the run.
                 run(["fio", "--thread", mountbench.FIO_DIR / "threads-own.fio", "--create_only=1"], env={k: str(v) for k, v in env.items()})
-                mountbench.drop_caches()
+                drop_caches()
                 before = self.mounts.counters(system) if system in FILE_PROFILES else None
                 result = write_result(mountbench.fio_metrics(mountbench.fio("threads-own.fio", env), "write", jobs))
                 t = traffic(before, self.mounts.counters(system)) if before is not None else None
@@ -388,7 +381,7 @@ class Compare:
                         fd = os.open(target, os.O_RDONLY)
                         os.fsync(fd)
                         os.close(fd)
-                        mountbench.drop_caches()
+                        drop_caches()
                         before = self.mounts.counters("scrap") if system == "scrap" else None
                         cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
                                "--rw=randwrite", "--invalidate=0", "--randrepeat=1",
@@ -425,7 +418,7 @@ class Compare:
                 d = dirs[system] / f"macro-{workload}"
                 common = ["--workload", workload, "--dir", d, "--files", str(files // scale), "--seed", str(7 + round_no)]
                 run([MACRO, "prepare", *common])
-                mountbench.drop_caches()
+                drop_caches()
                 before = self.mounts.counters(system) if system in FILE_PROFILES else None
                 r = json.loads(run([MACRO, "run", *common, "--seconds", str(self.seconds * 2)]))
                 t = traffic(before, self.mounts.counters(system)) if before is not None else None
@@ -547,10 +540,6 @@ class Compare:
 
 
 # --- the report -------------------------------------------------------------------------
-
-
-def med(values):
-    return statistics.median(values) if values else float("nan")
 
 
 def summarize(records: list) -> dict:

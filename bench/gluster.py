@@ -27,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ALIGNFS, REPO, drop_caches, log  # noqa: E402
+
 CLUSTER = REPO / "deploy" / "gluster" / "cluster.sh"
-ALIGNFS = REPO / "target" / "release" / "alignfs"
 MIB = 1 << 20
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -47,10 +48,6 @@ WORKLOADS = [
 
 def file_bytes(name: str, quick: bool) -> int:
     return min(FILES[name], QUICK_FILE_BYTES) if quick else FILES[name]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 class Cluster:
@@ -125,11 +122,6 @@ def machine_busy_seconds() -> float:
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = fields[3] + fields[4]
     return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def fio(cluster: Cluster, node: str, directory: str, workload: int, runtime: float, quick: bool) -> dict:

@@ -40,15 +40,17 @@ import math
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 import uuid
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(REPO, "target/release/alignfs")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ALIGNFS, REPO, Loop, detach, install_missing, log, med, run, unmount  # noqa: E402,F401  (s3.py imports them from here)
+from common import fs_on as fs_on_dev  # noqa: E402
+
+BIN = str(ALIGNFS)
 OBJECT_SIZE = 4 << 20
 PATTERNS = ["append2k", "cross4k", "overwrite2k", "random", "aligned1m", "fileserver"]
 UNALIGNED = {"append2k", "cross4k", "overwrite2k", "random"}
@@ -56,50 +58,8 @@ OVERWRITES = {"overwrite2k", "random"}
 SYSTEMS = ["alignfs", "bluestore", "ext4-files"]
 
 
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-
-
-# --- devices -----------------------------------------------------------------------------
-
-class Loop:
-    """A loop device over a preallocated file, with direct IO: its sectors written are the
-    bytes that reached the disk."""
-
-    def __init__(self, path, size):
-        self.path = path
-        run(["fallocate", "-l", str(size), path])
-        self.dev = run(["losetup", "--find", "--show", "--direct-io=on", path]).stdout.strip()
-        self.name = os.path.basename(self.dev)
-
-    def written(self):
-        with open(f"/sys/block/{self.name}/stat") as f:
-            return int(f.read().split()[6]) * 512
-
-    def detach(self):
-        subprocess.run(["losetup", "-d", self.dev], stderr=subprocess.DEVNULL)
-
-
-def unmount(mnt):
-    if mnt:
-        subprocess.run(["umount", mnt], stderr=subprocess.DEVNULL)
-
-
-def detach(*loops):
-    for loop in loops:
-        if loop:
-            loop.detach()
-
-
 def fs_on(loop, mnt, fs="ext4"):
-    run(["mkfs.xfs", "-q", "-f", loop.dev] if fs == "xfs" else ["mkfs.ext4", "-q", "-F", loop.dev])
-    os.makedirs(mnt, exist_ok=True)
-    run(["mount", loop.dev, mnt])
-    return mnt
+    return fs_on_dev(loop.dev, mnt, fs)
 
 
 # --- the writes of a cell, as bench-objects makes them ----------------------------------
@@ -150,25 +110,6 @@ def run_threads(jobs, work):
     if errors:
         raise errors[0]
     return sum(o for o, _ in results), sum(b for _, b in results)
-
-
-def install_missing(tools, modules):
-    """apt-get install what is missing: `tools` maps a command to its Debian package,
-    `modules` a Python module to its. The modules must import afterwards."""
-    import importlib.util
-    missing = sorted({p for tool, p in tools.items() if not shutil.which(tool)})
-    absent = lambda m: importlib.util.find_spec(m) is None
-    missing += [p for m, p in modules.items() if absent(m)]
-    if not missing:
-        return
-    log(f"installing: {' '.join(missing)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    subprocess.run(["apt-get", "update", "-qq"], env=env, check=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, check=True, stdout=subprocess.DEVNULL)
-    importlib.invalidate_caches()
-    for module, package in modules.items():
-        if absent(module):
-            sys.exit(f"{package} is installed and {module} does not import: run with /usr/bin/python3, Debian's")
 
 
 def run_rounds(systems, rounds, cells, jobs_list, measure, describe, warmup_rounds=0):
@@ -327,7 +268,7 @@ class Alignfs:
         return {"data": self.ssd, "metadata": self.kv_dev}
 
     def bench(self, *extra):
-        return json.loads(run([BIN, "bench-objects", "--ssd", self.ssd.dev, "--kv", self.kv, *extra]).stdout)
+        return json.loads(run([BIN, "bench-objects", "--ssd", self.ssd.dev, "--kv", self.kv, *extra]))
 
     def prefill(self, prefix, objects):
         self.bench("--pattern", "random", "--prefix", prefix, "--objects", str(objects), "--prefill")
@@ -429,8 +370,8 @@ bluestore block db path = {self.db.dev}
         for attempt in range(5):
             try:
                 return run(["ceph", "-c", self.conf, *args], timeout=60)
-            except subprocess.CalledProcessError as e:
-                if "wrong fsid" not in e.stderr or attempt == 4:
+            except RuntimeError as e:
+                if "wrong fsid" not in str(e) or attempt == 4:
                     raise
                 time.sleep(1)
 
@@ -438,7 +379,7 @@ bluestore block db path = {self.db.dev}
         return {"data": self.block, "metadata": self.db}
 
     def perf(self):
-        out = run(["ceph", "-c", self.conf, "daemon", "osd.0", "perf", "dump"], timeout=60).stdout
+        out = run(["ceph", "-c", self.conf, "daemon", "osd.0", "perf", "dump"], timeout=60)
         d = json.loads(out)
         bs, bf = d["bluestore"], d["bluefs"]
         return {k: bs.get(k, 0) for k in ["bluestore_write_big_bytes", "bluestore_write_small_bytes", "deferred_write_bytes",
@@ -604,10 +545,6 @@ def one_cell(system, pattern, jobs, objects, seconds, max_bytes, tag):
     if hasattr(system, "remove"):
         system.remove(prefix, objects)
     return {"ops": ops, "bytes": written, "seconds": took, "traffic": traffic, "extra": extra}
-
-
-def med(values):
-    return statistics.median(values) if values else float("nan")
 
 
 def shown(value, spec):

@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from common import (ALIGNFS, REPO, drop_caches, enable_fuse_uring, install_missing, log, mount_transport,  # noqa: F401
+                    need_matplotlib, run)
+
 FIO_DIR = REPO / "bench" / "fio"
-ALIGNFS = REPO / "target" / "release" / "alignfs"
 PASSTHROUGH = REPO / "target" / "release" / "alignfs-passthrough"
 MACRO = REPO / "target" / "release" / "alignfs-macro"
 PRELOAD = REPO / "target" / "release" / "libalignfs_preload.so"
@@ -50,19 +51,6 @@ ALL_SYSTEMS = ["alignfs", "preload", "ext4", "limit", "passthrough"]
 GROUPS = ["overwrite", "reads", "threads", "macro", "rocksdb"]
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def run(cmd: list[str], env: dict | None = None, check: bool = True, capture: bool = True) -> str:
-    full_env = dict(os.environ, **(env or {}))
-    p = subprocess.run(cmd, env=full_env, text=True, capture_output=capture)
-    if check and p.returncode != 0:
-        out = (p.stdout or "")[-2000:] + (p.stderr or "")[-2000:]
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{out}")
-    return p.stdout or ""
-
-
 def parse_size(text: str) -> int:
     m = re.fullmatch(r"(\d+)([KMG]?)i?B?", text.strip(), re.I)
     if not m:
@@ -74,62 +62,13 @@ def parse_size(text: str) -> int:
 
 
 def ensure_tools() -> None:
-    need = [pkg for tool, pkg in [("fio", "fio"), ("db_bench", "rocksdb-tools"), ("fusermount3", "fuse3")] if not shutil.which(tool)]
-    if need:
-        log(f"installing {' '.join(need)}")
-        env = {"DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", *need], env=env)
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        # Debian's own python3 (the harnesses that need python3-rados run under it)
-        # refuses pip installs: it takes matplotlib from apt.
-        if sys.executable.startswith("/usr/bin/"):
-            log("installing python3-matplotlib")
-            env = {"DEBIAN_FRONTEND": "noninteractive"}
-            run(["apt-get", "update", "-qq"], env=env)
-            run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], env=env)
-        else:
-            log("installing matplotlib")
-            run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"])
+    install_missing({"fio": "fio", "db_bench": "rocksdb-tools", "fusermount3": "fuse3"})
+    need_matplotlib()
 
 
 def build() -> None:
     log("building release binaries")
     run(["cargo", "build", "--release", "--locked", "-q", "--workspace"], capture=False)
-
-
-FUSE_URING = Path("/sys/module/fuse/parameters/enable_uring")
-
-
-def enable_fuse_uring() -> None:
-    """Serve the mounts over io_uring where the kernel offers it, as scripts/setup.sh does.
-    The module parameter is off again after every boot, and a mount then serves over
-    /dev/fuse, whose round trips cost far more here (webproxy on a `byte` mount ran at
-    about 0.6× the io_uring figure): a run that measured that unnoticed would read as a
-    slower mount. Each benchmark records the transport its mounts report."""
-    if not FUSE_URING.exists() or FUSE_URING.read_text().strip() == "Y":
-        return
-    try:
-        FUSE_URING.write_text("Y\n")
-        log(f"turned on FUSE over io_uring: {FUSE_URING} = Y")
-    except OSError as e:
-        log(f"FUSE over io_uring stays off ({e}): the mounts serve over /dev/fuse")
-
-
-def mount_transport(mountpoint: Path, alignfs: Path | None = None) -> str:
-    """How a running alignfs mount receives its requests, as `alignfs stat` reports it."""
-    report = json.loads(run([str(alignfs or ALIGNFS), "stat", str(mountpoint), "--json"]))
-    return report["daemon"]["transport"]
-
-
-def drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as e:
-        raise SystemExit(f"bench: cannot drop caches ({e}); run as root") from e
 
 
 @dataclass

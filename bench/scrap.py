@@ -30,40 +30,20 @@ import datetime
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import enable_fuse_uring, mount_transport  # noqa: E402
+from common import (ALIGNFS, REPO, drop_caches, enable_fuse_uring, install_missing, log, med, mount_alignfs,  # noqa: E402
+                    mount_transport, run, umount_alignfs)
 
-REPO = Path(__file__).resolve().parent.parent
-ALIGNFS = REPO / "target" / "release" / "alignfs"
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 SCRAP_PAGE = 256 * KIB
 SIZES = [("4KiB", 4 * KIB), ("64KiB", 64 * KIB), ("256KiB", 256 * KIB), ("1MiB", MIB), ("2MiB", 2 * MIB), ("4MiB", 4 * MIB)]
 THREAD_SIZES = [("64KiB", 64 * KIB), ("1MiB", MIB), ("4MiB", 4 * MIB)]
 THREADS = [1, 2, 4]
 MAX_PAGES = Path("/proc/sys/fs/fuse/max_pages_limit")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def run(cmd: list, check: bool = True) -> str:
-    p = subprocess.run([str(c) for c in cmd], text=True, capture_output=True)
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return p.stdout
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def fsync_tree(directory: Path) -> None:
@@ -116,9 +96,7 @@ def main() -> int:
     global ALIGNFS
     if os.geteuid() != 0:
         raise SystemExit("bench/scrap.py: run as root (it mounts and drops caches)")
-    for tool, pkg in [("fio", "fio"), ("fusermount3", "fuse3")]:
-        if not shutil.which(tool):
-            run(["apt-get", "install", "-y", "-qq", pkg])
+    install_missing({"fio": "fio", "fusermount3": "fuse3"})
     enable_fuse_uring()
     if args.alignfs:
         ALIGNFS = args.alignfs.resolve()
@@ -142,7 +120,7 @@ def main() -> int:
             MAX_PAGES.write_text("2048\n")
         ssd_size = file_size * 2 + max(THREADS) * file_size // 4 + GIB
         run([ALIGNFS, "mkfs", "--profile", "scrap", "--ssd", f"{work / 'ssd.img'}:{ssd_size}"])
-        run([ALIGNFS, "mount", "--ssd", work / "ssd.img", "--scrap-mem", str(scrap_mem), "--log", work / "mount.log", mnt])
+        mount_alignfs(["--ssd", work / "ssd.img"], mnt, ["--scrap-mem", str(scrap_mem)], work / "mount.log", alignfs=ALIGNFS)
         transport = mount_transport(mnt, ALIGNFS)
         dirs = {"alignfs": mnt, "ext4": ext4}
         log(f"prefilling {file_size // MIB} MiB files on alignfs (scrap) and ext4 under {work}")
@@ -182,7 +160,7 @@ def main() -> int:
                 "alignfs": str(ALIGNFS), "transport": transport}
     finally:
         if mnt.exists() and os.path.ismount(mnt):
-            run([ALIGNFS, "umount", mnt], check=False)
+            umount_alignfs(mnt, ALIGNFS)
         if pages_before is not None:
             MAX_PAGES.write_text(pages_before + "\n")
         shutil.rmtree(work, ignore_errors=True)
@@ -195,8 +173,7 @@ def main() -> int:
 
 
 def median(cells: list, kind: str, size: str, system: str, key: str = "mib_s") -> float:
-    values = [c[key] for c in cells if (c["kind"], c["size"], c["system"]) == (kind, size, system) and key in c]
-    return statistics.median(values) if values else float("nan")
+    return med(c[key] for c in cells if (c["kind"], c["size"], c["system"]) == (kind, size, system) and key in c)
 
 
 def write_report(cells: list, meta: dict) -> tuple:

@@ -26,16 +26,17 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(REPO, "target/release/alignfs")
-MACRO = os.path.join(REPO, "target/release/alignfs-macro")
-MIGRATE = os.path.join(REPO, "target/release/alignfs-uhs-migrate")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ALIGNFS, REPO, install_missing, log, med, need_matplotlib, run  # noqa: E402
+
+BIN = str(ALIGNFS)
+MACRO = str(REPO / "target/release/alignfs-macro")
+MIGRATE = str(REPO / "target/release/alignfs-uhs-migrate")
 
 W4K = ["--rw=randwrite", "--bs=4k"]
 MIXED_64K = ["--rw=randwrite", "--bssplit=4k/50:64k/50"]
@@ -88,14 +89,6 @@ THRESHOLD_CELLS = [
 MACRO_FILES = {"createfiles": 4000, "fileserver": 1000, "varmail": 1000}
 UHS = ("uhs", "UHS-NB")
 FLOOR = "nbdkit memory (floor)"
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
-def run(cmd, **kw):
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)
 
 
 class System:
@@ -196,7 +189,7 @@ class Bench:
             raise
 
     def counters(self, system):
-        out = run([BIN, "stat", "--json"] + system.devices).stdout
+        out = run([BIN, "stat", "--json"] + system.devices)
         return json.loads(out)["counters"]
 
     def fio_matrix(self, systems, cells, rounds, results, counters):
@@ -255,7 +248,7 @@ class Bench:
                     if os.path.exists(os.path.join(fuse, "nbd")):
                         break
                     time.sleep(0.05)
-                loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).stdout.strip()
+                loop = run(["losetup", "-f", "--show", os.path.join(fuse, "nbd")]).strip()
                 run(["mkfs.ext4", "-q", "-F", "-E", "packed_meta_blocks=1,lazy_itable_init=0,lazy_journal_init=0", loop])
                 run(["mount", loop, mnt])
                 for workload in workloads:
@@ -264,7 +257,7 @@ class Bench:
                     common = ["--workload", workload, "--dir", d, "--files", str(files), "--seed", "7"]
                     run([MACRO, "prepare"] + common)
                     subprocess.run(["sync"], check=True)
-                    r = json.loads(run([MACRO, "run"] + common + ["--seconds", str(self.args.seconds * 2)]).stdout)
+                    r = json.loads(run([MACRO, "run"] + common + ["--seconds", str(self.args.seconds * 2)]))
                     results.setdefault(workload, {})[system.name] = r
                     log(f"ext4 on {system.name:24} {workload:12} {r['ops_per_s']:8.0f} ops/s  {r['mib_per_s']:7.1f} MiB/s"
                         f"  flow p99 {r['flow_p99_us']:8.0f} us")
@@ -317,8 +310,8 @@ def run_fio(uri, options, seconds, size):
     }
 
 
-def med(values):
-    return statistics.median(values) if values else 0.0
+def med_or_zero(values):
+    return med(values, 0.0)
 
 
 def fio_report(title, cells, systems, results, with_ratios=True):
@@ -330,7 +323,7 @@ def fio_report(title, cells, systems, results, with_ratios=True):
         head += " | uhs / best disk peer | uhs / UHS-NB | uhs / floor"
     lines = [f"### {title}: MiB/s (median over rounds)", "", head + " |", "|---" * (head.count("|")) + "|"]
     for name, _ in cells:
-        m = {n: med([r["mib_s"] for r in results[name][n]]) for n in names}
+        m = {n: med_or_zero([r["mib_s"] for r in results[name][n]]) for n in names}
         row = f"| {name} | " + " | ".join(f"{m[n]:.1f}" for n in names)
         if ratios:
             best = max(disk_peers, key=lambda n: m[n])
@@ -344,9 +337,9 @@ def fio_report(title, cells, systems, results, with_ratios=True):
         parts = []
         for n in names:
             rs = results[name][n]
-            text = f"{med([r['p50'] for r in rs]):.0f} / {med([r['p99'] for r in rs]):.0f} / {med([r['p999'] for r in rs]):.0f}"
+            text = f"{med_or_zero([r['p50'] for r in rs]):.0f} / {med_or_zero([r['p99'] for r in rs]):.0f} / {med_or_zero([r['p999'] for r in rs]):.0f}"
             if "flush" in name:
-                text += f" (+{med([r['flush_p99'] for r in rs]):.0f})"
+                text += f" (+{med_or_zero([r['flush_p99'] for r in rs]):.0f})"
             parts.append(text)
         lines.append(f"| {name} | " + " | ".join(parts) + " |")
     return lines
@@ -359,9 +352,9 @@ def counter_report(counters):
              "|---|---|---|---|---|---|---|"]
     for name, deltas in counters.items():
         def m(key):
-            return med([d.get(key, 0) for d in deltas])
-        migrated = med([sum(v for k, v in d.items() if k.startswith("migrations_") and k != "migrations_dropped") for d in deltas])
-        direct = med([d.get("ssd_write_bytes", 0) - d.get("migration_write_bytes", 0) for d in deltas])
+            return med_or_zero([d.get(key, 0) for d in deltas])
+        migrated = med_or_zero([sum(v for k, v in d.items() if k.startswith("migrations_") and k != "migrations_dropped") for d in deltas])
+        direct = med_or_zero([d.get("ssd_write_bytes", 0) - d.get("migration_write_bytes", 0) for d in deltas])
         lines.append(f"| {name} | {m('app_write_bytes') / mib:.0f} | {m('page_write_bytes') / mib:.0f} | {direct / mib:.0f}"
                      f" | {m('migration_write_bytes') / mib:.0f} | {migrated:.0f} | {m('fg_rmw_read_bytes') / mib:.0f} |")
     return lines
@@ -385,8 +378,8 @@ def plot_fio(out, plt, names, labels, results):
     width = 0.8 / len(names)
     for i, n in enumerate(names):
         xs = [x + i * width for x in range(len(labels))]
-        axes[0].bar(xs, [med([r["mib_s"] for r in results[c][n]]) for c in labels], width, label=n)
-        axes[1].bar(xs, [med([r["p99"] for r in results[c][n]]) for c in labels], width, label=n)
+        axes[0].bar(xs, [med_or_zero([r["mib_s"] for r in results[c][n]]) for c in labels], width, label=n)
+        axes[1].bar(xs, [med_or_zero([r["p99"] for r in results[c][n]]) for c in labels], width, label=n)
     for ax, title, unit in [(axes[0], "throughput", "MiB/s"), (axes[1], "p99 completion latency", "µs")]:
         ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(labels))])
         ax.set_xticklabels(labels, rotation=40, ha="right", fontsize=7)
@@ -403,7 +396,7 @@ def plot_fio(out, plt, names, labels, results):
         fig, ax = plt.subplots(figsize=(6, 4))
         for n in names:
             xs = [int(c.split(", ")[2].split()[0]) for c in jobs_cells]
-            ax.plot(xs, [med([r["mib_s"] for r in results[c][n]]) for c in jobs_cells], marker="o", label=n)
+            ax.plot(xs, [med_or_zero([r["mib_s"] for r in results[c][n]]) for c in jobs_cells], marker="o", label=n)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("client threads (one connection each, qd1)")
         ax.set_ylabel("MiB/s")
@@ -432,28 +425,6 @@ def plot_ext4(out, plt, ext4):
         plt.close(fig)
 
 
-def need_matplotlib():
-    """The plots need matplotlib: install Debian's package before the run, not after it."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        log("installing python3-matplotlib")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        run(["apt-get", "install", "-y", "-qq", "python3-matplotlib"], env=env)
-
-
-def need_tools():
-    """The clients and peers this benchmark runs: install Debian's packages where missing."""
-    packages = {"nbdinfo": "libnbd-bin", "nbdfuse": "libnbd-bin", "qemu-nbd": "qemu-utils", "nbdkit": "nbdkit",
-                "fio": "fio", "mkfs.ext4": "e2fsprogs"}
-    missing = sorted({pkg for tool, pkg in packages.items() if shutil.which(tool) is None})
-    if missing:
-        log(f"installing {' '.join(missing)}")
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        run(["apt-get", "update", "-qq"], env=env)
-        run(["apt-get", "install", "-y", "-qq", *missing], env=env)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one round of 2 s cells on a small volume, fio matrix only")
@@ -478,7 +449,8 @@ def main():
     args.size = (args.volume_mib or (256 if args.quick else 1024)) << 20
     if args.out is None and not args.quick:
         args.out = os.path.join(REPO, "bench", "results", time.strftime("%Y-%m-%d-%H%M") + "-uhs")
-    need_tools()
+    install_missing({"nbdinfo": "libnbd-bin", "nbdfuse": "libnbd-bin", "qemu-nbd": "qemu-utils", "nbdkit": "nbdkit",
+                     "fio": "fio", "mkfs.ext4": "e2fsprogs"})
     if args.out:
         need_matplotlib()
     cells = QUICK if args.quick else FULL
@@ -517,12 +489,12 @@ def main():
             bench.ext4(ext4_systems, ext4, ext4_workloads)
         if not args.no_migration:
             migration = run([MIGRATE, "--buffers", "16,64,256", "--volume", "1024", "--dir", bench.work,
-                             "--fast-dir", bench.shm]).stdout
+                             "--fast-dir", bench.shm])
     finally:
         bench.cleanup()
 
     transport = "a Unix socket" if args.transport == "unix" else "TCP on loopback"
-    lines = [f"# uhs over NBD vs its peers", "",
+    lines = ["# uhs over NBD vs its peers", "",
              f"{args.rounds} round(s) of {args.seconds} s cells, {args.size >> 20} MiB volumes, fio's nbd engine over {transport}; "
              "one job is one connection.", ""]
     if systems:

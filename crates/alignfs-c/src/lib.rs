@@ -198,7 +198,7 @@ unsafe fn in_buffer<'a>(buf: *const libc::c_void, len: usize) -> alignfs::Result
 }
 
 fn offset(off: libc::off_t) -> alignfs::Result<u64> {
-    u64::try_from(off).map_err(|_| Error::InvalidArgument(format!("negative offset {off}")))
+    u64::try_from(off).map_err(|_| Error::NegativeOffset(off))
 }
 
 /// # Safety

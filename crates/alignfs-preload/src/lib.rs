@@ -82,7 +82,7 @@ fn size(result: Result<usize, c_int>) -> ssize_t {
 }
 
 fn offset(off: off_t) -> alignfs::Result<u64> {
-    u64::try_from(off).map_err(|_| alignfs::Error::InvalidArgument(format!("negative offset {off}")))
+    u64::try_from(off).map_err(|_| alignfs::Error::NegativeOffset(off))
 }
 
 /// # Safety

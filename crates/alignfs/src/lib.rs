@@ -17,7 +17,7 @@ pub mod profile;
 #[doc(hidden)]
 pub mod test_support;
 
-pub use error::{Error, Result};
+pub use error::{CloneProblem, DeviceProblem, Error, Result, TransactionProblem};
 pub mod journal;
 pub mod kv;
 pub mod layout;

@@ -298,12 +298,12 @@ fn the_kv_directory_is_checked() {
     let format =
         FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
     let refused = alignfs::Volume::format(&Devices::ssd_only(ssd()), &format);
-    assert!(matches!(refused, Err(Error::WrongDevices(m)) if m.contains("KV store")));
+    assert!(matches!(refused, Err(Error::WrongDevices(m)) if m.to_string().contains("KV store")));
 
     let first = Fixture::new(Profile::NVSTORE.default_geometry());
     let second = Fixture::new(Profile::NVSTORE.default_geometry());
     let opened = alignfs::Volume::open(Devices::ssd_only(Arc::clone(&first.ssd) as Arc<dyn BlockDevice>), quiet());
-    assert!(matches!(opened, Err(Error::WrongDevices(m)) if m.contains("KV store")));
+    assert!(matches!(opened, Err(Error::WrongDevices(m)) if m.to_string().contains("KV store")));
     let crossed = alignfs::Volume::open(Devices::with_kv(Arc::clone(&first.ssd) as Arc<dyn BlockDevice>, second.kv.path()), quiet());
     assert!(matches!(crossed, Err(Error::VolumeMismatch { .. })), "another volume's KV store");
 

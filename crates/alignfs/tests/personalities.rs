@@ -269,7 +269,7 @@ fn object_transactions_apply_whole_or_not_at_all() {
         transaction.remove(&bucket, b"x").unwrap();
         let staged = store.stage().unwrap();
         transaction.publish(staged, &bucket, b"x").unwrap();
-        assert!(matches!(transaction.commit(), Err(Error::InvalidArgument(m)) if m.contains("twice")));
+        assert!(matches!(transaction.commit(), Err(Error::BadTransaction(p)) if p.to_string().contains("twice")));
 
         let (mut a, b) = (store.stage().unwrap(), store.stage().unwrap());
         a.write(0, b"new a").unwrap();

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use fjall::{Keyspace, PersistMode};
 
 use super::kv_error;
-use super::records::{encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey, BlockValue, FragmentKey, Onode};
+use super::records::{
+    decode_name_key, encode_name_key, encode_object_id, object_prefix, AttrRecord, BlockKey, BlockValue, FragmentKey, Onode,
+};
 use crate::error::{Error, Result};
 use crate::journal::{CommitContext, GroupSync, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
@@ -79,6 +81,7 @@ impl KvMeta {
                         self.log.mapped_into(unit, &mut batch);
                     }
                     let value = block_value(&entry, checksums);
+                    debug_assert!(BlockValue::decode(&value).is_ok_and(|v| v.block == entry.ssd_block()), "a block record round-trips");
                     count(Counter::kv_block_bytes, key.len(), value.len());
                     batch.insert(&self.blocks, key.to_vec(), value.to_vec());
                 }
@@ -90,7 +93,9 @@ impl KvMeta {
         for &ino in &touched.objects {
             match meta.get(ino) {
                 Some(inode) => {
-                    let (key, record) = (object_prefix(ino), attr_record(&inode.data.lock()).encode());
+                    let attr = attr_record(&inode.data.lock());
+                    let (key, record) = (object_prefix(ino), attr.encode());
+                    debug_assert_eq!(AttrRecord::decode(&record).as_ref(), Ok(&attr), "an attribute record round-trips");
                     count(Counter::kv_attr_bytes, key.len(), record.len());
                     batch.insert(&self.attrs, key.to_vec(), record);
                 }
@@ -107,6 +112,7 @@ impl KvMeta {
             let Some(size) = meta.get(ino).map(|i| i.size()) else { continue };
             if self.durable_sizes.get(&ino) != Some(&size) {
                 let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
+                debug_assert_eq!(Onode::decode(&value).map(|o| o.size), Ok(size), "an onode round-trips");
                 count(Counter::kv_onode_bytes, key.len(), value.len());
                 batch.insert(&self.onodes, key.to_vec(), value.to_vec());
                 sizes.push((ino, Some(size)));
@@ -114,6 +120,7 @@ impl KvMeta {
         }
         for (parent, name) in &touched.names {
             let key = encode_name_key(*parent, name);
+            debug_assert_eq!(decode_name_key(&key), Ok((*parent, &name[..])), "a name key round-trips");
             match meta.child(*parent, name) {
                 Some(ino) => {
                     count(Counter::kv_name_bytes, key.len(), 8);

@@ -22,7 +22,7 @@ use super::kv_error;
 use super::records::{encode_object_id, object_prefix, Onode};
 use crate::codec::Short;
 use crate::device::power_loss::{PowerLog, RecordedDir};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::meta::{Ino, Inode};
 
 /// The file that marks a directory as an alignfs KV store (it holds the volume's uuid), so
@@ -102,10 +102,7 @@ impl KvMeta {
             Some(uuid) => {
                 Err(Error::AlreadyFormatted { device: dir.display().to_string(), found: format!("the KV store of nvstore volume {uuid}") })
             }
-            None => Err(Error::WrongDevices(format!(
-                "{} is not empty and holds no alignfs KV store; name a new or empty directory",
-                dir.display()
-            ))),
+            None => Err(Error::WrongDevices(DeviceProblem::NotAKvStore { dir: dir.to_path_buf() })),
         }
     }
 

@@ -190,7 +190,8 @@ impl MetaState {
     pub fn insert(&self, inode: Inode) {
         let ino = inode.ino;
         self.next_ino.fetch_max(ino.0 + 1, Ordering::SeqCst);
-        self.inodes.write().insert(ino, Arc::new(inode));
+        let previous = self.inodes.write().insert(ino, Arc::new(inode));
+        debug_assert!(previous.is_none(), "inode {} created twice", ino.0);
     }
 
     /// A fresh volume: the root directory only.

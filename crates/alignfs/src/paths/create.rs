@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{default_kv_dir, join_members, ssd_options, DeviceSpec};
 use crate::device::mssd::{MemorySemanticSsd, MssdConfig, MssdOptions};
 use crate::device::{BlockDevice, ByteTier, DeviceSet, FileSsd, IoBackend, PmemRegion};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::MIB;
 use crate::kv::KvMeta;
 use crate::layout::Superblock;
@@ -124,17 +124,16 @@ pub fn check_format_devices(fast: Option<&DeviceSpec>, ssds: &[DeviceSpec], kv: 
 
 /// Whether a profile whose volumes are made of `kind` takes these devices: a fast tier
 /// (or the device's DRAM), how many SSDs, a KV directory.
-fn check_device_set(kind: DeviceKind, fast: bool, ssds: usize, kv: bool, name: &str) -> Result<()> {
-    let refuse = |why: String| Err(Error::WrongDevices(format!("profile {name} {why}")));
-    let max = kind.max_ssds() as usize;
+fn check_device_set(kind: DeviceKind, fast: bool, ssds: usize, kv: bool, name: &'static str) -> Result<()> {
+    let refuse = |rule: &'static str| Err(Error::WrongDevices(DeviceProblem::Profile { profile: name, rule }));
+    let max = kind.max_ssds();
     match (kind, fast) {
-        _ if ssds == 0 => Err(Error::WrongDevices("no SSD named".into())),
-        (DeviceKind::FastTierAndSsd, false) => refuse("needs a fast tier".into()),
-        (DeviceKind::MemorySemanticSsd, false) => refuse("needs the device's DRAM file (--fast)".into()),
-        (DeviceKind::Ssds { .. } | DeviceKind::SsdAndKvStore, true) => refuse("has no fast tier; name only the SSDs".into()),
-        _ if kv && kind != DeviceKind::SsdAndKvStore => refuse("keeps no KV store; drop the KV directory".into()),
-        _ if ssds > max && max == 1 => refuse(format!("takes one SSD, not {ssds}")),
-        _ if ssds > max => refuse(format!("takes {max} SSDs at most, not {ssds}")),
+        _ if ssds == 0 => Err(Error::WrongDevices(DeviceProblem::NoSsd)),
+        (DeviceKind::FastTierAndSsd, false) => refuse("needs a fast tier"),
+        (DeviceKind::MemorySemanticSsd, false) => refuse("needs the device's DRAM file (--fast)"),
+        (DeviceKind::Ssds { .. } | DeviceKind::SsdAndKvStore, true) => refuse("has no fast tier; name only the SSDs"),
+        _ if kv && kind != DeviceKind::SsdAndKvStore => refuse("keeps no KV store; drop the KV directory"),
+        _ if ssds > max as usize => Err(Error::WrongDevices(DeviceProblem::TooManySsds { profile: name, max, given: ssds })),
         _ => Ok(()),
     }
 }

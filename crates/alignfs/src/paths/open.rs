@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::{default_kv_dir, join_members, ssd_options};
 use crate::device::mssd::{LatencyModel, MemorySemanticSsd, MssdOptions, MssdRecovery};
 use crate::device::{BlockDevice, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, SUPERBLOCK_BYTES};
 use crate::layout::Superblock;
 use crate::options::VolumeOptions;
@@ -77,7 +77,7 @@ fn open_devices(
     if let Some(absent) = ssds.iter().find(|p| !p.exists()) {
         return Err(missing(absent));
     }
-    let Some(first) = ssds.first() else { return Err(Error::WrongDevices("no SSD named".into())) };
+    let Some(first) = ssds.first() else { return Err(Error::WrongDevices(DeviceProblem::NoSsd)) };
     let with_faults = |device: Arc<dyn BlockDevice>| -> Arc<dyn BlockDevice> {
         match &faults {
             Some(plan) => Arc::new(FaultyDevice::new(device, Arc::clone(plan))),
@@ -113,7 +113,7 @@ fn open_devices(
         return Ok(Devices::ssd_only(with_faults(device)));
     }
     if ssds.len() > 1 {
-        return Err(Error::WrongDevices(format!("{} holds no multi-SSD volume; name one SSD", first.display())));
+        return Err(Error::WrongDevices(DeviceProblem::NotMultiSsd { path: first.clone() }));
     }
     if !fast.exists() {
         return Err(missing(fast));
@@ -140,7 +140,11 @@ fn open_region(path: &Path, read_only: bool) -> Result<PmemRegion> {
 fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
     let count = first.ssd_count as usize;
     if ssds.len() != count {
-        return Err(Error::WrongDevices(format!("the volume spans {count} SSDs, not {}; name each once", ssds.len())));
+        return Err(Error::WrongDevices(DeviceProblem::SsdCount {
+            volume: first.ssd_count,
+            named: ssds.len(),
+            first_index: first.ssd_index,
+        }));
     }
     let mut ordered: Vec<Option<PathBuf>> = vec![None; count];
     for path in ssds {
@@ -152,7 +156,7 @@ fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
             Some(sb) if ordered.get(sb.ssd_index as usize).is_some_and(Option::is_none) => {
                 ordered[sb.ssd_index as usize] = Some(path.clone())
             }
-            Some(sb) => return Err(Error::WrongDevices(format!("{name} is SSD {} of the volume, which was named twice", sb.ssd_index))),
+            Some(sb) => return Err(Error::WrongDevices(DeviceProblem::SsdNamedTwice { path: path.clone(), index: sb.ssd_index })),
             None => return Err(Error::BadPath(path.clone(), format!("holds no readable superblock of volume {}", first.uuid_string()))),
         }
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::nvm_zone::{BlockLayout, NvmZone, Place, LAYOUT_XATTR};
 use crate::device::TierPrefix;
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::MetaLayout;
 use crate::layout::Superblock;
 use crate::meta::{Ino, Inode};
@@ -49,16 +49,12 @@ impl BlockVolume {
         let engine_devices = match (devices, zone_bytes) {
             (_, 0) => devices.clone(),
             (Devices::FastTierAndSsd { fast, .. }, _) if fast.len_bytes() <= zone_bytes => {
-                return Err(Error::WrongDevices(format!(
-                    "the NVM ranges take {zone_bytes} bytes and the fast tier holds {}: it must also hold the \
-                     volume's metadata and NVM buffer, so make it larger than the ranges (--fast PATH:SIZE)",
-                    fast.len_bytes()
-                )))
+                return Err(Error::WrongDevices(DeviceProblem::NvmRangesFillFastTier { ranges: zone_bytes, fast: fast.len_bytes() }))
             }
             (Devices::FastTierAndSsd { fast, ssd }, _) => {
                 Devices::new(Arc::new(TierPrefix::new(Arc::clone(fast), fast.len_bytes() - zone_bytes)), Arc::clone(ssd))
             }
-            _ => return Err(Error::WrongDevices("NVM ranges need a fast tier (--fast) to hold them".into())),
+            _ => return Err(Error::WrongDevices(DeviceProblem::NvmRangesWithoutFastTier)),
         };
         let block = options.geometry.block();
         let ssd_bytes = devices.ssd().len_bytes();

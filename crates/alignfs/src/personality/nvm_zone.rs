@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::device::ByteTier;
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 
 /// The extended attribute holding a block volume's layout.
 pub(super) const LAYOUT_XATTR: &[u8] = b"alignfs.block-layout";
@@ -163,9 +163,7 @@ impl NvmZone {
         if !ranges.is_empty() {
             let len = tier.as_ref().map_or(0, |t| t.len_bytes());
             if at > len {
-                return Err(Error::WrongDevices(format!(
-                    "the volume's NVM zone ends at byte {at} of the fast tier, which holds {len} bytes"
-                )));
+                return Err(Error::WrongDevices(DeviceProblem::NvmZoneBeyondFastTier { end: at, fast: len }));
             }
         }
         Ok(NvmZone { tier, ranges })

@@ -47,7 +47,7 @@
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TransactionProblem};
 use crate::layout::Superblock;
 use crate::meta::{FileKind, Ino};
 use crate::volume::{Devices, FormatOptions, NamespaceChange, Volume, VolumeOptions, MAX_CHANGES, MAX_NAME_BYTES};
@@ -492,7 +492,7 @@ pub struct Transaction<'s> {
 impl<'s> Transaction<'s> {
     fn push(&mut self, change: NamespaceChange) -> Result<()> {
         if self.changes.len() >= MAX_CHANGES {
-            return Err(Error::InvalidArgument(format!("a transaction holds at most {MAX_CHANGES} changes")));
+            return Err(Error::BadTransaction(TransactionProblem::TooManyChanges { max: MAX_CHANGES, given: MAX_CHANGES + 1 }));
         }
         self.changes.push(change);
         Ok(())

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::{DeviceKind, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::options::VolumeOptions;
 use crate::partition::{Residue, Rules};
@@ -65,7 +65,8 @@ impl ProfileSpec for Byte {
         UPAGE_MAX_CHUNKS
     }
     fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
-        let device = setup.byte.ok_or_else(|| Error::WrongDevices("profile byte needs a memory-semantic SSD".into()))?;
+        let device =
+            setup.byte.ok_or(Error::WrongDevices(DeviceProblem::Profile { profile: "byte", rule: "needs a memory-semantic SSD" }))?;
         let layout = setup.layout;
         let page_bytes = setup.geometry.page_bytes;
         // The host's cache of the device holds residue units as well as SSD blocks.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::ByteTier;
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, MetaLayout, MetaPlacement};
 use crate::journal::{checkpoint_payload, AsIs};
 use crate::kv::FragmentLog;
@@ -125,9 +125,10 @@ impl Profile {
             (DeviceKind::SsdAndKvStore, _) => Ok(MetaStore::Kv),
             (DeviceKind::MemorySemanticSsd, MetaStoreChoice::ProfileDefault | MetaStoreChoice::InPlace) => Ok(MetaStore::InPlaceLines),
             (_, MetaStoreChoice::ProfileDefault | MetaStoreChoice::Journal) => Ok(MetaStore::Journal),
-            (_, MetaStoreChoice::InPlace) => {
-                Err(Error::WrongDevices(format!("profile {} cannot keep metadata in place: that needs a memory-semantic SSD", self.name())))
-            }
+            (_, MetaStoreChoice::InPlace) => Err(Error::WrongDevices(DeviceProblem::Profile {
+                profile: self.name(),
+                rule: "cannot keep metadata in place: that needs a memory-semantic SSD",
+            })),
         }
     }
 }

@@ -14,7 +14,7 @@ use super::{
     drain_when_idle, DeviceKind, EngineApi, FullBlocks, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable,
 };
 use crate::background::{spawn, Wakeup};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::meta::Inode;
 use crate::options::VolumeOptions;
@@ -78,7 +78,9 @@ impl ProfileSpec for NvStore {
         UPAGE_MAX_CHUNKS
     }
     fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
-        let log = setup.fragments.ok_or_else(|| Error::WrongDevices("profile nvstore keeps its fragments in a KV store".into()))?;
+        let log = setup
+            .fragments
+            .ok_or(Error::WrongDevices(DeviceProblem::Profile { profile: "nvstore", rule: "keeps its fragments in a KV store" }))?;
         let (memory, page) = (setup.options.scrap_mem_bytes, setup.geometry.page_bytes);
         Ok(Arc::new(KvFragments::new(Arc::clone(log), memory, page, setup.units_to_restore)?))
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{DeviceKind, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::journal::MAX_ENCODED_SEGMENTS;
 use crate::options::VolumeOptions;
@@ -53,7 +53,7 @@ impl ProfileSpec for Orch {
         UPAGE_MAX_CHUNKS
     }
     fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
-        let fast = setup.fast.ok_or_else(|| Error::WrongDevices("profile orch needs a fast tier (--fast)".into()))?;
+        let fast = setup.fast.ok_or(Error::WrongDevices(DeviceProblem::Profile { profile: "orch", rule: "needs a fast tier (--fast)" }))?;
         let layout = setup.layout;
         Ok(Arc::new(PmemPages::new(Arc::clone(fast), layout.pages_offset, layout.page_count, setup.geometry.page_bytes)))
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{drain_when_idle, DeviceKind, EngineApi, Personality, Policy, Profile, ProfileSpec, Promise, ResidueSetup, Tunable};
 use crate::background::spawn;
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, KIB, UPAGE_MAX_CHUNKS};
 use crate::options::VolumeOptions;
 use crate::partition::{Residue, Rules};
@@ -71,7 +71,8 @@ impl ProfileSpec for Uhs {
     }
     fn residue_store(&self, setup: &ResidueSetup<'_>) -> Result<Arc<dyn ResidueStore>> {
         let (layout, geometry, options) = (setup.layout, setup.geometry, setup.options);
-        let fast = setup.fast.ok_or_else(|| Error::WrongDevices("profile uhs needs an NVM device (--fast)".into()))?;
+        let fast =
+            setup.fast.ok_or(Error::WrongDevices(DeviceProblem::Profile { profile: "uhs", rule: "needs an NVM device (--fast)" }))?;
         if options.segment_bytes < geometry.page() {
             return Err(Error::InvalidArgument(format!(
                 "an NVM buffer segment of {} bytes holds no {}-byte slot",

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
 use super::{Engine, MAP_OPS_PER_RECORD};
-use crate::error::{Error, Result};
+use crate::error::{CloneProblem, Error, Result};
 use crate::map::BlockEntry;
 use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::stats::Counter;
@@ -34,11 +34,11 @@ pub(super) fn clone_file(engine: &Engine, src: Ino, dst: Ino) -> Result<()> {
 pub(super) fn clone_into(engine: &Engine, src: Ino, dst: Ino, offset: u64) -> Result<u64> {
     let block = engine.geometry.block();
     if offset % block != 0 {
-        return Err(Error::InvalidArgument(format!("a clone goes to a multiple of the block size ({block}), not {offset}")));
+        return Err(Error::BadClone(CloneProblem::Unaligned { offset, block }));
     }
     with_both_locked(engine, src, dst, |source, target| {
         if target.size() > offset || target.map.lock().range(offset / block..).next().is_some() {
-            return Err(Error::InvalidArgument(format!("a clone to offset {offset} would replace data of the target")));
+            return Err(Error::BadClone(CloneProblem::WouldReplace(offset)));
         }
         if offset.checked_add(source.size()).is_none_or(|end| end > MAX_FILE_BYTES) {
             return Err(Error::FileTooLarge);
@@ -51,7 +51,7 @@ pub(super) fn clone_into(engine: &Engine, src: Ino, dst: Ino, offset: u64) -> Re
 /// Run `f` on two distinct regular files with both their whole ranges locked.
 pub(super) fn with_both_locked<R>(engine: &Engine, src: Ino, dst: Ino, f: impl FnOnce(&Arc<Inode>, &Arc<Inode>) -> Result<R>) -> Result<R> {
     if src == dst {
-        return Err(Error::InvalidArgument("a file cannot be cloned onto itself".into()));
+        return Err(Error::BadClone(CloneProblem::OntoItself));
     }
     let (source, target) = (engine.file(src)?, engine.file(dst)?);
     engine.check_writable()?;
@@ -103,6 +103,7 @@ pub(super) fn commit_shares(engine: &Engine, ops: &mut Vec<Op>, shared: &mut Vec
 
 #[cfg(test)]
 mod tests {
+    use crate::error::CloneProblem;
     use crate::volume::test_volume as volume;
     use crate::Ino;
 
@@ -124,7 +125,7 @@ mod tests {
         data[7..14].copy_from_slice(b"residue");
         v.write(b, 0, b"old contents of b").unwrap();
         let used = v.inner.blocks.refs.used_count();
-        assert!(matches!(v.clone_file(a, a), Err(crate::Error::InvalidArgument(_))));
+        assert!(matches!(v.clone_file(a, a), Err(crate::Error::BadClone(CloneProblem::OntoItself))));
         assert!(matches!(v.clone_file(a, Ino::ROOT), Err(crate::Error::IsDir)));
         v.clone_file(a, b).unwrap();
         // The tail block held only residue and became an SSD block; no data was copied.
@@ -164,10 +165,10 @@ mod tests {
             assert_eq!(read_all(&v, whole), expected, "after part {i}");
         }
         let end = expected.len() as u64;
-        assert!(matches!(v.clone_into(whole, whole, 0), Err(crate::Error::InvalidArgument(_))));
+        assert!(matches!(v.clone_into(whole, whole, 0), Err(crate::Error::BadClone(CloneProblem::OntoItself))));
         let part0 = v.lookup(Ino::ROOT, b"part0").unwrap().ino;
-        assert!(matches!(v.clone_into(part0, whole, block), Err(crate::Error::InvalidArgument(_))), "would replace data");
-        assert!(matches!(v.clone_into(part0, whole, end + 1), Err(crate::Error::InvalidArgument(_))), "unaligned");
+        assert!(matches!(v.clone_into(part0, whole, block), Err(crate::Error::BadClone(CloneProblem::WouldReplace(_)))));
+        assert!(matches!(v.clone_into(part0, whole, end + 1), Err(crate::Error::BadClone(CloneProblem::Unaligned { .. }))));
         assert!(matches!(v.clone_into(part0, whole, u64::MAX - block + 1), Err(crate::Error::FileTooLarge)));
         assert_eq!(read_all(&v, whole), expected, "refused clones change nothing");
         // A hole before a clone past the end reads as zeros.

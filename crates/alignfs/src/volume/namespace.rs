@@ -4,7 +4,7 @@ use super::resize;
 use std::sync::atomic::Ordering;
 
 use super::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, TransactionProblem};
 use crate::meta::{now_ns, Attr, FileKind, Ino, Inode, NamespaceOp, Op, TimeNs, XATTR_NAME_MAX, XATTR_TOTAL_MAX, XATTR_VALUE_MAX};
 
 pub use crate::meta::{MAX_NAME_BYTES, MAX_SYMLINK_BYTES};
@@ -162,13 +162,13 @@ pub(super) fn plan_rename(
     let target = child(engine, to_parent, to_name)?;
     let source_dir = engine.get(source)?.kind == FileKind::Dir;
     if source_dir && is_ancestor(engine, source, to_parent) {
-        return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+        return Err(Error::MoveIntoItself);
     }
     let mut free = None;
     if flags.exchange {
         let target = target.ok_or(Error::NotFound)?;
         if engine.get(target)?.kind == FileKind::Dir && is_ancestor(engine, target, from_parent) {
-            return Err(Error::InvalidArgument("cannot move a directory into itself".into()));
+            return Err(Error::MoveIntoItself);
         }
     } else if let Some(target) = target {
         if flags.no_replace {
@@ -396,13 +396,13 @@ pub(super) fn rename(
 /// Apply `changes` as one transaction: every change is checked first, then all are
 /// committed in one metadata record, so a crash leaves all of them or none. Each is
 /// checked against the namespace as it was before the transaction, so a transaction
-/// is refused (`InvalidArgument`) unapplied if it touches a name twice, drops two
+/// is refused (`BadTransaction`) unapplied if it touches a name twice, drops two
 /// names of one inode, sets an attribute of an inode it drops, or sets two
 /// attributes of one inode.
 pub(super) fn commit_changes(engine: &Engine, changes: &[NamespaceChange]) -> Result<()> {
     engine.check_writable()?;
     if changes.len() > MAX_CHANGES {
-        return Err(Error::InvalidArgument(format!("a transaction holds at most {MAX_CHANGES} changes, not {}", changes.len())));
+        return Err(Error::BadTransaction(TransactionProblem::TooManyChanges { max: MAX_CHANGES, given: changes.len() }));
     }
     let _ns = engine.namespace.lock();
     let mut names = std::collections::HashSet::new();
@@ -411,7 +411,7 @@ pub(super) fn commit_changes(engine: &Engine, changes: &[NamespaceChange]) -> Re
         if names.insert((parent, name.to_vec())) {
             Ok(())
         } else {
-            Err(Error::InvalidArgument(format!("a transaction changes the name {:?} twice", String::from_utf8_lossy(name))))
+            Err(Error::BadTransaction(TransactionProblem::NameChangedTwice(name.to_vec())))
         }
     };
     let mut ops = Vec::new();
@@ -431,7 +431,7 @@ pub(super) fn commit_changes(engine: &Engine, changes: &[NamespaceChange]) -> Re
             }
             NamespaceChange::SetXattr { ino, name, value } => {
                 if xattrs.iter().any(|(other, _)| other == ino) {
-                    return Err(Error::InvalidArgument(format!("a transaction sets two attributes of inode {}", ino.0)));
+                    return Err(Error::BadTransaction(TransactionProblem::AttributesSetTwice(ino.0)));
                 }
                 xattrs.push((*ino, plan_xattr(engine, *ino, name, Some(value), XattrSet::CreateOrReplace)?));
                 continue;
@@ -439,13 +439,13 @@ pub(super) fn commit_changes(engine: &Engine, changes: &[NamespaceChange]) -> Re
         };
         if let Some(ino) = replaced {
             if !dropped.insert(ino) {
-                return Err(Error::InvalidArgument(format!("a transaction drops two names of inode {}", ino.0)));
+                return Err(Error::BadTransaction(TransactionProblem::NamesDroppedTwice(ino.0)));
             }
         }
         ops.extend(planned);
     }
     if let Some((ino, _)) = xattrs.iter().find(|(ino, _)| dropped.contains(ino)) {
-        return Err(Error::InvalidArgument(format!("a transaction sets an attribute of inode {} while removing it", ino.0)));
+        return Err(Error::BadTransaction(TransactionProblem::AttributeOfRemoved(ino.0)));
     }
     // Attributes first, before any op of the record frees an inode.
     let ops: Vec<Op> = xattrs.into_iter().map(|(_, op)| op).chain(ops).collect();

@@ -13,7 +13,7 @@ use super::{resize, Devices, FormatOptions, RecoveryReport, Volume, VolumeOption
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, ByteTier, IoOp, IoRequest};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, MetaLayout, SUPERBLOCK_BYTES};
 use crate::journal::{
     checkpoint_payload, decode_ops, AsIs, CheckpointSlots, Journal, JournalStore, MetaMedium, MetaStore, PmemWindow, Replay, SsdWindow,
@@ -105,7 +105,11 @@ fn new_superblock(options: &FormatOptions, fast_bytes: u64, ssd: &dyn BlockDevic
     let ssd_count = u32::try_from(ssd.member_count()).unwrap_or(u32::MAX);
     let max_ssds = options.profile.devices().max_ssds();
     if ssd_count > max_ssds {
-        return Err(Error::WrongDevices(format!("profile {} takes {max_ssds} SSDs at most, not {ssd_count}", options.profile.name())));
+        return Err(Error::WrongDevices(DeviceProblem::TooManySsds {
+            profile: options.profile.name(),
+            max: max_ssds,
+            given: ssd_count as usize,
+        }));
     }
     if ssd_bytes / geometry.block() < 2 {
         return Err(Error::Geometry(format!("SSD of {} bytes holds fewer than two {}-byte blocks", ssd.len_bytes(), geometry.block())));
@@ -167,12 +171,11 @@ pub(super) fn format(devices: &Devices, options: &FormatOptions) -> Result<Super
     profile.validate_geometry(&options.geometry)?;
     let kind = profile.devices();
     if !devices.are(kind) {
-        return Err(Error::WrongDevices(format!(
-            "profile {} is made of {}, not {}",
-            profile.name(),
-            kind.describe(),
-            devices.describe_kind()
-        )));
+        return Err(Error::WrongDevices(DeviceProblem::Kind {
+            profile: profile.name(),
+            needs: kind.describe(),
+            given: devices.describe_kind(),
+        }));
     }
     match devices {
         Devices::FastTierAndSsd { fast, ssd } => format_with_fast_tier(fast, ssd.as_ref(), options),
@@ -200,7 +203,7 @@ pub(super) fn open(devices: Devices, options: VolumeOptions) -> Result<Volume> {
     let kind = superblock.profile.devices();
     if !devices.are(kind) {
         let profile = superblock.profile.name();
-        return Err(Error::WrongDevices(format!("a {profile} volume is made of {}, not {}", kind.describe(), devices.describe_kind())));
+        return Err(Error::WrongDevices(DeviceProblem::Kind { profile, needs: kind.describe(), given: devices.describe_kind() }));
     }
     let superblock = match &devices {
         Devices::SsdAndKvStore { dir, .. } if !options.read_only => {
@@ -550,18 +553,14 @@ fn check_on_ssd(ssd: &dyn BlockDevice) -> Result<(Superblock, String)> {
     let ssd_name = format!("SSD {}", ssd.describe());
     let superblock = Superblock::decode(&read_ssd_superblock(ssd, 0)?, &ssd_name)?;
     if superblock.fast_bytes > 0 {
-        return Err(Error::WrongDevices(format!(
-            "{ssd_name} holds an {} volume, which needs its fast tier too (--fast)",
-            superblock.profile.name()
-        )));
+        return Err(Error::WrongDevices(DeviceProblem::FastTierMissing { ssd: ssd_name, profile: superblock.profile.name() }));
     }
     if ssd.member_count() != superblock.ssd_count as usize || superblock.ssd_index != 0 {
-        return Err(Error::WrongDevices(format!(
-            "the volume spans {} SSDs; name them all, in any order ({} given, the first holding SSD {})",
-            superblock.ssd_count,
-            ssd.member_count(),
-            superblock.ssd_index
-        )));
+        return Err(Error::WrongDevices(DeviceProblem::SsdCount {
+            volume: superblock.ssd_count,
+            named: ssd.member_count(),
+            first_index: superblock.ssd_index,
+        }));
     }
     for member in 1..u64::from(superblock.ssd_count) {
         let name = format!("SSD {member} of {}", superblock.ssd_count);

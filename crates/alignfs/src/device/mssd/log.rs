@@ -18,7 +18,7 @@ impl Inner {
     pub(super) fn check_range(&self, addr: u64, len: u64) -> Result<()> {
         let size = u64::from(self.layout.logical_pages) * PAGE;
         if addr.checked_add(len).is_none_or(|end| end > size) {
-            return Err(Error::InvalidArgument(format!("{len} bytes at {addr} lie beyond the device's {size} bytes")));
+            return Err(Error::OutOfRange { offset: addr, len, size });
         }
         Ok(())
     }
@@ -35,7 +35,7 @@ impl Inner {
         let limit = self.layout.log_bytes - self.layout.log_bytes / RESERVE_DIVISOR;
         let mut st = self.log_with_room(&sizes, limit, |st| {
             if txid != 0 && !st.open.contains_key(&txid) {
-                return Err(Error::InvalidArgument(format!("transaction {txid} is not open")));
+                return Err(Error::NoSuchTransaction(txid));
             }
             Ok(())
         })?;
@@ -149,7 +149,7 @@ impl Inner {
         loop {
             let mut st = self.log.lock();
             if !st.open.contains_key(&txid) {
-                return Err(Error::InvalidArgument(format!("transaction {txid} is not open")));
+                return Err(Error::NoSuchTransaction(txid));
             }
             let active = st.active;
             let count = st.txlogs[active].len() as u64;
@@ -179,7 +179,7 @@ impl Inner {
 
     pub(super) fn trim(&self, addr: u64, len: u64) -> Result<()> {
         if addr % PAGE != 0 || len % PAGE != 0 {
-            return Err(Error::InvalidArgument(format!("a trim of {len} bytes at {addr} is not in whole 4 KiB pages")));
+            return Err(Error::Unaligned { what: "a trim", offset: addr, len, unit: PAGE });
         }
         self.check_range(addr, len)?;
         for lpa in (addr / PAGE) as u32..((addr + len) / PAGE) as u32 {

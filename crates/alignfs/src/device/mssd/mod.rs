@@ -43,7 +43,7 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::{AlignedBuf, BlockDevice, ByteTier, IoOp, IoRequest};
-use crate::error::{Error, Result};
+use crate::error::{DeviceProblem, Error, Result};
 use ftl::Ftl;
 use index::Index;
 use latency::settle;
@@ -446,12 +446,12 @@ fn check_label(layout: &Layout, flash: &dyn BlockDevice, dram: &dyn ByteTier) ->
     let page =
         super::run_batch(flash, vec![IoRequest { op: IoOp::Read, offset_bytes: label_at(flash), buf: AlignedBuf::zeroed(PAGE as usize) }])?;
     match flash_label(&page[0]) {
-        Some(id) if id != layout.incarnation => Err(Error::WrongDevices(format!(
-            "the flash image {} belongs to memory-semantic SSD {id:016x}, the DRAM {} to {:016x}: name the DRAM and flash of one device",
-            flash.describe(),
-            dram.describe(),
-            layout.incarnation
-        ))),
+        Some(id) if id != layout.incarnation => Err(Error::WrongDevices(DeviceProblem::MssdHalves {
+            flash: flash.describe(),
+            flash_device: id,
+            dram: dram.describe(),
+            dram_device: layout.incarnation,
+        })),
         _ => Ok(()),
     }
 }

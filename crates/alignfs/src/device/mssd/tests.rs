@@ -244,10 +244,10 @@ fn an_open_transaction_survives_cleaning_and_stays_atomic() {
 fn bad_requests_are_errors_that_change_nothing() {
     let media = media();
     let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
-    assert!(matches!(ssd.store(None, LOGICAL - 2, b"abc"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(ssd.store(Some(TxId(99)), 0, b"abc"), Err(Error::InvalidArgument(_))));
-    assert!(matches!(ssd.commit(TxId(99)), Err(Error::InvalidArgument(_))));
-    assert!(matches!(ssd.trim(100, PAGE), Err(Error::InvalidArgument(_))));
+    assert!(matches!(ssd.store(None, LOGICAL - 2, b"abc"), Err(Error::OutOfRange { .. })));
+    assert!(matches!(ssd.store(Some(TxId(99)), 0, b"abc"), Err(Error::NoSuchTransaction(99))));
+    assert!(matches!(ssd.commit(TxId(99)), Err(Error::NoSuchTransaction(99))));
+    assert!(matches!(ssd.trim(100, PAGE), Err(Error::Unaligned { .. })));
     let mut out = [0u8; 8];
     assert!(ssd.load(LOGICAL - 4, &mut out).is_err());
     let buf = AlignedBuf::zeroed(PAGE as usize);
