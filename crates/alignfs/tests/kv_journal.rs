@@ -103,8 +103,8 @@ fn a_flushed_journal_is_reused_and_its_old_entries_are_not_read_again() {
 
     fill_and_flush(&keyspace, 2);
     // The second journal was written into the first one's file (same length), and is
-    // itself kept now.
-    let active = files_with_extension(dir.path(), "jnl");
+    // itself kept now: the flush evicts it in the background, so wait for that.
+    let active = wait_for_active_journals(dir.path(), 1);
     assert_eq!(active.len(), 1, "{active:?}");
     assert!(!recycled[0].exists(), "the kept journal was reused");
     assert_eq!(wait_for_kept_journals(dir.path(), 1).len(), 1);
@@ -262,6 +262,17 @@ fn a_journal_sealed_before_a_restart_is_reused_once_flushed() {
 }
 
 /// The journals kept for reuse, once there are `count` (flushes run in the background).
+fn wait_for_active_journals(dir: &Path, count: usize) -> Vec<PathBuf> {
+    for _ in 0..500 {
+        let active = files_with_extension(dir, "jnl");
+        if active.len() <= count {
+            return active;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    files_with_extension(dir, "jnl")
+}
+
 fn wait_for_kept_journals(dir: &Path, count: usize) -> Vec<PathBuf> {
     for _ in 0..500 {
         let kept = files_with_extension(dir, "recycled");
