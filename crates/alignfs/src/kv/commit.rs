@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::journal::{CommitContext, GroupSync, MetaStore, MetaUsage};
 use crate::layout::BlockChecksums;
 use crate::map::BlockEntry;
-use crate::meta::{Freed, Ino, InodeData, Op, Touched};
+use crate::meta::{Freed, Ino, Op, Touched};
 use crate::stats::Counter;
 
 use super::store::*;
@@ -93,7 +93,7 @@ impl KvMeta {
         for &ino in &touched.objects {
             match meta.get(ino) {
                 Some(inode) => {
-                    let attr = attr_record(&inode.data.lock());
+                    let attr = AttrRecord::of(&inode.data.lock());
                     let (key, record) = (object_prefix(ino), attr.encode());
                     debug_assert_eq!(AttrRecord::decode(&record).as_ref(), Ok(&attr), "an attribute record round-trips");
                     count(Counter::kv_attr_bytes, key.len(), record.len());
@@ -205,21 +205,4 @@ pub(super) fn block_value(entry: &BlockEntry, checksums: Option<&BlockChecksums>
         BlockEntry::Fast { .. } => BlockValue { csum: 0, block: None, fragments: true, shared: false },
     }
     .encode()
-}
-
-pub(super) fn attr_record(data: &InodeData) -> AttrRecord {
-    let a = &data.attr;
-    AttrRecord {
-        kind: a.kind,
-        perm: a.perm,
-        uid: a.uid,
-        gid: a.gid,
-        nlink: a.nlink,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        parent: data.parent,
-        target: data.target.clone(),
-        xattrs: data.xattrs.clone(),
-    }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use crate::codec::{Decoder, Encoder, Short};
 use crate::map::SsdBlock;
-use crate::meta::{FileKind, Ino, TimeNs, MAX_NAME_BYTES as NAME_MAX, MAX_SYMLINK_BYTES, XATTR_NAME_MAX, XATTR_VALUE_MAX};
+use crate::meta::{FileKind, Ino, InodeData, TimeNs, MAX_NAME_BYTES as NAME_MAX, MAX_SYMLINK_BYTES, XATTR_NAME_MAX, XATTR_VALUE_MAX};
 
 pub const BLOCK_KEY_BYTES: usize = 16;
 pub const BLOCK_VALUE_BYTES: usize = 13;
@@ -225,6 +225,24 @@ pub struct AttrRecord {
 }
 
 impl AttrRecord {
+    /// The record of an object's attributes as they are in memory.
+    pub fn of(data: &InodeData) -> AttrRecord {
+        let a = &data.attr;
+        AttrRecord {
+            kind: a.kind,
+            perm: a.perm,
+            uid: a.uid,
+            gid: a.gid,
+            nlink: a.nlink,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            parent: data.parent,
+            target: data.target.clone(),
+            xattrs: data.xattrs.clone(),
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Encoder::new();
         e.u8(self.kind as u8).u16(self.perm).u32(self.uid).u32(self.gid).u32(self.nlink);

@@ -15,11 +15,10 @@ use std::sync::Arc;
 use fjall::{CompressionType, Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions, PersistMode};
 use parking_lot::{Condvar, Mutex};
 
-use super::commit::attr_record;
 use super::fragments::FragmentLog;
 use super::group::{KvGroupSync, SyncState};
 use super::kv_error;
-use super::records::{encode_object_id, object_prefix, Onode};
+use super::records::{encode_object_id, object_prefix, AttrRecord, Onode};
 use crate::codec::Short;
 use crate::device::power_loss::{PowerLog, RecordedDir};
 use crate::error::{DeviceProblem, Error, Result};
@@ -74,7 +73,7 @@ impl KvMeta {
         let mut batch = store.db.batch().durability(Some(PersistMode::SyncAll));
         batch.insert(&store.volume, UUID_KEY, uuid.to_vec());
         batch.insert(&store.volume, NEXT_INO_KEY, encode_object_id(Ino(root.ino.0 + 1)).to_vec());
-        batch.insert(&store.attrs, object_prefix(root.ino).to_vec(), attr_record(&root.data.lock()).encode());
+        batch.insert(&store.attrs, object_prefix(root.ino).to_vec(), AttrRecord::of(&root.data.lock()).encode());
         batch.insert(&store.onodes, object_prefix(root.ino).to_vec(), Onode { size: 0, flags: 0 }.encode().to_vec());
         batch.commit().map_err(|e| kv_error(dir, "format", e))?;
         let marker = dir.join(MARKER);

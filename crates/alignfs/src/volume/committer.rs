@@ -8,11 +8,30 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::engine::Engine;
+use super::migrator::Migrator;
 use crate::error::{Error, Result};
+#[cfg(debug_assertions)]
+use crate::geometry::Geometry;
 use crate::journal::{CommitContext, MetaStore, MetaUsage};
-use crate::meta::{apply, DataOp, FileKind, Freed, Ino, NamespaceOp, Op};
-use crate::stats::Counter;
+use crate::layout::BlockChecksums;
+use crate::meta::{apply, DataOp, FileKind, Freed, Ino, MetaState, NamespaceOp, Op};
+use crate::profile::{EngineApi, Policy};
+use crate::stats::{Counter, Stats};
+
+/// What a commit borrows from the engine it runs in.
+pub(super) struct CommitEnv<'a> {
+    /// The engine, as the profile's commit hooks see it.
+    pub api: &'a dyn EngineApi,
+    pub policy: &'a dyn Policy,
+    pub meta: &'a MetaState,
+    pub stats: &'a Stats,
+    pub checksums: Option<&'a BlockChecksums>,
+    /// For the debug checks of what a commit writes.
+    #[cfg(debug_assertions)]
+    pub geometry: Geometry,
+    /// Woken when the store wants a checkpoint.
+    pub migrator: &'a Migrator,
+}
 
 pub(crate) struct Committer {
     /// The commit lock and the store it guards.
@@ -35,7 +54,7 @@ impl Committer {
     /// units they released, which the caller frees (after waiting out users of removed
     /// inodes). The profile may persist less than `ops`: what a crash would keep of them,
     /// and nothing at all when that is nothing.
-    pub(super) fn commit(&self, engine: &Engine, ops: &[Op]) -> Result<Freed> {
+    pub(super) fn commit(&self, engine: &CommitEnv<'_>, ops: &[Op]) -> Result<Freed> {
         let committing = Committing::enter(&self.committing);
         let mut store = self.store.lock();
         for op in ops {
@@ -51,19 +70,19 @@ impl Committer {
             }
         }
         let scratch_only = self.scratch_only(engine, ops);
-        let projection = engine.policy.project(engine, ops);
+        let projection = engine.policy.project(engine.api, ops);
         let journaled = projection.as_ref().map_or(ops, |p| p.journal.as_slice());
         let mut apply_all = || {
             let mut freed = Freed::default();
             for op in ops {
-                let released = apply(&engine.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
+                let released = apply(engine.meta, op).unwrap_or_else(|e| panic!("validated op failed to apply: {} ({op:?})", e.0));
                 freed.extend(released);
             }
             freed
         };
         let freed = with_commit_context(engine, |cx| store.commit(cx, journaled, &mut apply_all))?;
         if let Some(projection) = projection {
-            engine.policy.committed(engine, projection, &freed);
+            engine.policy.committed(engine.api, projection, &freed);
         }
         self.track_scratch(engine, ops);
         if store.wants_checkpoint() {
@@ -89,7 +108,7 @@ impl Committer {
 
     /// Whether every op changes only scratch files (or the scratch directory's entries
     /// for them). Decided before the ops apply; false whenever in doubt.
-    fn scratch_only(&self, engine: &Engine, ops: &[Op]) -> bool {
+    fn scratch_only(&self, engine: &CommitEnv<'_>, ops: &[Op]) -> bool {
         let Some(&dir) = self.scratch_dir.get() else { return false };
         let scratch = |ino: &Ino| engine.meta.get(*ino).is_some_and(|inode| inode.scratch.load(Ordering::SeqCst));
         !ops.is_empty()
@@ -110,7 +129,7 @@ impl Committer {
 
     /// After `ops` applied: a file created in the scratch directory is scratch; one that
     /// gains a name elsewhere is not any more.
-    fn track_scratch(&self, engine: &Engine, ops: &[Op]) {
+    fn track_scratch(&self, engine: &CommitEnv<'_>, ops: &[Op]) {
         let Some(&dir) = self.scratch_dir.get() else { return };
         let set = |ino: Ino, scratch: bool| {
             if let Some(inode) = engine.meta.get(ino) {
@@ -135,7 +154,7 @@ impl Committer {
     }
 
     /// Write a checkpoint now (the store's log restarts empty).
-    pub(super) fn checkpoint(&self, engine: &Engine) -> Result<()> {
+    pub(super) fn checkpoint(&self, engine: &CommitEnv<'_>) -> Result<()> {
         let mut store = self.store.lock();
         with_commit_context(engine, |cx| store.checkpoint(cx))
     }
@@ -167,13 +186,13 @@ impl Committer {
 }
 
 /// Run `f` with what the metadata store borrows from the engine.
-fn with_commit_context<R>(engine: &Engine, f: impl FnOnce(&CommitContext<'_>) -> R) -> R {
-    let payload = || engine.policy.checkpoint_payload(engine);
+fn with_commit_context<R>(engine: &CommitEnv<'_>, f: impl FnOnce(&CommitContext<'_>) -> R) -> R {
+    let payload = || engine.policy.checkpoint_payload(engine.api);
     f(&CommitContext {
-        stats: &engine.stats,
-        meta: &engine.meta,
+        stats: engine.stats,
+        meta: engine.meta,
         checkpoint_payload: &payload,
-        checksums: engine.blocks.checksums(),
+        checksums: engine.checksums,
         #[cfg(debug_assertions)]
         pages_per_block: engine.geometry.pages_per_block(),
         #[cfg(debug_assertions)]

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::block_store::BlockStore;
-use super::committer::Committer;
-use super::migrate::Migrator;
+use super::committer::{CommitEnv, Committer};
+use super::migrator::Migrator;
 use crate::device::mssd::MemorySemanticSsd;
 use crate::device::ByteTier;
 use crate::error::{Error, Result};
@@ -134,7 +134,21 @@ impl Engine {
     /// [`Engine::release_freed`].
     pub(crate) fn commit(&self, ops: &[Op]) -> Result<Freed> {
         self.check_writable()?;
-        self.committer.commit(self, ops)
+        self.committer.commit(&self.commit_env(), ops)
+    }
+
+    /// What the committer borrows for a commit or a checkpoint.
+    fn commit_env(&self) -> CommitEnv<'_> {
+        CommitEnv {
+            api: self as &dyn EngineApi,
+            policy: self.policy.as_ref(),
+            meta: &self.meta,
+            stats: &self.stats,
+            checksums: self.blocks.checksums(),
+            #[cfg(debug_assertions)]
+            geometry: self.geometry,
+            migrator: &self.migrator,
+        }
     }
 
     /// Return units to their allocators.
@@ -160,7 +174,7 @@ impl Engine {
     /// Write a checkpoint now (the metadata store's log restarts empty).
     pub(super) fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
-        self.committer.checkpoint(self)
+        self.committer.checkpoint(&self.commit_env())
     }
 
     /// Every counter's value, in [`Counter::ALL`] order.
@@ -183,49 +197,5 @@ impl Engine {
     /// Writes the volume's callers made since it opened: unchanged means idle.
     pub(crate) fn writes_so_far(&self) -> u64 {
         self.stats.get(Counter::app_writes)
-    }
-}
-
-impl EngineApi for Engine {
-    fn geometry(&self) -> Geometry {
-        self.geometry
-    }
-    fn meta(&self) -> &MetaState {
-        &self.meta
-    }
-    fn counters(&self) -> Vec<u64> {
-        Engine::counters(self)
-    }
-    fn shutting_down(&self) -> bool {
-        Engine::shutting_down(self)
-    }
-    fn writes_so_far(&self) -> u64 {
-        Engine::writes_so_far(self)
-    }
-    fn ssd_count(&self) -> usize {
-        self.blocks.ssd_count()
-    }
-    fn ssd_busy(&self, member: usize) -> bool {
-        self.blocks.busy(member)
-    }
-    fn ssd_of(&self, block: SsdBlock) -> usize {
-        self.blocks.member_of(block.0 * self.geometry.block())
-    }
-    fn merge_batch(&self) -> usize {
-        self.migrator.batch(self)
-    }
-    fn merge_blocks(&self, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
-        self.migrator.merge_blocks_watched(self, blocks, cause)
-    }
-    fn merge_file_locked(&self, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
-        self.migrator.merge_file_locked(self, inode, cause)
-    }
-    fn drain_residue(&self, cause: Counter) -> Result<u64> {
-        self.migrator.drain(self, cause)
-    }
-    fn commit(&self, ops: &[Op]) -> Result<()> {
-        let freed = Engine::commit(self, ops)?;
-        self.release_freed(freed);
-        Ok(())
     }
 }

@@ -3,11 +3,10 @@
 //! writer's own merges) or watching them (background work).
 
 use super::read;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::background::{spawn, Wakeup};
+use crate::background::spawn;
 use std::sync::Arc;
 
 use super::block_store::{Placement, Target};
@@ -18,398 +17,369 @@ use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
 
-/// Merges of residue into whole blocks, and the maintenance thread that starts them
-/// past the residue tier's high watermark (and checkpoints the metadata store).
-#[derive(Default)]
-pub(crate) struct Migrator {
-    /// Background merges between their first allocation and their commit.
-    merges_in_flight: AtomicU64,
-    /// Wakes the maintenance thread.
-    due: Wakeup,
+/// Merge one block's residue into its SSD block. The caller holds the block's range
+/// lock. Returns whether anything moved.
+pub(crate) fn merge_block_locked(engine: &Engine, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
+    Ok(merge_blocks_locked(engine, vec![(Arc::clone(inode), lblock)], cause)? > 0)
 }
 
-impl Migrator {
-    /// Wake the maintenance thread: migration may be due, or a checkpoint, or shutdown.
-    pub(super) fn wake(&self) {
-        self.due.notify();
-    }
-
-    /// Wait until no background merge is in flight.
-    pub(super) fn settle(&self) {
-        while self.merges_in_flight.load(Ordering::SeqCst) > 0 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-
-    /// Merge one block's residue into its SSD block. The caller holds the block's range
-    /// lock. Returns whether anything moved.
-    pub(crate) fn merge_block_locked(&self, engine: &Engine, inode: &Arc<Inode>, lblock: u64, cause: Counter) -> Result<bool> {
-        Ok(self.merge_blocks_locked(engine, vec![(Arc::clone(inode), lblock)], cause)? > 0)
-    }
-
-    /// Merge the residue of several blocks into SSD blocks ([`Migrator::write_staged`]), with
-    /// one flush and one journal record for all. The caller holds every block's range lock.
-    /// Returns how many blocks moved.
-    pub(crate) fn merge_blocks_locked(&self, engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
-        let mut staged = Vec::with_capacity(blocks.len());
-        for (inode, lblock) in blocks {
-            match self.stage(engine, inode, lblock) {
-                Ok(Some(one)) => staged.push(one),
-                Ok(None) => {}
-                Err(e) => {
-                    engine.blocks.buffers.give(staged.into_iter().map(|(_, image)| image));
-                    return Err(e);
-                }
-            }
-        }
-        let (work, images): (Vec<Staged>, Vec<AlignedBuf>) = staged.into_iter().unzip();
-        if work.is_empty() {
-            return Ok(0);
-        }
-        let targets = self.write_staged(engine, &work, images, false)?;
-        self.commit_merged(engine, work, targets, cause)
-    }
-
-    /// Merge every block of `inode` that holds residue, a batch at a time. The caller holds
-    /// the whole file's range lock.
-    pub(crate) fn merge_file_locked(&self, engine: &Engine, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
-        let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
-        for batch in held.chunks(self.batch(engine)) {
-            self.merge_blocks_locked(engine, batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), cause)?;
-        }
-        Ok(())
-    }
-
-    /// [`Migrator::merge_blocks_locked`] for blocks the caller does not hold. Each block is
-    /// locked only while its residue is copied out and while its merge is committed, so
-    /// writers are not held up by the IO and the flush in between. A block a writer holds
-    /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
-    /// unused): those blocks are returned with the count of blocks that moved.
-    pub(crate) fn merge_blocks_watched(
-        &self,
-        engine: &Engine,
-        blocks: Vec<(Arc<Inode>, u64)>,
-        cause: Counter,
-    ) -> Result<(u64, Vec<(Ino, u64)>)> {
-        self.merges_in_flight.fetch_add(1, Ordering::SeqCst);
-        let result = self.start_watched_merge(engine, blocks).and_then(|merging| self.finish_watched_merge(engine, merging, cause));
-        self.merges_in_flight.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-
-    /// The first half of [`Migrator::merge_blocks_watched`]: copy out, write, flush.
-    fn start_watched_merge(&self, engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
-        let mut merging = WatchedMerge::default();
-        let mut images = Vec::new();
-        let mut failed = None;
-        for (inode, lblock) in blocks {
-            // A block a writer is in, or another migration has, is left alone.
-            let Some(guard) = inode.range.try_write_and_watch(lblock) else {
-                merging.left.push((inode.ino, lblock));
-                continue;
-            };
-            match self.stage(engine, Arc::clone(&inode), lblock) {
-                Ok(Some((staged, image))) => {
-                    // The merge reads this SSD block after the lock is dropped; a writer
-                    // may then replace and free it. The pin keeps it allocated (so never
-                    // rewritten under the read) until the reads are done.
-                    if let Some(block) = staged.entry.ssd_block() {
-                        engine.blocks.refs.pin(block.0);
-                    }
-                    merging.work.push(staged);
-                    images.push(image);
-                }
-                Ok(None) => inode.range.unwatch(lblock),
-                Err(e) => {
-                    inode.range.unwatch(lblock);
-                    failed = Some(e);
-                    break;
-                }
-            }
-            drop(guard);
-        }
-        let written = match failed {
-            Some(e) => {
-                engine.blocks.buffers.give(images);
-                Err(e)
-            }
-            None if merging.work.is_empty() => return Ok(merging),
-            None => self.write_staged(engine, &merging.work, images, true),
-        };
-        engine.blocks.refs.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
-        match written {
-            Ok(targets) => merging.targets = targets,
+/// Merge the residue of several blocks into SSD blocks ([`write_staged`]), with
+/// one flush and one journal record for all. The caller holds every block's range lock.
+/// Returns how many blocks moved.
+pub(crate) fn merge_blocks_locked(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<u64> {
+    let mut staged = Vec::with_capacity(blocks.len());
+    for (inode, lblock) in blocks {
+        match stage(engine, inode, lblock) {
+            Ok(Some(one)) => staged.push(one),
+            Ok(None) => {}
             Err(e) => {
-                for staged in &merging.work {
+                engine.blocks.buffers.give(staged.into_iter().map(|(_, image)| image));
+                return Err(e);
+            }
+        }
+    }
+    let (work, images): (Vec<Staged>, Vec<AlignedBuf>) = staged.into_iter().unzip();
+    if work.is_empty() {
+        return Ok(0);
+    }
+    let targets = write_staged(engine, &work, images, false)?;
+    commit_merged(engine, work, targets, cause)
+}
+
+/// Merge every block of `inode` that holds residue, a batch at a time. The caller holds
+/// the whole file's range lock.
+pub(crate) fn merge_file_locked(engine: &Engine, inode: &Arc<Inode>, cause: Counter) -> Result<()> {
+    let held: Vec<u64> = inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, _)| lb).collect();
+    for batch in held.chunks(blocks_per_merge(engine)) {
+        merge_blocks_locked(engine, batch.iter().map(|&lb| (Arc::clone(inode), lb)).collect(), cause)?;
+    }
+    Ok(())
+}
+
+/// [`merge_blocks_locked`] for blocks the caller does not hold. Each block is
+/// locked only while its residue is copied out and while its merge is committed, so
+/// writers are not held up by the IO and the flush in between. A block a writer holds
+/// at either moment, or locks in between, keeps its residue (its new SSD block is freed
+/// unused): those blocks are returned with the count of blocks that moved.
+pub(crate) fn merge_blocks_watched(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+    engine.migrator.merge_started();
+    let result = start_watched_merge(engine, blocks).and_then(|merging| finish_watched_merge(engine, merging, cause));
+    engine.migrator.merge_ended();
+    result
+}
+
+/// The first half of [`merge_blocks_watched`]: copy out, write, flush.
+fn start_watched_merge(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
+    let mut merging = WatchedMerge::default();
+    let mut images = Vec::new();
+    let mut failed = None;
+    for (inode, lblock) in blocks {
+        // A block a writer is in, or another migration has, is left alone.
+        let Some(guard) = inode.range.try_write_and_watch(lblock) else {
+            merging.left.push((inode.ino, lblock));
+            continue;
+        };
+        match stage(engine, Arc::clone(&inode), lblock) {
+            Ok(Some((staged, image))) => {
+                // The merge reads this SSD block after the lock is dropped; a writer
+                // may then replace and free it. The pin keeps it allocated (so never
+                // rewritten under the read) until the reads are done.
+                if let Some(block) = staged.entry.ssd_block() {
+                    engine.blocks.refs.pin(block.0);
+                }
+                merging.work.push(staged);
+                images.push(image);
+            }
+            Ok(None) => inode.range.unwatch(lblock),
+            Err(e) => {
+                inode.range.unwatch(lblock);
+                failed = Some(e);
+                break;
+            }
+        }
+        drop(guard);
+    }
+    let written = match failed {
+        Some(e) => {
+            engine.blocks.buffers.give(images);
+            Err(e)
+        }
+        None if merging.work.is_empty() => return Ok(merging),
+        None => write_staged(engine, &merging.work, images, true),
+    };
+    engine.blocks.refs.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
+    match written {
+        Ok(targets) => merging.targets = targets,
+        Err(e) => {
+            for staged in &merging.work {
+                staged.inode.range.unwatch(staged.lblock);
+            }
+            return Err(e);
+        }
+    }
+    Ok(merging)
+}
+
+/// The second half: commit the blocks nobody wrote meanwhile.
+fn finish_watched_merge(engine: &Engine, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
+    let WatchedMerge { work, targets, mut left } = merging;
+    // How many blocks one record commits is the profile's: with a cheap journal, a few
+    // at a time, so writers wait for the journal, and for these blocks, only as long as
+    // one small record takes.
+    let chunk = engine.policy.merge_commit_batch();
+    let mut rest = work.into_iter().zip(targets);
+    let mut moved = 0;
+    loop {
+        let part: Vec<(Staged, Target)> = rest.by_ref().take(chunk).collect();
+        if part.is_empty() {
+            return Ok((moved, left));
+        }
+        let inodes: Vec<Arc<Inode>> = part.iter().map(|(s, _)| Arc::clone(&s.inode)).collect();
+        let mut guards = Vec::with_capacity(part.len());
+        let (mut kept, mut kept_targets) = (Vec::new(), Vec::new());
+        for ((staged, target), inode) in part.into_iter().zip(&inodes) {
+            match inode.range.try_write_watched(staged.lblock) {
+                Some((guard, false)) => {
+                    guards.push(guard);
+                    kept.push(staged);
+                    kept_targets.push(target);
+                }
+                _ => {
+                    // Never journaled, so free at once.
+                    engine.blocks.release_new(&[target]);
+                    engine.stats.add(Counter::migrations_dropped, 1);
+                    left.push((staged.inode.ino, staged.lblock));
+                }
+            }
+        }
+        if kept.is_empty() {
+            continue;
+        }
+        match commit_merged(engine, kept, kept_targets, cause) {
+            Ok(n) => moved += n,
+            Err(e) => {
+                drop(guards);
+                for (staged, target) in rest {
                     staged.inode.range.unwatch(staged.lblock);
+                    engine.blocks.release_new(&[target]);
                 }
                 return Err(e);
             }
         }
-        Ok(merging)
     }
+}
 
-    /// The second half: commit the blocks nobody wrote meanwhile.
-    fn finish_watched_merge(&self, engine: &Engine, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
-        let WatchedMerge { work, targets, mut left } = merging;
-        // How many blocks one record commits is the profile's: with a cheap journal, a few
-        // at a time, so writers wait for the journal, and for these blocks, only as long as
-        // one small record takes.
-        let chunk = engine.policy.merge_commit_batch();
-        let mut rest = work.into_iter().zip(targets);
-        let mut moved = 0;
-        loop {
-            let part: Vec<(Staged, Target)> = rest.by_ref().take(chunk).collect();
-            if part.is_empty() {
-                return Ok((moved, left));
-            }
-            let inodes: Vec<Arc<Inode>> = part.iter().map(|(s, _)| Arc::clone(&s.inode)).collect();
-            let mut guards = Vec::with_capacity(part.len());
-            let (mut kept, mut kept_targets) = (Vec::new(), Vec::new());
-            for ((staged, target), inode) in part.into_iter().zip(&inodes) {
-                match inode.range.try_write_watched(staged.lblock) {
-                    Some((guard, false)) => {
-                        guards.push(guard);
-                        kept.push(staged);
-                        kept_targets.push(target);
-                    }
-                    _ => {
-                        // Never journaled, so free at once.
-                        engine.blocks.release_new(&[target]);
-                        engine.stats.add(Counter::migrations_dropped, 1);
-                        left.push((staged.inode.ino, staged.lblock));
-                    }
-                }
-            }
-            if kept.is_empty() {
-                continue;
-            }
-            match self.commit_merged(engine, kept, kept_targets, cause) {
-                Ok(n) => moved += n,
-                Err(e) => {
-                    drop(guards);
-                    for (staged, target) in rest {
-                        staged.inode.range.unwatch(staged.lblock);
-                        engine.blocks.release_new(&[target]);
-                    }
-                    return Err(e);
-                }
+/// Copy out a block's entry and its residue (laid over zeros). The caller holds the
+/// block's range lock. `None` if the block holds no residue.
+fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Staged, AlignedBuf)>> {
+    let Some(entry) = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0) else { return Ok(None) };
+    let mut image = engine.blocks.buffers.take(engine.geometry.block() as usize);
+    image.fill(0);
+    if let Err(e) = read::lay_residue(engine, &entry, &mut image) {
+        engine.blocks.buffers.give([image]);
+        return Err(e);
+    }
+    Ok(Some((Staged { inode, lblock, entry }, image)))
+}
+
+/// Write each staged block to a new SSD block (or over its own, where the profile keeps
+/// blocks at home), its residue over its SSD copy where the residue does not cover it
+/// whole: the reads in flight together (WSBuffer's stage 1), then the writes (stage
+/// 2), then one flush, since the journal record that will point at the new blocks must
+/// not point at blocks a power cut could lose. Returns the targets, in order.
+///
+/// A block rewritten in place changes only under its residue, which stays valid until
+/// the merge commits: a crash, or a reader that takes the block meanwhile, sees the
+/// residue over whatever of the write landed. `pinned_here`: the caller pinned the
+/// blocks' SSD copies (a watched merge); otherwise a pinned copy is another merge's
+/// and is left alone.
+fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
+    let block = engine.geometry.block();
+    let fills: Vec<usize> = (0..work.len()).filter(|&i| read::needs_fill(engine, &work[i].entry)).collect();
+    let reads: Vec<IoRequest> = fills
+        .iter()
+        .filter_map(|&i| work[i].entry.ssd_block())
+        .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: engine.blocks.buffers.take(block as usize) })
+        .collect();
+    let read_bytes = reads.len() as u64 * block;
+    let filled = if reads.is_empty() {
+        Vec::new()
+    } else {
+        match engine.blocks.submit(reads).wait() {
+            Ok(filled) => filled,
+            Err(e) => {
+                engine.blocks.buffers.give(images);
+                return Err(e);
             }
         }
+    };
+    engine.stats.add(Counter::ssd_read_bytes, read_bytes);
+    engine.stats.add(Counter::migration_read_bytes, read_bytes);
+    // A damaged block must not be merged into a new one with a fresh, valid checksum.
+    let checked = fills.iter().zip(&filled).try_for_each(|(&i, disk)| match work[i].entry.ssd_block() {
+        Some(block) => engine.blocks.verify_read(block, disk),
+        None => Ok(()),
+    });
+    if let Err(e) = checked {
+        engine.blocks.buffers.give(filled);
+        engine.blocks.buffers.give(images);
+        return Err(e);
     }
-
-    /// Copy out a block's entry and its residue (laid over zeros). The caller holds the
-    /// block's range lock. `None` if the block holds no residue.
-    fn stage(&self, engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Staged, AlignedBuf)>> {
-        let Some(entry) = inode.map.lock().get(&lblock).cloned().filter(|e| e.fast_page_count() > 0) else { return Ok(None) };
-        let mut image = engine.blocks.buffers.take(engine.geometry.block() as usize);
-        image.fill(0);
-        if let Err(e) = read::lay_residue(engine, &entry, &mut image) {
-            engine.blocks.buffers.give([image]);
+    for (&i, mut disk) in fills.iter().zip(filled) {
+        read::residue_pieces(engine, &work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
+        std::mem::swap(&mut images[i], &mut disk);
+        engine.blocks.buffers.give([disk]);
+    }
+    let placements: Vec<Placement> = work
+        .iter()
+        .map(|s| {
+            let in_place = engine.blocks.keeps_blocks_home()
+                && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
+            engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
+        })
+        .collect();
+    // Delayed allocation: each new block goes to the SSD least busy at this moment.
+    let new = placements.iter().filter(|p| matches!(p, Placement::New { .. })).count();
+    let Some(targets) = engine.blocks.place(&placements, &engine.blocks.least_busy_members(new), 0) else {
+        engine.blocks.buffers.give(images);
+        return Err(Error::NoSpace);
+    };
+    let blocks: Vec<SsdBlock> = targets.iter().map(|t| t.block).collect();
+    let writes = coalesce_writes(engine, images, &blocks);
+    match engine.blocks.submit(writes).wait() {
+        Ok(buffers) => {
+            buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
+            engine.blocks.buffers.give(buffers);
+        }
+        Err(e) => {
+            engine.blocks.release_new(&targets);
             return Err(e);
         }
-        Ok(Some((Staged { inode, lblock, entry }, image)))
     }
+    engine.blocks.written();
+    engine.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
+    if let Err(e) = engine.blocks.flush() {
+        engine.blocks.release_new(&targets);
+        return Err(e);
+    }
+    Ok(targets)
+}
 
-    /// Write each staged block to a new SSD block (or over its own, where the profile keeps
-    /// blocks at home), its residue over its SSD copy where the residue does not cover it
-    /// whole: the reads in flight together (WSBuffer's stage 1), then the writes (stage
-    /// 2), then one flush, since the journal record that will point at the new blocks must
-    /// not point at blocks a power cut could lose. Returns the targets, in order.
-    ///
-    /// A block rewritten in place changes only under its residue, which stays valid until
-    /// the merge commits: a crash, or a reader that takes the block meanwhile, sees the
-    /// residue over whatever of the write landed. `pinned_here`: the caller pinned the
-    /// blocks' SSD copies (a watched merge); otherwise a pinned copy is another merge's
-    /// and is left alone.
-    fn write_staged(&self, engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
-        let block = engine.geometry.block();
-        let fills: Vec<usize> = (0..work.len()).filter(|&i| read::needs_fill(engine, &work[i].entry)).collect();
-        let reads: Vec<IoRequest> = fills
-            .iter()
-            .filter_map(|&i| work[i].entry.ssd_block())
-            .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: engine.blocks.buffers.take(block as usize) })
-            .collect();
-        let read_bytes = reads.len() as u64 * block;
-        let filled = if reads.is_empty() {
-            Vec::new()
-        } else {
-            match engine.blocks.submit(reads).wait() {
-                Ok(filled) => filled,
-                Err(e) => {
-                    engine.blocks.buffers.give(images);
-                    return Err(e);
+/// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
+/// allocator hands a batch long free runs, so a batch of small blocks goes out in a
+/// few large IOs rather than one IO per block.
+fn coalesce_writes(engine: &Engine, images: Vec<AlignedBuf>, targets: &[SsdBlock]) -> Vec<IoRequest> {
+    let block = engine.geometry.block() as usize;
+    let indexed: Vec<(SsdBlock, usize)> = targets.iter().copied().zip(0..).collect();
+    let mut images: Vec<Option<AlignedBuf>> = images.into_iter().map(Some).collect();
+    let writes = engine
+        .blocks
+        .runs(&indexed)
+        .into_iter()
+        .map(|run| {
+            let buf = match run[..] {
+                [&(_, i)] => images[i].take().expect("each image goes out once"),
+                _ => {
+                    let mut buf = engine.blocks.buffers.take(run.len() * block);
+                    for (k, &&(_, i)) in run.iter().enumerate() {
+                        buf[k * block..(k + 1) * block].copy_from_slice(images[i].as_ref().expect("each image goes out once"));
+                    }
+                    buf
                 }
-            }
-        };
-        engine.stats.add(Counter::ssd_read_bytes, read_bytes);
-        engine.stats.add(Counter::migration_read_bytes, read_bytes);
-        // A damaged block must not be merged into a new one with a fresh, valid checksum.
-        let checked = fills.iter().zip(&filled).try_for_each(|(&i, disk)| match work[i].entry.ssd_block() {
-            Some(block) => engine.blocks.verify_read(block, disk),
-            None => Ok(()),
-        });
-        if let Err(e) = checked {
-            engine.blocks.buffers.give(filled);
-            engine.blocks.buffers.give(images);
-            return Err(e);
-        }
-        for (&i, mut disk) in fills.iter().zip(filled) {
-            read::residue_pieces(engine, &work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
-            std::mem::swap(&mut images[i], &mut disk);
-            engine.blocks.buffers.give([disk]);
-        }
-        let placements: Vec<Placement> = work
+            };
+            IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block as u64, buf }
+        })
+        .collect();
+    engine.blocks.buffers.give(images.into_iter().flatten());
+    writes
+}
+
+/// Journal the staged blocks as moved to `targets` (one record) and free their
+/// residue. The caller holds every block's range lock, and nothing wrote them since
+/// they were staged.
+fn commit_merged(engine: &Engine, mut work: Vec<Staged>, mut targets: Vec<Target>, cause: Counter) -> Result<u64> {
+    loop {
+        let mut ops: Vec<Op> = work
             .iter()
-            .map(|s| {
-                let in_place = engine.blocks.keeps_blocks_home()
-                    && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
-                engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
+            .zip(&targets)
+            .map(|(staged, t)| {
+                Op::Data(DataOp::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(t.block)) })
             })
             .collect();
-        // Delayed allocation: each new block goes to the SSD least busy at this moment.
-        let new = placements.iter().filter(|p| matches!(p, Placement::New { .. })).count();
-        let Some(targets) = engine.blocks.place(&placements, &engine.blocks.least_busy_members(new), 0) else {
-            engine.blocks.buffers.give(images);
-            return Err(Error::NoSpace);
-        };
-        let blocks: Vec<SsdBlock> = targets.iter().map(|t| t.block).collect();
-        let writes = self.coalesce_writes(engine, images, &blocks);
-        match engine.blocks.submit(writes).wait() {
-            Ok(buffers) => {
-                buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
-                engine.blocks.buffers.give(buffers);
+        let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
+        engine.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);
+        match engine.commit(&ops) {
+            Ok(freed) => {
+                engine.release_freed(freed);
+                break;
+            }
+            // A file was removed while its blocks were being merged: drop them.
+            Err(Error::NotFound) => {
+                let gone: Vec<usize> = (0..work.len()).filter(|&i| engine.meta.get(work[i].inode.ino).is_none()).collect();
+                if gone.is_empty() {
+                    engine.blocks.release_new(&targets);
+                    return Err(Error::NotFound);
+                }
+                for &i in gone.iter().rev() {
+                    work.remove(i);
+                    engine.blocks.release_new(&[targets.remove(i)]);
+                }
+                if work.is_empty() {
+                    return Ok(0);
+                }
             }
             Err(e) => {
                 engine.blocks.release_new(&targets);
                 return Err(e);
             }
         }
-        engine.blocks.written();
-        engine.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
-        if let Err(e) = engine.blocks.flush() {
-            engine.blocks.release_new(&targets);
-            return Err(e);
+    }
+    engine.stats.add(cause, work.len() as u64);
+    Ok(work.len() as u64)
+}
+
+/// Migrate every block holding residue (UHS's light-load migration).
+pub(crate) fn drain(engine: &Engine, cause: Counter) -> Result<u64> {
+    if engine.residue.used_units() == 0 {
+        return Ok(0);
+    }
+    merge_some(engine, engine.residue.capacity_units(), cause)
+}
+
+/// Blocks one migration batch merges: 8 MiB of them.
+pub(crate) fn blocks_per_merge(engine: &Engine) -> usize {
+    ((8 << 20) / engine.geometry.block()).max(1) as usize
+}
+
+/// Migrate the blocks holding the most fast pages until `want_free` pages are free
+/// (or no candidate is left), a batch at a time. Blocks whose range is busy are
+/// skipped.
+pub(crate) fn merge_some(engine: &Engine, want_free: u64, cause: Counter) -> Result<u64> {
+    let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
+    for inode in engine.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
+        let blocks: Vec<(usize, u64)> =
+            inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
+        candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
+    }
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+    let mut migrated = 0;
+    let mut rest = candidates.as_slice();
+    loop {
+        let free = engine.residue.capacity_units() - engine.residue.used_units();
+        if free >= want_free || rest.is_empty() {
+            return Ok(migrated);
         }
-        Ok(targets)
-    }
-
-    /// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
-    /// allocator hands a batch long free runs, so a batch of small blocks goes out in a
-    /// few large IOs rather than one IO per block.
-    fn coalesce_writes(&self, engine: &Engine, images: Vec<AlignedBuf>, targets: &[SsdBlock]) -> Vec<IoRequest> {
-        let block = engine.geometry.block() as usize;
-        let indexed: Vec<(SsdBlock, usize)> = targets.iter().copied().zip(0..).collect();
-        let mut images: Vec<Option<AlignedBuf>> = images.into_iter().map(Some).collect();
-        let writes = engine
-            .blocks
-            .runs(&indexed)
-            .into_iter()
-            .map(|run| {
-                let buf = match run[..] {
-                    [&(_, i)] => images[i].take().expect("each image goes out once"),
-                    _ => {
-                        let mut buf = engine.blocks.buffers.take(run.len() * block);
-                        for (k, &&(_, i)) in run.iter().enumerate() {
-                            buf[k * block..(k + 1) * block].copy_from_slice(images[i].as_ref().expect("each image goes out once"));
-                        }
-                        buf
-                    }
-                };
-                IoRequest { op: IoOp::Write, offset_bytes: run[0].0 .0 * block as u64, buf }
-            })
-            .collect();
-        engine.blocks.buffers.give(images.into_iter().flatten());
-        writes
-    }
-
-    /// Journal the staged blocks as moved to `targets` (one record) and free their
-    /// residue. The caller holds every block's range lock, and nothing wrote them since
-    /// they were staged.
-    fn commit_merged(&self, engine: &Engine, mut work: Vec<Staged>, mut targets: Vec<Target>, cause: Counter) -> Result<u64> {
-        loop {
-            let mut ops: Vec<Op> = work
-                .iter()
-                .zip(&targets)
-                .map(|(staged, t)| {
-                    Op::Data(DataOp::Map { ino: staged.inode.ino, lblock: staged.lblock, entry: Some(BlockEntry::whole(t.block)) })
-                })
-                .collect();
-            let files: std::collections::BTreeMap<Ino, &Arc<Inode>> = work.iter().map(|s| (s.inode.ino, &s.inode)).collect();
-            engine.policy.merge_ops(&files.into_values().collect::<Vec<_>>(), &mut ops);
-            match engine.commit(&ops) {
-                Ok(freed) => {
-                    engine.release_freed(freed);
-                    break;
-                }
-                // A file was removed while its blocks were being merged: drop them.
-                Err(Error::NotFound) => {
-                    let gone: Vec<usize> = (0..work.len()).filter(|&i| engine.meta.get(work[i].inode.ino).is_none()).collect();
-                    if gone.is_empty() {
-                        engine.blocks.release_new(&targets);
-                        return Err(Error::NotFound);
-                    }
-                    for &i in gone.iter().rev() {
-                        work.remove(i);
-                        engine.blocks.release_new(&[targets.remove(i)]);
-                    }
-                    if work.is_empty() {
-                        return Ok(0);
-                    }
-                }
-                Err(e) => {
-                    engine.blocks.release_new(&targets);
-                    return Err(e);
-                }
+        let (mut batch, mut units) = (Vec::new(), 0);
+        while let Some(((count, inode, lblock), tail)) = rest.split_first() {
+            rest = tail;
+            batch.push((Arc::clone(inode), *lblock));
+            units += *count as u64;
+            if batch.len() >= blocks_per_merge(engine) || free + units >= want_free {
+                break;
             }
         }
-        engine.stats.add(cause, work.len() as u64);
-        Ok(work.len() as u64)
-    }
-
-    /// Migrate every block holding residue (UHS's light-load migration).
-    pub(crate) fn drain(&self, engine: &Engine, cause: Counter) -> Result<u64> {
-        if engine.residue.used_units() == 0 {
-            return Ok(0);
-        }
-        self.merge_some(engine, engine.residue.capacity_units(), cause)
-    }
-
-    /// Blocks one migration batch merges: 8 MiB of them.
-    pub(crate) fn batch(&self, engine: &Engine) -> usize {
-        ((8 << 20) / engine.geometry.block()).max(1) as usize
-    }
-
-    /// Migrate the blocks holding the most fast pages until `want_free` pages are free
-    /// (or no candidate is left), a batch at a time. Blocks whose range is busy are
-    /// skipped.
-    pub(crate) fn merge_some(&self, engine: &Engine, want_free: u64, cause: Counter) -> Result<u64> {
-        let mut candidates: Vec<(usize, Arc<Inode>, u64)> = Vec::new();
-        for inode in engine.meta.snapshot().into_iter().filter(|i| i.kind == FileKind::File) {
-            let blocks: Vec<(usize, u64)> =
-                inode.map.lock().iter().filter(|(_, e)| e.fast_page_count() > 0).map(|(&lb, e)| (e.fast_page_count(), lb)).collect();
-            candidates.extend(blocks.into_iter().map(|(count, lb)| (count, Arc::clone(&inode), lb)));
-        }
-        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
-        let mut migrated = 0;
-        let mut rest = candidates.as_slice();
-        loop {
-            let free = engine.residue.capacity_units() - engine.residue.used_units();
-            if free >= want_free || rest.is_empty() {
-                return Ok(migrated);
-            }
-            let (mut batch, mut units) = (Vec::new(), 0);
-            while let Some(((count, inode, lblock), tail)) = rest.split_first() {
-                rest = tail;
-                batch.push((Arc::clone(inode), *lblock));
-                units += *count as u64;
-                if batch.len() >= self.batch(engine) || free + units >= want_free {
-                    break;
-                }
-            }
-            // Blocks a writer is in are skipped: the next round sees them again.
-            migrated += self.merge_blocks_watched(engine, batch, cause)?.0;
-        }
+        // Blocks a writer is in are skipped: the next round sees them again.
+        migrated += merge_blocks_watched(engine, batch, cause)?.0;
     }
 }
 
@@ -429,36 +399,34 @@ struct WatchedMerge {
     left: Vec<(Ino, u64)>,
 }
 
-impl Migrator {
-    /// Start the maintenance thread: migration past the high watermark, and a checkpoint
-    /// when the journal is half full.
-    pub(crate) fn start_maintenance(&self, engine: &Arc<Engine>) -> Result<JoinHandle<()>> {
-        let worker = Arc::clone(engine);
-        spawn("alignfs-maint".into(), move || {
-            lower_priority();
-            worker.migrator.maintenance_loop(&worker)
-        })
-    }
+/// Start the maintenance thread: migration past the high watermark, and a checkpoint
+/// when the journal is half full.
+pub(crate) fn start_maintenance(engine: &Arc<Engine>) -> Result<JoinHandle<()>> {
+    let worker = Arc::clone(engine);
+    spawn("alignfs-maint".into(), move || {
+        lower_priority();
+        maintenance_loop(&worker)
+    })
+}
 
-    fn maintenance_loop(&self, engine: &Engine) {
-        while !engine.shutting_down() {
-            self.due.wait(Duration::from_millis(200));
-            if engine.shutting_down() {
-                break;
+fn maintenance_loop(engine: &Engine) {
+    while !engine.shutting_down() {
+        engine.migrator.wait(Duration::from_millis(200));
+        if engine.shutting_down() {
+            break;
+        }
+        let capacity = engine.residue.capacity_units();
+        let used = engine.residue.used_units();
+        if used as f64 > engine.options.migrate_high * capacity as f64 {
+            let target_free = capacity - (engine.options.migrate_low * capacity as f64) as u64;
+            if let Err(e) = merge_some(engine, target_free, Counter::migrations_watermark) {
+                tracing::warn!("background migration: {e}");
             }
-            let capacity = engine.residue.capacity_units();
-            let used = engine.residue.used_units();
-            if used as f64 > engine.options.migrate_high * capacity as f64 {
-                let target_free = capacity - (engine.options.migrate_low * capacity as f64) as u64;
-                if let Err(e) = self.merge_some(engine, target_free, Counter::migrations_watermark) {
-                    tracing::warn!("background migration: {e}");
-                }
-            }
-            let half_full = engine.committer.wants_checkpoint();
-            if half_full {
-                if let Err(e) = engine.checkpoint() {
-                    tracing::error!("background checkpoint: {e}");
-                }
+        }
+        let half_full = engine.committer.wants_checkpoint();
+        if half_full {
+            if let Err(e) = engine.checkpoint() {
+                tracing::error!("background checkpoint: {e}");
             }
         }
     }
@@ -505,13 +473,13 @@ mod tests {
             expect[at..at + 6].copy_from_slice(b"before");
         }
         let inode = v.inner.file(f).unwrap();
-        let merging = v.inner.migrator.start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
         assert_eq!(merging.work.len(), 2);
         // Block 1 is written meanwhile, in place in the same upage.
         v.write(f, (block + 102) as u64, b"AFTER").unwrap();
         expect[block + 102..block + 107].copy_from_slice(b"AFTER");
         let used_before = v.inner.blocks.refs.used_count();
-        let (moved, left) = v.inner.migrator.finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
+        let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
         assert_eq!((moved, left), (1, vec![(f, 1)]));
         assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
         // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
@@ -585,12 +553,12 @@ mod tests {
         // Block 5 is rewritten in place by a watched merge while a writer replaces it whole:
         // the writer takes another block, the merge is dropped, the data is the writer's.
         write(&v, f, &mut expect, 5 * block + 10, b"residue");
-        let merging = v.inner.migrator.start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 5)]).unwrap();
+        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 5)]).unwrap();
         v.inner.blocks.refs.pin(home(5));
         write(&v, f, &mut expect, 4 * block, &vec![0x55; 128 * block]);
         v.inner.blocks.refs.unpin([home(5)]);
         assert!(!at_home(5) && at_home(4) && at_home(6));
-        assert_eq!(v.inner.migrator.finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
+        assert_eq!(super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
         assert_eq!(read_all(&v, f, expect.len()), expect);
         assert_eq!(v.check(), []);
         // Its home is free again: the next write of the block takes it back.

@@ -12,10 +12,13 @@ mod clone;
 mod committer;
 mod devices;
 mod engine;
+mod engine_api;
 mod migrate;
+mod migrator;
 mod namespace;
 mod open;
 mod read;
+mod recover;
 mod resize;
 mod write;
 
@@ -157,7 +160,7 @@ impl Volume {
 
     /// Migrate every block that holds fast pages (tests, `alignfs` maintenance).
     pub fn migrate_all(&self) -> Result<u64> {
-        self.inner.migrator.merge_some(&self.inner, u64::MAX, Counter::migrations_watermark)
+        migrate::merge_some(&self.inner, u64::MAX, Counter::migrations_watermark)
     }
 
     pub fn stats(&self) -> StatsSnapshot {

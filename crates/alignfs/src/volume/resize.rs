@@ -8,7 +8,7 @@ use super::write::MAX_FILE_BYTES;
 use super::{Engine, MAP_OPS_PER_RECORD};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
-use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
+use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::residue::UnitRequest;
 
@@ -107,32 +107,6 @@ pub(super) fn fill_with_zero_blocks(engine: &Engine, inode: &Inode, holes: &[u64
     Ok(())
 }
 
-/// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
-/// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
-pub(super) fn zero_beyond_eof(engine: &Engine, inode: &Inode, size: u64) {
-    let (block, page) = (engine.geometry.block(), engine.geometry.page_bytes);
-    let within = (size % block) as u32;
-    if within == 0 {
-        return;
-    }
-    let map = inode.map.lock();
-    let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
-        Some(BlockEntry::Fast { pages }) => pages.clone(),
-        Some(BlockEntry::Ssd { overlays, .. }) => {
-            overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
-        }
-        None => Vec::new(),
-    };
-    for (index, unit) in units {
-        let page_start = u32::from(index) * page;
-        let from = within.saturating_sub(page_start);
-        if from < page {
-            engine.residue.zero(unit, from, page - from);
-            engine.residue.persist(unit, from, page - from);
-        }
-    }
-}
-
 /// Truncate with the whole file locked. The new last block, if partial, is rewritten
 /// with a zeroed tail into fresh units, in the same journal record as the size.
 pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) -> Result<()> {
@@ -141,7 +115,7 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
     let ino = inode.ino;
     let time = now_ns();
     if size >= old {
-        zero_beyond_eof(engine, inode, old);
+        write::zero_beyond_eof(engine, inode, old);
         return engine.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| engine.release_freed(f));
     }
     let mut ops: Vec<Op> = {

@@ -1,7 +1,7 @@
 //! The write path: partition a write, bind it to new units, send whole blocks to the SSD
 //! and the residue to the residue store while they are in flight, then commit the map edits.
 
-use super::{read, resize};
+use super::{migrate, read};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use super::block_store::{wait_all, InFlight, Placement};
 use super::Engine;
 use crate::device::{IoOp, IoRequest};
 use crate::error::{Error, Result};
-use crate::map::{BlockEntry, PageNo, SsdBlock};
+use crate::map::{BlockEntry, Overlay, PageNo, SsdBlock};
 use crate::meta::{now_ns, DataOp, FileKind, Ino, Inode, Op};
 use crate::partition::{next_entry, partition, BlockAction, PageTarget, Plan, Residue};
 use crate::residue::UnitRequest;
@@ -160,7 +160,7 @@ pub(super) fn write_locked(engine: &Engine, inode: &Arc<Inode>, offset: u64, dat
     if result.is_err() && offset + data.len() as u64 > old_size {
         // In-place residue writes may have landed past EOF (the caller holds the EOF
         // block's lock when the write extends the file): keep those bytes zero.
-        resize::zero_beyond_eof(engine, inode, old_size);
+        zero_beyond_eof(engine, inode, old_size);
     }
     let (mut ops, redeemed) = result?;
     if extend {
@@ -203,7 +203,7 @@ pub(super) fn plan_write(
         };
         if !plan.merge_first.is_empty() {
             for &lblock in &plan.merge_first {
-                engine.migrator.merge_block_locked(engine, inode, lblock, Counter::migrations_header_full)?;
+                migrate::merge_block_locked(engine, inode, lblock, Counter::migrations_header_full)?;
             }
             continue;
         }
@@ -235,9 +235,9 @@ pub(super) fn reserve_pages(engine: &Engine, requests: &[UnitRequest]) -> Option
         engine.residue.blocks_to_drain(requests).into_iter().filter_map(|(ino, lblock)| Some((engine.meta.get(ino)?, lblock))).collect();
     let migrated = if drain.is_empty() {
         let target = requests.len() as u64 + engine.residue.capacity_units() / 8;
-        engine.migrator.merge_some(engine, target, Counter::migrations_fast_full)
+        migrate::merge_some(engine, target, Counter::migrations_fast_full)
     } else {
-        engine.migrator.merge_blocks_watched(engine, drain, Counter::migrations_fast_full).map(|(moved, _)| moved)
+        migrate::merge_blocks_watched(engine, drain, Counter::migrations_fast_full).map(|(moved, _)| moved)
     };
     if let Err(e) = migrated {
         tracing::warn!("migration for a waiting writer: {e}");
@@ -508,4 +508,30 @@ fn unit_requests(object: Ino, plan: &Plan, page_bytes: u32) -> SmallVec<[UnitReq
         }
     }
     requests
+}
+
+/// Zero the fast-tier bytes of the block holding EOF that lie past `size` (they are
+/// invisible, so this is safe in place). SSD bytes past EOF are zero by construction.
+pub(super) fn zero_beyond_eof(engine: &Engine, inode: &Inode, size: u64) {
+    let (block, page) = (engine.geometry.block(), engine.geometry.page_bytes);
+    let within = (size % block) as u32;
+    if within == 0 {
+        return;
+    }
+    let map = inode.map.lock();
+    let units: Vec<(u8, PageNo)> = match map.get(&(size / block)) {
+        Some(BlockEntry::Fast { pages }) => pages.clone(),
+        Some(BlockEntry::Ssd { overlays, .. }) => {
+            overlays.iter().filter_map(|(i, o)| matches!(o, Overlay::Page(_)).then_some((*i, o.page()))).collect()
+        }
+        None => Vec::new(),
+    };
+    for (index, unit) in units {
+        let page_start = u32::from(index) * page;
+        let from = within.saturating_sub(page_start);
+        if from < page {
+            engine.residue.zero(unit, from, page - from);
+            engine.residue.persist(unit, from, page - from);
+        }
+    }
 }
