@@ -9,6 +9,7 @@ mod logging;
 mod mount;
 mod nbd;
 mod s3;
+mod umount;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -39,7 +40,7 @@ enum Command {
     /// Mount a volume through FUSE (the default devices are formatted on first use).
     Mount(mount::MountArgs),
     /// Unmount: the daemon flushes, writes a checkpoint and exits.
-    Umount(mount::UmountArgs),
+    Umount(umount::UmountArgs),
     /// Print a volume's counters and space usage: live from a mount point, or offline from
     /// its devices (replays the journal in memory; writes nothing).
     Stat(StatArgs),
@@ -442,47 +443,65 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+fn percent(used: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * used as f64 / total as f64
+    }
+}
+
 fn print_report(r: &VolumeReport) {
     let meta = if r.metadata_store == "in place" { ", metadata in place" } else { "" };
     println!("volume {} (profile {}, format version {}{meta})", r.uuid, r.profile, r.format_version);
     if let Some(d) = &r.daemon {
-        println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
-        if !d.front_end.is_empty() {
-            println!("  front end: {}", d.front_end);
-        }
-        if !d.transport.is_empty() {
-            println!(
-                "  transport: {}; {} requests through io_uring, {} through /dev/fuse",
-                d.transport, d.io_uring_requests, d.dev_fuse_requests
-            );
-        }
-        if !d.requests_by_kind.is_empty() {
-            let kinds: Vec<String> = d.requests_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
-            println!("  requests:  {}", kinds.join(", "));
-        }
+        print_daemon(d);
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
-    let pct = |used: u64, total: u64| if total == 0 { 0.0 } else { 100.0 * used as f64 / total as f64 };
-    let kv_store = r.metadata_store == "KV store";
     let residue = &r.residue_name;
     println!(
         "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
         r.usage.fast_pages_used,
         r.usage.fast_pages_total,
-        pct(r.usage.fast_pages_used, r.usage.fast_pages_total),
+        percent(r.usage.fast_pages_used, r.usage.fast_pages_total),
         r.usage.fast_pages_peak
     );
     println!(
         "  SSD:       {} of {} blocks used ({:.1}%){}",
         r.usage.ssd_blocks_used,
         r.usage.ssd_blocks_total,
-        pct(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total),
+        percent(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total),
         match r.usage.ssd_blocks_promised {
             0 => String::new(),
             held => format!(", {held} more held for fallocated ranges"),
         }
     );
-    if kv_store {
+    print_metadata(r);
+    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
+    print_counters(r);
+}
+
+/// What the daemon serving a mounted volume reports of itself.
+fn print_daemon(d: &alignfs::stats::DaemonInfo) {
+    println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
+    if !d.front_end.is_empty() {
+        println!("  front end: {}", d.front_end);
+    }
+    if !d.transport.is_empty() {
+        println!(
+            "  transport: {}; {} requests through io_uring, {} through /dev/fuse",
+            d.transport, d.io_uring_requests, d.dev_fuse_requests
+        );
+    }
+    if !d.requests_by_kind.is_empty() {
+        let kinds: Vec<String> = d.requests_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+        println!("  requests:  {}", kinds.join(", "));
+    }
+}
+
+/// Where the metadata lives, how full it is, and what opening the volume replayed.
+fn print_metadata(r: &VolumeReport) {
+    if r.metadata_store == "KV store" {
         println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
         println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
     } else if r.metadata_store == "in place" {
@@ -491,7 +510,7 @@ fn print_report(r: &VolumeReport) {
             "  metadata:  {} of {} of 64-byte lines used, in place ({:.1}%)",
             bytesize::ByteSize(r.usage.journal_used_bytes),
             bytesize::ByteSize(r.usage.journal_capacity_bytes),
-            pct(r.usage.journal_used_bytes, r.usage.journal_capacity_bytes),
+            percent(r.usage.journal_used_bytes, r.usage.journal_capacity_bytes),
         );
         println!(
             "  open:      in-place metadata read in {:.3} ms{}",
@@ -509,7 +528,7 @@ fn print_report(r: &VolumeReport) {
             "  checkpoint: {} of {} used ({:.1}%), generation {}",
             bytesize::ByteSize(r.usage.checkpoint_used_bytes),
             bytesize::ByteSize(r.usage.checkpoint_capacity_bytes),
-            pct(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
+            percent(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
             r.usage.checkpoint_generation
         );
         println!(
@@ -519,7 +538,11 @@ fn print_report(r: &VolumeReport) {
             if r.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
         );
     }
-    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
+}
+
+/// The engine's counters, and the device's where it has its own.
+fn print_counters(r: &VolumeReport) {
+    let kv_store = r.metadata_store == "KV store";
     // Offline, a KV store's counters are those saved at its last clean close.
     println!("counters (lifetime{}):", if kv_store { ", as of the last clean close when offline" } else { "" });
     let mut table = comfy_table::Table::new();
@@ -551,7 +574,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Mkfs(args) => mkfs(args),
         Command::Mount(args) => mount::mount(args),
-        Command::Umount(args) => mount::umount(args),
+        Command::Umount(args) => umount::umount(args),
         Command::Stat(args) => stat(args),
         Command::Fsck(args) => match fsck(args) {
             Ok(code) => return code,

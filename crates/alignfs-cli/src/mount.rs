@@ -142,16 +142,6 @@ pub fn holder_of(pid: u32) -> Option<Holder> {
     })
 }
 
-#[derive(Args)]
-pub struct UmountArgs {
-    /// The mount point.
-    #[arg(default_value = DEFAULT_MOUNTPOINT)]
-    mountpoint: PathBuf,
-    /// Seconds to wait for the daemon to write its checkpoint and exit.
-    #[arg(long, default_value_t = 120)]
-    timeout: u64,
-}
-
 /// Options for the kernel and for the volume, parsed from `-o`.
 struct ParsedOptions {
     mount: Vec<MountOption>,
@@ -188,7 +178,7 @@ fn parse_options(options: &[String]) -> Result<ParsedOptions> {
 /// caught by the kernel aborting the connection fails with ECONNABORTED, later ones with
 /// ENOTCONN. Over io_uring the abort comes a moment after the daemon's death (the kernel
 /// tears its rings down in the background), so the first statfs may see the former.
-fn detach_if_stale(path: &Path) -> Result<bool> {
+pub(crate) fn detach_if_stale(path: &Path) -> Result<bool> {
     if !matches!(rustix::fs::statfs(path), Err(rustix::io::Errno::NOTCONN | rustix::io::Errno::CONNABORTED)) {
         return Ok(false);
     }
@@ -336,15 +326,9 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     let fill_on_close = alignfs::geometry::parse_size(&args.fill_on_close).context("--fill-on-close")?;
     let volume = open_volume(&args.devices, volume_options(args, parsed)?, faults.clone())?;
     let profile = volume.superblock().profile;
-    let personality = profile.personality();
-    if personality != alignfs::profile::Personality::Files {
+    if let Err(e) = profile.check_served_by(alignfs::profile::Personality::Files) {
         volume.close()?;
-        bail!(
-            "the volume is {} ({} profile), not a file system: serve it with `{}`",
-            personality.noun(),
-            profile.name(),
-            personality.served_by()
-        );
+        return Err(e.into());
     }
     warn_unused_options(args, profile);
     let recovery = volume.recovery().clone();
@@ -563,58 +547,6 @@ pub fn live_report(mountpoint: &Path) -> Result<alignfs::stats::VolumeReport> {
     serde_json::from_slice(&buf[..n]).with_context(|| format!("{}: unreadable report", mountpoint.display()))
 }
 
-pub fn umount(args: &UmountArgs) -> Result<()> {
-    let mountpoint = &args.mountpoint;
-    if detach_if_stale(mountpoint)? {
-        println!("detached a stale mount at {}; its daemon had died, so mounting again replays the journal", mountpoint.display());
-        return Ok(());
-    }
-    let pid = live_report(mountpoint)?.daemon.map(|d| d.pid);
-    match rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty()) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::PERM) => {
-            let status = Command::new("fusermount3").arg("-u").arg(mountpoint).status().context("run fusermount3 -u")?;
-            if !status.success() {
-                bail!("fusermount3 -u {} failed ({status})", mountpoint.display());
-            }
-        }
-        Err(rustix::io::Errno::BUSY) => bail!("{} is busy: close the files and directories open on it, then retry", mountpoint.display()),
-        Err(e) => bail!("unmount {}: {e}", mountpoint.display()),
-    }
-    if let Some(pid) = pid {
-        wait_for_exit(pid, Duration::from_secs(args.timeout))?;
-    }
-    println!("unmounted {}", mountpoint.display());
-    Ok(())
-}
-
-/// Whether `pid` is still running. A zombie waiting for its new parent to reap it has
-/// finished, but only once its last thread is gone: a killed process's leader turns
-/// zombie while its other threads may still be closing files and dropping locks.
-fn is_running(pid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
-    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
-    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
-    !(zombie && field("Threads:") == Some("1"))
-}
-
-/// Wait for the daemon to finish its checkpoint and exit.
-fn wait_for_exit(pid: u32, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
-    let mut told = false;
-    while is_running(pid) {
-        if start.elapsed() > timeout {
-            bail!("the daemon (pid {pid}) has not exited after {timeout:?}");
-        }
-        if !told && start.elapsed() > Duration::from_secs(1) {
-            eprintln!("waiting for the daemon (pid {pid}) to write its checkpoint and exit…");
-            told = true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -626,12 +558,6 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(holder_of(u32::MAX), None);
-    }
-
-    #[test]
-    fn this_process_is_running_and_a_missing_one_is_not() {
-        assert!(is_running(std::process::id()));
-        assert!(!is_running(u32::MAX));
     }
 
     #[test]

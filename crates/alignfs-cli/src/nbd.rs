@@ -56,10 +56,7 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         bail!("{} holds no alignfs volume; format one with `alignfs mkfs --profile uhs`", ssds[0].path.display());
     };
     let profile = superblock.profile;
-    if profile.personality() != Personality::Block {
-        let (what, command) = (profile.personality().noun(), profile.personality().served_by());
-        bail!("the volume is {what} ({} profile), not a block volume: serve it with `{command}`", profile.name());
-    }
+    profile.check_served_by(Personality::Block)?;
     let size = |text: &Option<String>, flag: &str| -> Result<Option<u64>> {
         text.as_deref().map(|t| alignfs::geometry::parse_size(t).with_context(|| format!("--{flag}"))).transpose()
     };

@@ -63,12 +63,8 @@ pub fn run(args: &S3Args) -> Result<()> {
         bail!("{} holds no alignfs volume; format one with `alignfs mkfs --profile nvstore`", ssd.display());
     };
     let profile = superblock.profile;
-    if profile.personality() != Personality::Objects {
-        let (what, command) = (profile.personality().noun(), profile.personality().served_by());
-        bail!(
-            "the volume is {what} ({} profile), not an object store: serve it with `{command}`, or format one with `alignfs mkfs --profile nvstore`",
-            profile.name()
-        );
+    if let Err(e) = profile.check_served_by(Personality::Objects) {
+        bail!("{e}, or format one with `alignfs mkfs --profile nvstore`");
     }
     let auth = match &args.keys {
         Some(path) => Some(alignfs_s3::load_keys(path).map_err(anyhow::Error::msg)?),

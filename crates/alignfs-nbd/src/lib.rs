@@ -5,6 +5,7 @@
 //! per-connection request scheduling. The server serves anything that implements
 //! [`Export`]; [`BlockVolume`] does, mapping engine errors to NBD errors in one place.
 
+mod config;
 mod negotiate;
 pub mod protocol;
 pub mod server;

@@ -2,8 +2,8 @@
 
 use std::io::{self, BufReader, Write};
 
+use crate::config::{ExportEntry, ServerConfig, Stream};
 use crate::protocol::*;
-use crate::server::{ExportEntry, ServerConfig, Stream};
 
 /// Fixed-newstyle negotiation. `Ok(None)`: the client aborted or chose no export.
 pub(crate) fn negotiate<'c, S: Stream>(

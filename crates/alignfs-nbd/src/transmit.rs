@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::config::{ExportEntry, ServerConfig, ServerStats, Stream};
 use crate::protocol::*;
-use crate::server::{ExportEntry, ServerConfig, ServerStats, Stream};
 use crate::ExportError;
 
 /// The bytes a request touches and whether it changes them; `None`: no data.

@@ -23,11 +23,13 @@ use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use cells::{counters_json, prefill, run_cold_read_cell, run_counted_cell, Accumulator, Cell, CellResult};
+use cells::{prefill, run_cold_read_cell, run_counted_cell, Accumulator, Cell, CellResult};
+use counters::counters_json;
 use report::print_report;
 use systems::{Placement, System, Systems};
 
 mod cells;
+mod counters;
 mod report;
 mod systems;
 

@@ -1,6 +1,7 @@
 //! The table `alignfs bench` prints.
 
-use super::cells::{CellResult, MIGRATIONS};
+use super::cells::CellResult;
+use super::counters::MIGRATIONS;
 
 pub(super) fn print_report(results: &[CellResult]) {
     let find = |w: &str, d: bool, s: &str| results.iter().find(|r| r.workload == w && r.durable == d && r.system == s);

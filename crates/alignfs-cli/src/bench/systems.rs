@@ -11,7 +11,7 @@ use alignfs::profile::DeviceKind;
 use alignfs::{FormatOptions, Geometry, Ino, Profile, ReadMode, Volume, VolumeOptions};
 use anyhow::{Context, Result};
 
-use super::cells::tracked;
+use super::counters::tracked;
 
 pub(super) trait System {
     fn name(&self) -> &str;

@@ -131,6 +131,22 @@ impl Profile {
             })),
         }
     }
+
+    /// Refuse a volume of this profile unless it is `wanted` (what the caller serves), with
+    /// the command that serves it instead.
+    pub fn check_served_by(self, wanted: Personality) -> Result<()> {
+        let personality = self.personality();
+        if personality == wanted {
+            return Ok(());
+        }
+        Err(Error::WrongPersonality(format!(
+            "the volume is {} ({} profile), not {}: serve it with `{}`",
+            personality.noun(),
+            self.name(),
+            wanted.noun(),
+            personality.served_by()
+        )))
+    }
 }
 
 /// The front end a profile's volumes are made for.

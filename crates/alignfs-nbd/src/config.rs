@@ -1,0 +1,99 @@
+//! What a server serves and how (its exports and settings), the sockets it serves on,
+//! and what it counts: shared by the listener, negotiation and transmission.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Export;
+
+/// One export a server offers.
+pub struct ExportEntry {
+    pub name: String,
+    pub description: String,
+    pub export: Arc<dyn Export>,
+    pub read_only: bool,
+}
+
+/// Workers per connection unless told otherwise: one per CPU, 2 to 16. More than the CPUs
+/// only add wake-ups: on two CPUs, eight workers served 4 KiB requests at queue depth 8
+/// 15–21 % slower than two (fio's nbd engine over a Unix socket, 3 alternating rounds).
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get()).clamp(2, 16)
+}
+
+/// What a server serves and how.
+pub struct ServerConfig {
+    pub exports: Vec<ExportEntry>,
+    /// Threads serving one connection's requests ([`default_workers`]).
+    pub workers_per_connection: usize,
+    /// Largest READ or WRITE accepted; larger ones get `NBD_EINVAL`.
+    pub max_request_bytes: u32,
+    /// A client has this long for each step of negotiation.
+    pub handshake_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(exports: Vec<ExportEntry>) -> ServerConfig {
+        ServerConfig {
+            exports,
+            workers_per_connection: default_workers(),
+            max_request_bytes: 32 << 20,
+            handshake_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connected socket of either family.
+pub trait Stream: Read + Write + Send + Sync + 'static {
+    fn try_clone_stream(&self) -> io::Result<Self>
+    where
+        Self: Sized;
+    fn shutdown_both(&self);
+    fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn peer(&self) -> String;
+}
+
+impl Stream for TcpStream {
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+    fn peer(&self) -> String {
+        self.peer_addr().map_or_else(|_| "tcp peer".into(), |a| a.to_string())
+    }
+}
+
+impl Stream for UnixStream {
+    fn try_clone_stream(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(timeout)
+    }
+    fn peer(&self) -> String {
+        "unix socket peer".into()
+    }
+}
+
+/// What the server did, for logs and tests.
+#[derive(Default)]
+pub struct ServerStats {
+    pub connections: AtomicU64,
+    pub refused_handshakes: AtomicU64,
+    pub requests: AtomicU64,
+    /// Requests the connection's reading thread served itself, without a worker.
+    pub served_by_reader: AtomicU64,
+    pub errors_returned: AtomicU64,
+}
