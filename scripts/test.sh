@@ -17,6 +17,8 @@ stage() { printf '== stage %s at %d:%02d\n' "$1" $((SECONDS / 60)) $((SECONDS % 
 stage "format, lints, unit tests"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The engine's imports run downwards only (docs/ARCHITECTURE.md, "Layers").
+scripts/check-layers.py
 cargo test --workspace --locked -- --skip power_loss
 # The power-loss tests apart, so their figures (crash points, images) show in the log.
 power_log=$(mktemp)
