@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use alignfs::paths::open_object_paths;
-use alignfs::personality::ObjectStore;
+use alignfs::personality::{Bucket, ObjectStore};
 use alignfs::stats::Counter;
 use alignfs::VolumeOptions;
 use anyhow::{bail, Context, Result};
@@ -175,62 +175,13 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
     let mut rng = StdRng::seed_from_u64(args.seed);
     let payload: Vec<u8> = (0..(1 << 20) + 65536).map(|_| rng.random()).collect();
     if args.prefill {
-        for name in &names {
-            bucket.create(name)?;
-            for offset in (0..object_size).step_by(1 << 20) {
-                let len = (1 << 20).min(object_size - offset) as usize;
-                bucket.write(name, offset, &payload[..len])?;
-            }
-        }
+        prefill(&bucket, &names, object_size, &payload)?;
         return Ok(serde_json::json!({ "prefilled": args.objects, "object_size": object_size }));
     }
-    if args.pattern.overwrites() {
-        if let Some(missing) = names.iter().find(|name| bucket.stat(name).is_err()) {
-            bail!(
-                "--pattern {} overwrites filled objects, and {} is not there: fill them first with --prefill (same --objects, --object-size and --prefix)",
-                args.pattern.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),
-                String::from_utf8_lossy(missing)
-            );
-        }
-    } else if args.pattern != Pattern::Fileserver {
-        for name in &names {
-            bucket.create(name)?;
-        }
-    }
+    prepare(&bucket, &names, args)?;
     let before = counters(store);
     let (started, limit) = (Instant::now(), Duration::from_secs_f64(args.seconds));
-    let per_job = args.objects / args.jobs;
-    let (ops, bytes) = std::thread::scope(|scope| -> Result<(u64, u64)> {
-        let workers: Vec<_> = (0..args.jobs)
-            .map(|job| {
-                let (bucket, names, payload) = (&bucket, &names[(job * per_job) as usize..((job + 1) * per_job) as usize], &payload);
-                let rng = StdRng::seed_from_u64(args.seed + job);
-                let writes = Writes { pattern: args.pattern, objects: per_job, object_size, position: 0, rng };
-                let job_bytes = max_bytes / args.jobs;
-                scope.spawn(move || -> Result<(u64, u64)> {
-                    if args.pattern == Pattern::Fileserver {
-                        let prefix = format!("{}-f{job}", args.prefix);
-                        return fileserver(bucket, &prefix, object_size, payload, writes.rng, || started.elapsed() >= limit, job_bytes);
-                    }
-                    let (mut ops, mut bytes) = (0u64, 0u64);
-                    for (object, offset, len) in writes {
-                        let at = (ops as usize * 4099) % (payload.len() - len as usize);
-                        bucket.write(&names[object as usize], offset, &payload[at..at + len as usize])?;
-                        ops += 1;
-                        bytes += len;
-                        if bytes >= max_bytes / args.jobs || started.elapsed() >= limit {
-                            break;
-                        }
-                    }
-                    Ok((ops, bytes))
-                })
-            })
-            .collect();
-        workers.into_iter().try_fold((0, 0), |(ops, bytes), worker| {
-            let (o, b) = worker.join().map_err(|_| anyhow::anyhow!("a writer panicked"))??;
-            Ok((ops + o, bytes + b))
-        })
-    })?;
+    let (ops, bytes) = write_for(&bucket, &names, &payload, args, object_size, max_bytes, started + limit)?;
     let seconds = started.elapsed().as_secs_f64();
     let written = counters(store);
     let mut report = serde_json::json!({
@@ -247,18 +198,100 @@ fn run_cell(store: &ObjectStore, args: &BenchObjectsArgs, object_size: u64, max_
         report["sync"] = serde_json::json!({ "blocks": synced, "seconds": started.elapsed().as_secs_f64(), "counters": delta_json(&written, &counters(store)) });
     }
     if args.remove {
-        for name in &names {
-            match bucket.remove(name) {
-                Err(alignfs::Error::NotFound) if args.pattern == Pattern::Fileserver => {}
-                other => other?,
-            }
-        }
-        let left = format!("{}-f", args.prefix).into_bytes();
-        for object in bucket.list(&left, None, usize::MAX)? {
-            bucket.remove(&object.name)?;
-        }
+        remove(&bucket, &names, args)?;
     }
     Ok(report)
+}
+
+/// Writes every object whole, 1 MiB at a time, for the overwrite patterns to find.
+fn prefill(bucket: &Bucket<'_>, names: &[Vec<u8>], object_size: u64, payload: &[u8]) -> Result<()> {
+    for name in names {
+        bucket.create(name)?;
+        for offset in (0..object_size).step_by(1 << 20) {
+            let len = (1 << 20).min(object_size - offset) as usize;
+            bucket.write(name, offset, &payload[..len])?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks that an overwrite pattern's objects were prefilled, or creates the objects a
+/// writing pattern starts from (fileserver makes its own).
+fn prepare(bucket: &Bucket<'_>, names: &[Vec<u8>], args: &BenchObjectsArgs) -> Result<()> {
+    if args.pattern.overwrites() {
+        if let Some(missing) = names.iter().find(|name| bucket.stat(name).is_err()) {
+            bail!(
+                "--pattern {} overwrites filled objects, and {} is not there: fill them first with --prefill (same --objects, --object-size and --prefix)",
+                args.pattern.to_possible_value().map_or_else(String::new, |v| v.get_name().to_string()),
+                String::from_utf8_lossy(missing)
+            );
+        }
+    } else if args.pattern != Pattern::Fileserver {
+        for name in names {
+            bucket.create(name)?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs `--jobs` writers, each over its own objects, until `max_bytes` in all or the time
+/// limit; returns the operations and bytes written.
+fn write_for(
+    bucket: &Bucket<'_>,
+    names: &[Vec<u8>],
+    payload: &[u8],
+    args: &BenchObjectsArgs,
+    object_size: u64,
+    max_bytes: u64,
+    deadline: Instant,
+) -> Result<(u64, u64)> {
+    let per_job = args.objects / args.jobs;
+    std::thread::scope(|scope| -> Result<(u64, u64)> {
+        let workers: Vec<_> = (0..args.jobs)
+            .map(|job| {
+                let (bucket, names, payload) = (&bucket, &names[(job * per_job) as usize..((job + 1) * per_job) as usize], &payload);
+                let rng = StdRng::seed_from_u64(args.seed + job);
+                let writes = Writes { pattern: args.pattern, objects: per_job, object_size, position: 0, rng };
+                let job_bytes = max_bytes / args.jobs;
+                scope.spawn(move || -> Result<(u64, u64)> {
+                    if args.pattern == Pattern::Fileserver {
+                        let prefix = format!("{}-f{job}", args.prefix);
+                        return fileserver(bucket, &prefix, object_size, payload, writes.rng, || Instant::now() >= deadline, job_bytes);
+                    }
+                    let (mut ops, mut bytes) = (0u64, 0u64);
+                    for (object, offset, len) in writes {
+                        let at = (ops as usize * 4099) % (payload.len() - len as usize);
+                        bucket.write(&names[object as usize], offset, &payload[at..at + len as usize])?;
+                        ops += 1;
+                        bytes += len;
+                        if bytes >= max_bytes / args.jobs || Instant::now() >= deadline {
+                            break;
+                        }
+                    }
+                    Ok((ops, bytes))
+                })
+            })
+            .collect();
+        workers.into_iter().try_fold((0, 0), |(ops, bytes), worker| {
+            let (o, b) = worker.join().map_err(|_| anyhow::anyhow!("a writer panicked"))??;
+            Ok((ops + o, bytes + b))
+        })
+    })
+}
+
+/// Removes the cell's objects, and the files a fileserver cell left.
+fn remove(bucket: &Bucket<'_>, names: &[Vec<u8>], args: &BenchObjectsArgs) -> Result<()> {
+    for name in names {
+        match bucket.remove(name) {
+            Err(alignfs::Error::NotFound) if args.pattern == Pattern::Fileserver => {}
+            other => other?,
+        }
+    }
+    let left = format!("{}-f", args.prefix).into_bytes();
+    for object in bucket.list(&left, None, usize::MAX)? {
+        bucket.remove(&object.name)?;
+    }
+    Ok(())
 }
 
 /// A size from filebench's gamma distribution (shape 1.5) of mean `mean`, at most `cap`:
@@ -273,7 +306,7 @@ fn gamma_size(rng: &mut StdRng, mean: f64, cap: u64) -> u64 {
 /// One writer of the fileserver cell, on objects `PREFIX-N`; returns (flow rounds, bytes
 /// created and appended).
 fn fileserver(
-    bucket: &alignfs::personality::Bucket<'_>,
+    bucket: &Bucket<'_>,
     prefix: &str,
     object_size: u64,
     payload: &[u8],

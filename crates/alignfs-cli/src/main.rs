@@ -212,17 +212,7 @@ fn size_arg(text: &str, what: &str) -> Result<u32> {
 
 fn mkfs(args: &MkfsArgs) -> Result<()> {
     let profile = Profile::parse(&args.profile)?;
-    let defaults = profile.default_geometry();
-    let block_bytes = args.block_size.as_deref().map_or(Ok(defaults.block_bytes), |t| size_arg(t, "block-size"))?;
-    // A profile whose residue unit is one whole block (a scrap page) keeps that when
-    // only --block-size is given.
-    let page_bytes = match &args.page_size {
-        Some(text) => size_arg(text, "page-size")?,
-        None if defaults.page_bytes == defaults.block_bytes => block_bytes,
-        None => defaults.page_bytes,
-    };
-    let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
-    let geometry = Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers };
+    let geometry = geometry_arg(args, profile)?;
     let (fast, ssds) = args.devices.specs()?;
     let kind = profile.devices();
     let fast = match kind {
@@ -258,6 +248,36 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
             (sb, volume, None)
         }
     };
+    print_formatted(args, &sb, &volume, store, block.as_ref(), &ssds[0].path);
+    volume.close()?;
+    Ok(())
+}
+
+/// The geometry from `--block-size`, `--page-size` and `--split-size`, each defaulting
+/// to the profile's.
+fn geometry_arg(args: &MkfsArgs, profile: Profile) -> Result<Geometry> {
+    let defaults = profile.default_geometry();
+    let block_bytes = args.block_size.as_deref().map_or(Ok(defaults.block_bytes), |t| size_arg(t, "block-size"))?;
+    // A profile whose residue unit is one whole block (a scrap page) keeps that when
+    // only --block-size is given.
+    let page_bytes = match &args.page_size {
+        Some(text) => size_arg(text, "page-size")?,
+        None if defaults.page_bytes == defaults.block_bytes => block_bytes,
+        None => defaults.page_bytes,
+    };
+    let split_bytes = args.split_size.as_deref().map_or(Ok(defaults.split_bytes.max(block_bytes)), |t| size_arg(t, "split-size"))?;
+    Ok(Geometry { block_bytes, page_bytes, split_bytes, io_workers: args.io_workers })
+}
+
+/// What mkfs made, and how to serve it.
+fn print_formatted(
+    args: &MkfsArgs,
+    sb: &alignfs::layout::Superblock,
+    volume: &alignfs::Volume,
+    store: MetaStore,
+    block: Option<&alignfs::personality::BlockLayout>,
+    first_ssd: &std::path::Path,
+) {
     let (fast_desc, ssd_desc, residue) = volume.describe_devices();
     println!("formatted alignfs volume {} (profile {})", sb.uuid_string(), sb.profile.name());
     println!("  fast tier: {fast_desc}");
@@ -265,14 +285,14 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     println!("  residue:   {residue}");
     println!(
         "  geometry:  {} blocks, {} pages, split {}, {} IO workers",
-        bytesize::ByteSize(u64::from(geometry.block_bytes)),
-        bytesize::ByteSize(u64::from(geometry.page_bytes)),
-        bytesize::ByteSize(u64::from(geometry.split_bytes)),
-        geometry.io_workers
+        bytesize::ByteSize(u64::from(sb.geometry.block_bytes)),
+        bytesize::ByteSize(u64::from(sb.geometry.page_bytes)),
+        bytesize::ByteSize(u64::from(sb.geometry.split_bytes)),
+        sb.geometry.io_workers
     );
     match store {
         MetaStore::Kv => {
-            let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::paths::default_kv_dir(&ssds[0].path));
+            let kv = args.devices.kv.clone().unwrap_or_else(|| alignfs::paths::default_kv_dir(first_ssd));
             println!("  metadata:  KV store {}", kv.display());
         }
         MetaStore::InPlaceLines => println!(
@@ -280,7 +300,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
             bytesize::ByteSize(2 * sb.layout.checkpoint_bytes),
             bytesize::ByteSize(sb.layout.journal_bytes)
         ),
-        MetaStore::Journal => print_journal_layout(&sb, kind),
+        MetaStore::Journal => print_journal_layout(sb, sb.profile.devices()),
     }
     if let Some(layout) = block {
         println!("  block volume: {} bytes ({}), {}-byte sectors", layout.size, bytesize::ByteSize(layout.size), layout.sector_bytes);
@@ -289,11 +309,9 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         }
         println!("  serve it:  alignfs nbd {}", args.devices.as_args());
     }
-    if profile.personality() == Personality::Objects {
+    if sb.profile.personality() == Personality::Objects {
         println!("  serve it:  alignfs s3 {} --keys FILE", args.devices.as_args());
     }
-    volume.close()?;
-    Ok(())
 }
 
 /// A journal's layout, and a warning when its checkpoint slots cannot map the whole SSD.

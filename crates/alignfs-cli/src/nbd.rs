@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use alignfs::paths::{open_block_paths, ssd_superblock};
 use alignfs::profile::{Personality, Tunable};
+use alignfs::Profile;
 use alignfs::VolumeOptions;
-use alignfs_nbd::{ExportEntry, Server, ServerConfig};
+use alignfs_nbd::{ExportEntry, Server, ServerConfig, ServerStats};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -57,6 +58,44 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     };
     let profile = superblock.profile;
     profile.check_served_by(Personality::Block)?;
+    let options = volume_options(args, profile)?;
+    let ssd_paths: Vec<PathBuf> = ssds.iter().map(|s| s.path.clone()).collect();
+    let volume = Arc::new(open_block_paths(&fast.path, &ssd_paths, options, args.devices.backend())?);
+    let (_, _, residue) = volume.volume().describe_devices();
+    let description = format!("alignfs {} volume {}", profile.name(), superblock.uuid_string());
+    let mut config = ServerConfig::new(vec![ExportEntry {
+        name: args.export.clone(),
+        description,
+        export: Arc::clone(&volume) as Arc<dyn alignfs_nbd::Export>,
+        read_only: args.read_only,
+    }]);
+    config.workers_per_connection = args.workers.unwrap_or_else(alignfs_nbd::default_workers).max(1);
+    let server = Server::new(config);
+    listen(&server, args)?;
+    println!(
+        "  {} bytes in {}-byte sectors, {} NVM ranges; residue: {residue}{}",
+        volume.size(),
+        volume.layout().sector_bytes,
+        volume.layout().nvm_ranges.len(),
+        if args.no_nvm_buffer { " (not used: --no-nvm-buffer)" } else { "" }
+    );
+    wait_for_stop_signal()?;
+    println!("stopping: finishing requests in progress, then closing the volume");
+    server.shutdown();
+    print_served(&server.stats);
+    drop(server);
+    if let Some(path) = &args.socket {
+        let _ = std::fs::remove_file(path);
+    }
+    let volume = Arc::try_unwrap(volume).map_err(|_| anyhow::anyhow!("a connection still holds the volume"))?;
+    volume.close()?;
+    println!("closed cleanly");
+    Ok(())
+}
+
+/// The volume's options from the command line; a flag the profile does not use is
+/// noted, not refused.
+fn volume_options(args: &NbdArgs, profile: Profile) -> Result<VolumeOptions> {
     let size = |text: &Option<String>, flag: &str| -> Result<Option<u64>> {
         text.as_deref().map(|t| alignfs::geometry::parse_size(t).with_context(|| format!("--{flag}"))).transpose()
     };
@@ -70,25 +109,17 @@ pub fn run(args: &NbdArgs) -> Result<()> {
             println!("note: {flag} has no effect: profile {} does not use it", profile.name());
         }
     }
-    let options = VolumeOptions {
+    Ok(VolumeOptions {
         read_only: args.read_only,
         request_threshold: size(&args.request_threshold, "request-threshold")?,
         segment_bytes: size(&args.segment_size, "segment-size")?.unwrap_or(defaults.segment_bytes),
         nvm_buffer: !args.no_nvm_buffer,
         ..defaults
-    };
-    let ssd_paths: Vec<PathBuf> = ssds.iter().map(|s| s.path.clone()).collect();
-    let volume = Arc::new(open_block_paths(&fast.path, &ssd_paths, options, args.devices.backend())?);
-    let (_, _, residue) = volume.volume().describe_devices();
-    let description = format!("alignfs {} volume {}", profile.name(), superblock.uuid_string());
-    let mut config = ServerConfig::new(vec![ExportEntry {
-        name: args.export.clone(),
-        description,
-        export: Arc::clone(&volume) as Arc<dyn alignfs_nbd::Export>,
-        read_only: args.read_only,
-    }]);
-    config.workers_per_connection = args.workers.unwrap_or_else(alignfs_nbd::default_workers).max(1);
-    let server = Server::new(config);
+    })
+}
+
+/// Listens on TCP unless `--no-tcp`, and on the Unix socket if one is named.
+fn listen(server: &Server, args: &NbdArgs) -> Result<()> {
     if !args.no_tcp {
         let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
         server.listen_tcp(listener)?;
@@ -102,13 +133,11 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         server.listen_unix(listener)?;
         println!("serving export {:?} on nbd+unix:///{}?socket={}", args.export, args.export, path.display());
     }
-    println!(
-        "  {} bytes in {}-byte sectors, {} NVM ranges; residue: {residue}{}",
-        volume.size(),
-        volume.layout().sector_bytes,
-        volume.layout().nvm_ranges.len(),
-        if args.no_nvm_buffer { " (not used: --no-nvm-buffer)" } else { "" }
-    );
+    Ok(())
+}
+
+/// Returns at SIGINT or SIGTERM.
+fn wait_for_stop_signal() -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("install the signal handler")?;
@@ -116,9 +145,10 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     while !stop.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    println!("stopping: finishing requests in progress, then closing the volume");
-    server.shutdown();
-    let stats = &server.stats;
+    Ok(())
+}
+
+fn print_served(stats: &ServerStats) {
     let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     println!(
         "served {} requests on {} connections: {} by a connection's reader without a hand-off, {} answered with an error; {} handshakes refused",
@@ -128,12 +158,4 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         count(&stats.errors_returned),
         count(&stats.refused_handshakes)
     );
-    drop(server);
-    if let Some(path) = &args.socket {
-        let _ = std::fs::remove_file(path);
-    }
-    let volume = Arc::try_unwrap(volume).map_err(|_| anyhow::anyhow!("a connection still holds the volume"))?;
-    volume.close()?;
-    println!("closed cleanly");
-    Ok(())
 }

@@ -123,6 +123,43 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+impl Harness {
+    fn new(args: &Args, profile: Profile, work: &Path, shm: &Path) -> Result<Harness> {
+        Ok(Harness {
+            alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
+            // A memory-semantic SSD's DRAM is named as the fast tier, and sized by mkfs.
+            fast: profile.devices().names_fast().then(|| shm.join("fast")),
+            scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
+            transport: args.transport.clone(),
+            ssd: work.join("ssd.img"),
+            mnt: work.join("mnt"),
+            log: work.join("mount.log"),
+        })
+    }
+
+    fn format(&self, args: &Args, profile: Profile) -> Result<()> {
+        let mut mkfs = self.alignfs();
+        mkfs.arg("mkfs").arg("--force").args(["--profile", &args.profile]).args(["--ssd", &format!("{}:1G", self.ssd.display())]);
+        match &self.fast {
+            Some(fast) if profile.devices() == alignfs::profile::DeviceKind::FastTierAndSsd => {
+                mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)])
+            }
+            Some(fast) => mkfs.args(["--fast", &fast.display().to_string()]),
+            None => &mut mkfs,
+        };
+        self.run(mkfs, "alignfs mkfs").map(drop)
+    }
+}
+
+/// What the rounds add up to, for the closing line.
+#[derive(Default)]
+struct Tally {
+    recovery_us: Vec<u64>,
+    acknowledged: u64,
+    in_flight_landed: u64,
+    unsynced_losses: u64,
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let seed = args.seed.unwrap_or_else(rand::random);
@@ -135,73 +172,17 @@ fn main() -> Result<()> {
     let shm = PathBuf::from("/dev/shm").join(format!("alignfs-crash-{}", std::process::id()));
     std::fs::create_dir_all(&shm)?;
     let profile = Profile::parse(&args.profile)?;
-    let volatile = profile.promise() == Promise::OnSync;
-    let harness = Harness {
-        alignfs: std::fs::canonicalize(&args.alignfs).with_context(|| format!("{} (build it first)", args.alignfs.display()))?,
-        // A memory-semantic SSD's DRAM is named as the fast tier, and sized by mkfs.
-        fast: profile.devices().names_fast().then(|| shm.join("fast")),
-        scrap_mem: profile.tunables().contains(&Tunable::ResidueMemory).then(|| args.fast_size.clone()),
-        transport: args.transport.clone(),
-        ssd: work.join("ssd.img"),
-        mnt: work.join("mnt"),
-        log: work.join("mount.log"),
-    };
-    let mut mkfs = harness.alignfs();
-    mkfs.arg("mkfs").arg("--force").args(["--profile", &args.profile]).args(["--ssd", &format!("{}:1G", harness.ssd.display())]);
-    match &harness.fast {
-        Some(fast) if profile.devices() == alignfs::profile::DeviceKind::FastTierAndSsd => {
-            mkfs.args(["--fast", &format!("{}:{}", fast.display(), args.fast_size)])
-        }
-        Some(fast) => mkfs.args(["--fast", &fast.display().to_string()]),
-        None => &mut mkfs,
-    };
-    harness.run(mkfs, "alignfs mkfs")?;
+    let harness = Harness::new(&args, profile, &work, &shm)?;
+    harness.format(&args, profile)?;
 
-    let mut model = if volatile { Model::volatile() } else { Model::default() };
-    let mut recovery_us = Vec::new();
-    let mut acknowledged = 0u64;
-    let mut in_flight_landed = 0u64;
-    let mut unsynced_losses = 0u64;
+    let mut model = if profile.promise() == Promise::OnSync { Model::volatile() } else { Model::default() };
+    let mut tally = Tally::default();
     let started = Instant::now();
     for round in 0..args.rounds {
-        harness.mount()?;
-        let stat = harness.stat()?;
-        recovery_us.push(stat["recovery_us"].as_u64().unwrap_or(0));
-        let root = harness.mnt.join("crash");
-        match model.verify(&root) {
-            Ok(Outcome { pending_landed, files_with_unsynced_loss }) => {
-                in_flight_landed += u64::from(pending_landed);
-                unsynced_losses += files_with_unsynced_loss;
-            }
-            Err(e) => {
-                bail!("round {round}: acknowledged state lost after a crash (seed {seed}; devices kept in {}): {e:#}", work.display())
-            }
-        }
-        let pid = stat["daemon"]["pid"].as_u64().context("stat reports no daemon pid")? as i32;
-        // Run the workload on its own thread; kill the daemon under it.
-        let stop = Arc::new(AtomicBool::new(false));
-        let worker = {
-            let (stop, root) = (Arc::clone(&stop), root.clone());
-            let mut worker_model = std::mem::take(&mut model);
-            let worker_seed = rng.random();
-            std::thread::spawn(move || {
-                let acked = worker_model.run(&root, worker_seed, &stop);
-                (worker_model, acked)
-            })
-        };
-        std::thread::sleep(Duration::from_millis(rng.random_range(1..=args.max_run_ms)));
-        // SAFETY: kill(2) with a pid we read from the daemon; no memory is involved.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
-            bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
-        }
-        stop.store(true, Ordering::SeqCst);
-        let (worker_model, acked) = worker.join().map_err(|_| anyhow::anyhow!("workload thread panicked"))?;
-        model = worker_model;
-        acknowledged += acked;
-        wait_gone(pid)?;
-        harness.fsck().with_context(|| format!("round {round}: fsck after the crash (seed {seed})"))?;
+        crash_round(&harness, &mut model, &mut tally, rng.random(), rng.random_range(1..=args.max_run_ms))
+            .with_context(|| format!("round {round} (seed {seed}; devices kept in {})", work.display()))?;
         if round % 20 == 19 {
-            println!("  {} rounds, {acknowledged} acknowledged operations, all present so far", round + 1);
+            println!("  {} rounds, {} acknowledged operations, all present so far", round + 1, tally.acknowledged);
         }
     }
     harness.mount()?;
@@ -210,6 +191,7 @@ fn main() -> Result<()> {
     c.arg("umount").arg(&harness.mnt);
     harness.run(c, "alignfs umount")?;
     harness.fsck().context("fsck after the final clean unmount")?;
+    let Tally { mut recovery_us, acknowledged, in_flight_landed, unsynced_losses } = tally;
     recovery_us.sort_unstable();
     println!(
         "alignfs-crash: {} kill -9 rounds in {:.0} s: {acknowledged} acknowledged operations, 0 lost, 0 fsck errors; \
@@ -226,6 +208,40 @@ fn main() -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&shm);
     Ok(())
+}
+
+/// One round: mount, check everything acknowledged before the last crash, run the
+/// workload for `run_ms`, `kill -9` the daemon under it, and fsck what it left.
+fn crash_round(harness: &Harness, model: &mut Model, tally: &mut Tally, worker_seed: u64, run_ms: u64) -> Result<()> {
+    harness.mount()?;
+    let stat = harness.stat()?;
+    tally.recovery_us.push(stat["recovery_us"].as_u64().unwrap_or(0));
+    let root = harness.mnt.join("crash");
+    let Outcome { pending_landed, files_with_unsynced_loss } = model.verify(&root).context("acknowledged state lost after a crash")?;
+    tally.in_flight_landed += u64::from(pending_landed);
+    tally.unsynced_losses += files_with_unsynced_loss;
+    let pid = stat["daemon"]["pid"].as_u64().context("stat reports no daemon pid")? as i32;
+    // Run the workload on its own thread; kill the daemon under it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (stop, root) = (Arc::clone(&stop), root.clone());
+        let mut worker_model = std::mem::take(model);
+        std::thread::spawn(move || {
+            let acked = worker_model.run(&root, worker_seed, &stop);
+            (worker_model, acked)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(run_ms));
+    // SAFETY: kill(2) with a pid we read from the daemon; no memory is involved.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        bail!("kill -9 {pid}: {}", std::io::Error::last_os_error());
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (worker_model, acked) = worker.join().map_err(|_| anyhow::anyhow!("workload thread panicked"))?;
+    *model = worker_model;
+    tally.acknowledged += acked;
+    wait_gone(pid)?;
+    harness.fsck().context("fsck after the crash")
 }
 
 fn tempdir() -> Result<PathBuf> {

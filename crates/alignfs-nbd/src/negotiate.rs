@@ -13,18 +13,7 @@ pub(crate) fn negotiate<'c, S: Stream>(
 ) -> Result<Option<(&'c ExportEntry, bool)>, Hangup> {
     stream.set_timeout(Some(config.handshake_timeout))?;
     let mut w = stream.try_clone_stream()?;
-    let mut hello = NBDMAGIC.to_be_bytes().to_vec();
-    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
-    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
-    w.write_all(&hello)?;
-    let client_flags = read_u32(r)?;
-    if client_flags & CLIENT_FIXED_NEWSTYLE == 0 {
-        return Err(Hangup::Protocol(format!("client flags {client_flags:#x} lack FIXED_NEWSTYLE")));
-    }
-    if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
-        return Err(Hangup::Protocol(format!("unknown client flags {client_flags:#x}")));
-    }
-    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
+    let no_zeroes = greet(&mut w, r)?;
     let find = |name: &[u8]| {
         if name.is_empty() {
             config.exports.first()
@@ -58,13 +47,7 @@ pub(crate) fn negotiate<'c, S: Stream>(
                     option_reply(&mut w, option, REP_ERR_INVALID, b"LIST takes no data")?;
                     continue;
                 }
-                for e in &config.exports {
-                    let mut data = (e.name.len() as u32).to_be_bytes().to_vec();
-                    data.extend_from_slice(e.name.as_bytes());
-                    data.extend_from_slice(e.description.as_bytes());
-                    option_reply(&mut w, option, REP_SERVER, &data)?;
-                }
-                option_reply(&mut w, option, REP_ACK, &[])?;
+                list_exports(&mut w, config)?;
             }
             OPT_INFO | OPT_GO => {
                 let Some(info) = InfoRequest::parse(&request.data) else {
@@ -86,6 +69,35 @@ pub(crate) fn negotiate<'c, S: Stream>(
             _ => option_reply(&mut w, option, REP_ERR_UNSUP, b"option not supported")?,
         }
     }
+}
+
+/// The server's greeting and the client's flags; returns whether the client asked
+/// for no zero padding.
+fn greet<S: Stream>(w: &mut S, r: &mut BufReader<S>) -> Result<bool, Hangup> {
+    let mut hello = NBDMAGIC.to_be_bytes().to_vec();
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    w.write_all(&hello)?;
+    let client_flags = read_u32(r)?;
+    if client_flags & CLIENT_FIXED_NEWSTYLE == 0 {
+        return Err(Hangup::Protocol(format!("client flags {client_flags:#x} lack FIXED_NEWSTYLE")));
+    }
+    if client_flags & !(CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES) != 0 {
+        return Err(Hangup::Protocol(format!("unknown client flags {client_flags:#x}")));
+    }
+    Ok(client_flags & CLIENT_NO_ZEROES != 0)
+}
+
+/// NBD_OPT_LIST's answer: one reply per export, then the acknowledgement.
+fn list_exports<S: Stream>(w: &mut S, config: &ServerConfig) -> Result<(), Hangup> {
+    for e in &config.exports {
+        let mut data = (e.name.len() as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(e.name.as_bytes());
+        data.extend_from_slice(e.description.as_bytes());
+        option_reply(w, OPT_LIST, REP_SERVER, &data)?;
+    }
+    option_reply(w, OPT_LIST, REP_ACK, &[])?;
+    Ok(())
 }
 
 fn transmission_flags(entry: &ExportEntry) -> u16 {

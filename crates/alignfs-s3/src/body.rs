@@ -152,37 +152,10 @@ where
     let (sender, receiver) = mpsc::channel::<Message>(4);
     let expected = declared.clone();
     let writer = tokio::task::spawn_blocking(move || write_staged(&store, receiver, expected, publish));
-    let mut received = 0u64;
-    let mut failure: Option<S3Error> = None;
-    if let Some(mut body) = body {
-        while let Some(chunk) = body.next().await {
-            let chunk = match chunk {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    // s3s reports a payload whose signature or hash does not match here.
-                    failure = Some(match e.downcast::<S3Error>() {
-                        Ok(e) => *e,
-                        Err(e) if crate::timeouts::BodyTimedOut::caused(e.as_ref()) => {
-                            S3Error::with_message(S3ErrorCode::RequestTimeout, e.to_string())
-                        }
-                        Err(e) => S3Error::with_message(S3ErrorCode::IncompleteBody, format!("the request body broke off: {e}")),
-                    });
-                    break;
-                }
-            };
-            received += chunk.len() as u64;
-            if received > limit {
-                failure = Some(S3Error::with_message(
-                    S3ErrorCode::EntityTooLarge,
-                    format!("the body is over this gateway's limit of {limit} bytes"),
-                ));
-                break;
-            }
-            if sender.send(Message::Data(chunk)).await.is_err() {
-                break; // The writer failed; its error is the answer.
-            }
-        }
-    }
+    let (received, mut failure) = match body {
+        Some(body) => forward(body, &sender, limit).await,
+        None => (0, None),
+    };
     if failure.is_none() {
         if let Some(length) = declared.length {
             if received != length {
@@ -194,14 +167,7 @@ where
         }
     }
     if failure.is_none() {
-        let trailer = match &declared.checksum {
-            Some((algorithm, None)) => {
-                let header = algorithm.header();
-                trailers.and_then(|t| t.read(|headers| headers.get(&header).and_then(|v| v.to_str().ok()).map(str::to_string))).flatten()
-            }
-            _ => None,
-        };
-        let _ = sender.send(Message::End(trailer)).await;
+        let _ = sender.send(Message::End(trailer_checksum(&declared, trailers))).await;
     }
     drop(sender);
     let written = writer.await.map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, format!("the writer stopped: {e}")))?;
@@ -209,6 +175,46 @@ where
         Some(error) => Err(error),
         None => written,
     }
+}
+
+/// Sends `body`'s chunks to the writer until it ends, breaks off, passes `limit`, or the
+/// writer stops (its error is then the answer). Returns the bytes received and why the
+/// body was refused, if it was.
+async fn forward(mut body: StreamingBlob, sender: &mpsc::Sender<Message>, limit: u64) -> (u64, Option<S3Error>) {
+    let mut received = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => return (received, Some(broken_body(e))),
+        };
+        received += chunk.len() as u64;
+        if received > limit {
+            let error =
+                S3Error::with_message(S3ErrorCode::EntityTooLarge, format!("the body is over this gateway's limit of {limit} bytes"));
+            return (received, Some(error));
+        }
+        if sender.send(Message::Data(chunk)).await.is_err() {
+            break;
+        }
+    }
+    (received, None)
+}
+
+/// The answer to a body that broke off: s3s reports a payload whose signature or hash
+/// does not match this way, and the body timeout too.
+fn broken_body(e: s3s::StdError) -> S3Error {
+    match e.downcast::<S3Error>() {
+        Ok(e) => *e,
+        Err(e) if crate::timeouts::BodyTimedOut::caused(e.as_ref()) => S3Error::with_message(S3ErrorCode::RequestTimeout, e.to_string()),
+        Err(e) => S3Error::with_message(S3ErrorCode::IncompleteBody, format!("the request body broke off: {e}")),
+    }
+}
+
+/// The checksum a trailer carried, when the request said one would follow the body.
+fn trailer_checksum(declared: &Declared, trailers: Option<s3s::TrailingHeaders>) -> Option<String> {
+    let Some((algorithm, None)) = &declared.checksum else { return None };
+    let header = algorithm.header();
+    trailers.and_then(|t| t.read(|headers| headers.get(&header).and_then(|v| v.to_str().ok()).map(str::to_string))).flatten()
 }
 
 fn write_staged<T, F>(store: &ObjectStore, mut receiver: mpsc::Receiver<Message>, declared: Declared, publish: F) -> S3Result<T>

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use fjall::{Keyspace, PersistMode};
+use fjall::{Keyspace, OwnedWriteBatch, PersistMode};
 
 use super::kv_error;
 use super::records::{
@@ -42,7 +42,7 @@ impl KvMeta {
     }
 
     /// Put the deletion of every record of `object` into `batch`.
-    fn remove_object(&self, batch: &mut fjall::OwnedWriteBatch, object: Ino) -> Result<()> {
+    fn remove_object(&self, batch: &mut OwnedWriteBatch, object: Ino) -> Result<()> {
         let key = object_prefix(object);
         batch.remove(&self.attrs, key.to_vec());
         batch.remove(&self.onodes, key.to_vec());
@@ -51,7 +51,7 @@ impl KvMeta {
     }
 
     /// Delete every record under `prefix` in `keyspace` (the paper's prefix delete).
-    fn delete_prefix(&self, batch: &mut fjall::OwnedWriteBatch, keyspace: &Keyspace, prefix: &[u8]) -> Result<()> {
+    fn delete_prefix(&self, batch: &mut OwnedWriteBatch, keyspace: &Keyspace, prefix: &[u8]) -> Result<()> {
         for item in keyspace.prefix(prefix) {
             let key = item.key().map_err(|e| kv_error(&self.dir, "read", e))?;
             batch.remove(keyspace, key);
@@ -59,77 +59,15 @@ impl KvMeta {
         Ok(())
     }
 
-    /// Write the current record of every key `touched` names; `meta` is applied. The
-    /// records' bytes (keys + values) are counted per class in `stats`: the metadata
-    /// traffic NVStore's evaluation counts, before the KV store's own amplification.
+    /// Write the current record of every key `touched` names; `meta` is applied.
     fn write_touched(&mut self, cx: &CommitContext<'_>, touched: &Touched) -> Result<()> {
-        let (meta, checksums) = (cx.meta, cx.checksums);
         // Durable through the group sync that follows the commit.
         let mut batch = self.db.batch().durability(None);
-        let count = |counter: Counter, key: usize, value: usize| cx.stats.add(counter, (key + value) as u64);
-        for ((ino, lblock), before) in &touched.blocks {
-            let key = BlockKey { object: *ino, lblock: *lblock }.encode();
-            let entry = meta.get(*ino).and_then(|i| i.map.lock().get(lblock).cloned());
-            // The fragments of a unit the block no longer holds go in the batch that stops
-            // its record naming them (a synced block's, a replaced page's).
-            for unit in before.iter().filter(|u| !entry.as_ref().is_some_and(|e| e.fast_pages().any(|p| p == **u))) {
-                self.log.drop_into(*unit, &mut batch);
-            }
-            match entry {
-                Some(entry) => {
-                    for unit in entry.fast_pages() {
-                        self.log.mapped_into(unit, &mut batch);
-                    }
-                    let value = block_value(&entry, checksums);
-                    debug_assert!(BlockValue::decode(&value).is_ok_and(|v| v.block == entry.ssd_block()), "a block record round-trips");
-                    count(Counter::kv_block_bytes, key.len(), value.len());
-                    batch.insert(&self.blocks, key.to_vec(), value.to_vec());
-                }
-                None => batch.remove(&self.blocks, key.to_vec()),
-            }
-        }
-        // Each object's onode as this batch leaves it: `None` once the object is gone.
-        let mut sizes = Vec::new();
-        for &ino in &touched.objects {
-            match meta.get(ino) {
-                Some(inode) => {
-                    let attr = AttrRecord::of(&inode.data.lock());
-                    let (key, record) = (object_prefix(ino), attr.encode());
-                    debug_assert_eq!(AttrRecord::decode(&record).as_ref(), Ok(&attr), "an attribute record round-trips");
-                    count(Counter::kv_attr_bytes, key.len(), record.len());
-                    batch.insert(&self.attrs, key.to_vec(), record);
-                }
-                None => {
-                    self.remove_object(&mut batch, ino)?;
-                    for unit in touched.freed_units.iter().filter(|(object, _)| *object == ino).map(|(_, unit)| *unit) {
-                        self.log.forget(unit);
-                    }
-                    sizes.push((ino, None));
-                }
-            }
-        }
-        for &ino in touched.sizes.union(&touched.objects) {
-            let Some(size) = meta.get(ino).map(|i| i.size()) else { continue };
-            if self.durable_sizes.get(&ino) != Some(&size) {
-                let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
-                debug_assert_eq!(Onode::decode(&value).map(|o| o.size), Ok(size), "an onode round-trips");
-                count(Counter::kv_onode_bytes, key.len(), value.len());
-                batch.insert(&self.onodes, key.to_vec(), value.to_vec());
-                sizes.push((ino, Some(size)));
-            }
-        }
-        for (parent, name) in &touched.names {
-            let key = encode_name_key(*parent, name);
-            debug_assert_eq!(decode_name_key(&key), Ok((*parent, &name[..])), "a name key round-trips");
-            match meta.child(*parent, name) {
-                Some(ino) => {
-                    count(Counter::kv_name_bytes, key.len(), 8);
-                    batch.insert(&self.names, key, encode_object_id(ino).to_vec());
-                }
-                None => batch.remove(&self.names, key),
-            }
-        }
-        let next_ino = meta.next_ino.load(Ordering::SeqCst);
+        self.batch_blocks(cx, touched, &mut batch);
+        let mut sizes = self.batch_objects(cx, touched, &mut batch)?;
+        sizes.extend(self.batch_sizes(cx, touched, &mut batch));
+        self.batch_names(cx, touched, &mut batch);
+        let next_ino = cx.meta.next_ino.load(Ordering::SeqCst);
         if next_ino != self.durable_next_ino {
             batch.insert(&self.volume, NEXT_INO_KEY, encode_object_id(Ino(next_ino)).to_vec());
         }
@@ -146,6 +84,94 @@ impl KvMeta {
         }
         Ok(())
     }
+
+    /// Each touched block's record, and the fragment records its change maps or drops.
+    fn batch_blocks(&self, cx: &CommitContext<'_>, touched: &Touched, batch: &mut OwnedWriteBatch) {
+        for ((ino, lblock), before) in &touched.blocks {
+            let key = BlockKey { object: *ino, lblock: *lblock }.encode();
+            let entry = cx.meta.get(*ino).and_then(|i| i.map.lock().get(lblock).cloned());
+            // The fragments of a unit the block no longer holds go in the batch that stops
+            // its record naming them (a synced block's, a replaced page's).
+            for unit in before.iter().filter(|u| !entry.as_ref().is_some_and(|e| e.fast_pages().any(|p| p == **u))) {
+                self.log.drop_into(*unit, batch);
+            }
+            match entry {
+                Some(entry) => {
+                    for unit in entry.fast_pages() {
+                        self.log.mapped_into(unit, batch);
+                    }
+                    let value = block_value(&entry, cx.checksums);
+                    debug_assert!(BlockValue::decode(&value).is_ok_and(|v| v.block == entry.ssd_block()), "a block record round-trips");
+                    count(cx, Counter::kv_block_bytes, key.len(), value.len());
+                    batch.insert(&self.blocks, key.to_vec(), value.to_vec());
+                }
+                None => batch.remove(&self.blocks, key.to_vec()),
+            }
+        }
+    }
+
+    /// Each touched object's attributes, or its removal once it is gone. Returns the
+    /// durable sizes the removals forget.
+    fn batch_objects(&mut self, cx: &CommitContext<'_>, touched: &Touched, batch: &mut OwnedWriteBatch) -> Result<Vec<(Ino, Option<u64>)>> {
+        let mut gone = Vec::new();
+        for &ino in &touched.objects {
+            match cx.meta.get(ino) {
+                Some(inode) => {
+                    let attr = AttrRecord::of(&inode.data.lock());
+                    let (key, record) = (object_prefix(ino), attr.encode());
+                    debug_assert_eq!(AttrRecord::decode(&record).as_ref(), Ok(&attr), "an attribute record round-trips");
+                    count(cx, Counter::kv_attr_bytes, key.len(), record.len());
+                    batch.insert(&self.attrs, key.to_vec(), record);
+                }
+                None => {
+                    self.remove_object(batch, ino)?;
+                    for unit in touched.freed_units.iter().filter(|(object, _)| *object == ino).map(|(_, unit)| *unit) {
+                        self.log.forget(unit);
+                    }
+                    gone.push((ino, None));
+                }
+            }
+        }
+        Ok(gone)
+    }
+
+    /// An onode for each object whose size differs from its durable one. Returns the
+    /// sizes written.
+    fn batch_sizes(&self, cx: &CommitContext<'_>, touched: &Touched, batch: &mut OwnedWriteBatch) -> Vec<(Ino, Option<u64>)> {
+        let mut written = Vec::new();
+        for &ino in touched.sizes.union(&touched.objects) {
+            let Some(size) = cx.meta.get(ino).map(|i| i.size()) else { continue };
+            if self.durable_sizes.get(&ino) != Some(&size) {
+                let (key, value) = (object_prefix(ino), Onode { size, flags: 0 }.encode());
+                debug_assert_eq!(Onode::decode(&value).map(|o| o.size), Ok(size), "an onode round-trips");
+                count(cx, Counter::kv_onode_bytes, key.len(), value.len());
+                batch.insert(&self.onodes, key.to_vec(), value.to_vec());
+                written.push((ino, Some(size)));
+            }
+        }
+        written
+    }
+
+    /// Each touched name: its object, or its removal.
+    fn batch_names(&self, cx: &CommitContext<'_>, touched: &Touched, batch: &mut OwnedWriteBatch) {
+        for (parent, name) in &touched.names {
+            let key = encode_name_key(*parent, name);
+            debug_assert_eq!(decode_name_key(&key), Ok((*parent, &name[..])), "a name key round-trips");
+            match cx.meta.child(*parent, name) {
+                Some(ino) => {
+                    count(cx, Counter::kv_name_bytes, key.len(), 8);
+                    batch.insert(&self.names, key, encode_object_id(ino).to_vec());
+                }
+                None => batch.remove(&self.names, key),
+            }
+        }
+    }
+}
+
+/// Counts a record's bytes (key + value) in its class: the metadata traffic NVStore's
+/// evaluation counts, before the KV store's own amplification.
+fn count(cx: &CommitContext<'_>, counter: Counter, key: usize, value: usize) {
+    cx.stats.add(counter, (key + value) as u64);
 }
 
 impl MetaStore for KvMeta {

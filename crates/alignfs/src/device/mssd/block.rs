@@ -128,50 +128,13 @@ impl Inner {
                 return IoTicket::done(done);
             }
         };
-        // Each request's pages went to consecutive flash pages unless an erase block
-        // ended inside it; only then is its buffer copied into pieces.
-        let mut batch = Vec::new();
-        let mut kept: Vec<(usize, Option<AlignedBuf>, usize)> = Vec::new();
-        let mut at = 0;
-        for (index, request) in requests {
-            let pages = request.buf.len() / PAGE as usize;
-            let mine = &ppas[at..at + pages];
-            at += pages;
-            let pieces = runs(mine);
-            if pieces.len() == 1 {
-                kept.push((index, None, batch.len()));
-                batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(mine[0]) * PAGE, buf: request.buf });
-            } else {
-                kept.push((index, None, usize::MAX));
-                let mut page = 0;
-                for run in pieces {
-                    let mut buf = AlignedBuf::zeroed(run.len() * PAGE as usize);
-                    buf.copy_from_slice(&request.buf[page * PAGE as usize..(page + run.len()) * PAGE as usize]);
-                    page += run.len();
-                    batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(run[0]) * PAGE, buf });
-                }
-                kept.last_mut().expect("just pushed").1 = Some(request.buf);
-            }
-        }
+        let (batch, kept) = flash_batch(requests, &ppas);
         let bytes = lpas.len() as u64 * PAGE;
         self.counters.block_write_bytes.fetch_add(bytes, Ordering::Relaxed);
         self.counters.flash_program_bytes.fetch_add(bytes, Ordering::Relaxed);
         let inner = Arc::clone(self);
         self.ftl.flash.submit(batch).then(move |outcome| {
-            let ok = outcome.is_ok();
-            {
-                let mut f = inner.ftl.state.lock();
-                for (i, (&lpa, &ppa)) in lpas.iter().zip(&ppas).enumerate() {
-                    inner.ftl.write_done(&mut f, lpa, ppa);
-                    let version = first_seq + i as u64;
-                    if !ok {
-                        // A failed write leaves the page as it was.
-                        inner.ftl.discard(&mut f, ppa);
-                    } else if inner.ftl.install(&mut f, lpa, ppa, version) {
-                        inner.index.retain(lpa, |c| c.seq > version);
-                    }
-                }
-            }
+            inner.install_written(&lpas, &ppas, first_seq, outcome.is_ok());
             if let Some(model) = inner.options.latency {
                 settle(start, model.block(true, lpas.len() as u64));
             }
@@ -190,6 +153,55 @@ impl Inner {
             done.into_iter().map(|(_, outcome)| outcome).collect()
         })
     }
+
+    /// Maps each written page to its new flash page, or, if the write failed, leaves
+    /// the page as it was. A page the block interface overwrote drops the log entries
+    /// older than the write.
+    fn install_written(&self, lpas: &[u32], ppas: &[u32], first_seq: u64, ok: bool) {
+        let mut f = self.ftl.state.lock();
+        for (i, (&lpa, &ppa)) in lpas.iter().zip(ppas).enumerate() {
+            self.ftl.write_done(&mut f, lpa, ppa);
+            let version = first_seq + i as u64;
+            if !ok {
+                self.ftl.discard(&mut f, ppa);
+            } else if self.ftl.install(&mut f, lpa, ppa, version) {
+                self.index.retain(lpa, |c| c.seq > version);
+            }
+        }
+    }
+}
+
+/// A request's buffer, and where it comes back from: its own flash write (`None`, the
+/// slot in the batch) or the pieces it was copied into (`Some`, kept here meanwhile).
+type Kept = (usize, Option<AlignedBuf>, usize);
+
+/// The flash writes for `requests`, whose pages go to `ppas` in order. Each request's
+/// pages went to consecutive flash pages unless an erase block ended inside it; only
+/// then is its buffer copied into pieces.
+fn flash_batch(requests: Vec<(usize, IoRequest)>, ppas: &[u32]) -> (Vec<IoRequest>, Vec<Kept>) {
+    let mut batch = Vec::new();
+    let mut kept: Vec<Kept> = Vec::new();
+    let mut at = 0;
+    for (index, request) in requests {
+        let pages = request.buf.len() / PAGE as usize;
+        let mine = &ppas[at..at + pages];
+        at += pages;
+        let pieces = runs(mine);
+        if pieces.len() == 1 {
+            kept.push((index, None, batch.len()));
+            batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(mine[0]) * PAGE, buf: request.buf });
+            continue;
+        }
+        let mut page = 0;
+        for run in pieces {
+            let mut buf = AlignedBuf::zeroed(run.len() * PAGE as usize);
+            buf.copy_from_slice(&request.buf[page * PAGE as usize..(page + run.len()) * PAGE as usize]);
+            page += run.len();
+            batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(run[0]) * PAGE, buf });
+        }
+        kept.push((index, Some(request.buf), usize::MAX));
+    }
+    (batch, kept)
 }
 
 impl BlockDevice for MemorySemanticSsd {
