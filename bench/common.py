@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ALIGNFS = REPO / "target" / "release" / "alignfs"
+# ALIGNFS_BIN runs another build (old/new A/B runs in one session).
+ALIGNFS = Path(os.environ.get("ALIGNFS_BIN", REPO / "target" / "release" / "alignfs"))
 FUSE_URING = Path("/sys/module/fuse/parameters/enable_uring")
 
 
