@@ -123,7 +123,7 @@ impl Stats {
 }
 
 /// Space in use on each tier and in the metadata areas.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     pub fast_pages_used: u64,
     pub fast_pages_total: u64,
@@ -177,7 +177,7 @@ impl StatsSnapshot {
 
 /// Everything `alignfs stat` shows, offline or from a mounted volume (which sends it as
 /// JSON); one type so both paths print the same thing.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct VolumeReport {
     pub uuid: String,
     pub profile: String,
