@@ -4,7 +4,8 @@
 # applications against a real mount (scripts/suites.sh), the kill -9 crash loop
 # (scripts/crash.sh; both need root and /dev/fuse), the uhs block volume through real NBD
 # clients (scripts/nbd.sh), the nvstore object store through real S3 clients
-# (scripts/s3.sh), device faults through a mount, programs
+# (scripts/s3.sh), mounts through mount(8) and metrics (scripts/operate.sh), device
+# faults through a mount, programs
 # under the LD_PRELOAD shim, a GlusterFS cluster on alignfs bricks, a short run of every
 # fuzz target (scripts/fuzz.sh; nightly Rust, installed if missing) and the smoke runs of
 # the benchmarks (mount, GlusterFS, scrap, uhs, nvstore, S3, and the five-profile comparison).
@@ -189,6 +190,10 @@ scripts/suites.sh || suites=$?
 grep -q "scrap-mem has no effect: profile orch" "$work/out"
 grep -q "clean-cache has no effect: profile orch" "$work/out"
 "$bin" umount "$work/c-mnt" >/dev/null
+# As an operator runs it: mount -t fuse.alignfs, an fstab line, umount(8), and the
+# Prometheus text of `alignfs stat` through Prometheus's parser (docs/OPERATING.md).
+stage "operating"
+scripts/operate.sh
 stage "crash loops"
 scripts/crash.sh
 # The uhs profile over NBD: nbdinfo, qemu-img/qemu-io, nbdcopy, fio verify, ext4 through

@@ -7,7 +7,9 @@ mod health;
 mod holder;
 mod logging;
 mod mount;
+mod mount_helper;
 mod nbd;
+mod prometheus;
 mod s3;
 mod umount;
 
@@ -22,7 +24,7 @@ use alignfs::profile::{DeviceKind, MetaStore, Personality};
 use alignfs::stats::{Counter, VolumeReport};
 use alignfs::{FormatOptions, Geometry, MetaStoreChoice, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 /// alignfs: split every write into SSD-aligned IO and a small byte-addressable residue.
 #[derive(Parser)]
@@ -196,6 +198,10 @@ struct StatArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Print the Prometheus text format instead of a table, for node_exporter's textfile
+    /// collector (docs/OPERATING.md).
+    #[arg(long, conflicts_with = "json")]
+    prometheus: bool,
 }
 
 #[derive(Args)]
@@ -395,6 +401,8 @@ fn stat(args: &StatArgs) -> Result<()> {
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.prometheus {
+        print!("{}", prometheus::render(&report));
     } else {
         print_report(&report);
     }
@@ -580,6 +588,44 @@ fn print_counters(r: &VolumeReport) {
     }
 }
 
+/// mount(8)'s exit status for a usage error, which its helpers return too.
+const EXIT_MOUNT_USAGE: u8 = 1;
+
+/// Under the mount helper, the `alignfs mount` arguments its own translate to.
+static HELPER_COMMAND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The arguments this process was started with, as `alignfs` would take them: under the
+/// mount helper, the `alignfs mount` command it runs (for the daemon a mount starts).
+pub(crate) fn command_args() -> Vec<std::ffi::OsString> {
+    match HELPER_COMMAND.get() {
+        Some(words) => words.iter().map(Into::into).collect(),
+        None => std::env::args_os().skip(1).collect(),
+    }
+}
+
+/// The command line mount(8) means when it runs this binary as its helper for
+/// `fuse.alignfs`; `None` when run as `alignfs`.
+fn as_mount_helper() -> Result<Option<Cli>> {
+    let mut args = std::env::args_os();
+    let called = args.next().map(|a| Path::new(&a).file_name().unwrap_or_default().to_string_lossy().into_owned());
+    if called.as_deref() != Some(mount_helper::HELPER) {
+        return Ok(None);
+    }
+    let args: Vec<String> =
+        args.map(|a| a.into_string().map_err(|a| anyhow::anyhow!("argument {a:?} is not UTF-8"))).collect::<Result<_>>()?;
+    let command = Cli::command();
+    let mount = command.find_subcommand("mount").expect("alignfs has a mount command");
+    match mount_helper::translate(&args, mount)? {
+        mount_helper::Request::Fake => std::process::exit(0),
+        mount_helper::Request::Mount(words) => {
+            let words: Vec<String> = ["mount".to_string()].into_iter().chain(words).collect();
+            let cli = Cli::try_parse_from(["alignfs".to_string()].iter().chain(&words))?;
+            HELPER_COMMAND.set(words).expect("translated once");
+            Ok(Some(cli))
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // Exit quietly when the reader of our output goes away (`alignfs stat | head`), as
     // command-line tools do, instead of panicking on EPIPE.
@@ -588,7 +634,14 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     logging::init();
-    let cli = Cli::parse();
+    let cli = match as_mount_helper() {
+        Ok(Some(cli)) => cli,
+        Ok(None) => Cli::parse(),
+        Err(e) => {
+            eprintln!("{}: {e:#}", mount_helper::HELPER);
+            return ExitCode::from(EXIT_MOUNT_USAGE);
+        }
+    };
     let result = match &cli.command {
         Command::Mkfs(args) => mkfs(args),
         Command::Mount(args) => mount::mount(args),

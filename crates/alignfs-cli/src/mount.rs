@@ -237,7 +237,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
         .with_context(|| format!("open log {}", log_path.display()))?;
     let exe = std::env::current_exe().context("find the alignfs executable")?;
     let mut command = Command::new(exe);
-    command.args(std::env::args_os().skip(1)).env(DAEMON_ENV, "1").env(crate::logging::LOG_FILE_ENV, &log_path);
+    command.args(crate::command_args()).env(DAEMON_ENV, "1").env(crate::logging::LOG_FILE_ENV, &log_path);
     if std::env::var_os("ALIGNFS_LOG").is_none() {
         command.env("ALIGNFS_LOG", "info");
     }

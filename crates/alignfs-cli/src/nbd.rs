@@ -136,10 +136,11 @@ fn listen(server: &Server, args: &NbdArgs) -> Result<()> {
     Ok(())
 }
 
-/// Returns at SIGINT or SIGTERM.
+/// Returns at SIGINT, SIGTERM or SIGHUP.
 fn wait_for_stop_signal() -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    // SIGHUP too: its default action would end the server without closing the volume.
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("install the signal handler")?;
     }
     while !stop.load(Ordering::SeqCst) {

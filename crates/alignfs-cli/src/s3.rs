@@ -105,10 +105,14 @@ pub fn run(args: &S3Args) -> Result<()> {
         if args.read_only { ", read-only" } else { "" }
     );
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        use tokio::signal::unix::{signal, SignalKind};
+        // SIGHUP too: its default action would end the gateway without closing the store.
+        let mut term = signal(SignalKind::terminate()).ok();
+        let mut hangup = signal(SignalKind::hangup()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            _ = arrives(term.as_mut()) => {}
+            _ = arrives(hangup.as_mut()) => {}
         }
         println!("stopping: finishing requests in progress, then closing the store");
     };
@@ -119,4 +123,14 @@ pub fn run(args: &S3Args) -> Result<()> {
     store.close()?;
     println!("closed cleanly");
     Ok(())
+}
+
+/// Waits for a signal, or forever where its handler could not be installed.
+async fn arrives(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
+    }
 }
