@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use alignfs::device::FaultPlan;
 use alignfs::meta::TimeNs;
-use alignfs::stats::DaemonInfo;
+use alignfs::stats::{DaemonInfo, RequestLatency};
 use alignfs::volume::{DirEntry, SetAttrRequest};
 use alignfs::{Error, FileKind, Ino, Volume};
 use fuser::{Errno, FileHandle, Filesystem, Generation, INodeNo, KernelConfig, ReplyEntry, ReplyXattr, Request, TimeOrNow, TransportStats};
@@ -76,8 +76,56 @@ pub struct AlignFs {
     coherence: Coherence,
     fills: FillOnClose,
     session: Arc<OnceLock<Arc<TransportStats>>>,
-    started: Instant,
+    report: ReportSource,
     unserved: Unserved,
+}
+
+/// What the daemon's status report is made of. A clone taken before the session owns the
+/// file system lets other threads (the metrics endpoint) build the same report.
+#[derive(Clone)]
+pub struct ReportSource {
+    /// Emptied when the file system closes the volume, which needs the only reference
+    /// (a `Weak` would stop `Arc::get_mut` too).
+    volume: Arc<parking_lot::Mutex<Option<Arc<Volume>>>>,
+    transport: Arc<OnceLock<Arc<TransportStats>>>,
+    mountpoint: String,
+    front_end: String,
+    started: Instant,
+}
+
+impl ReportSource {
+    /// The volume's report with the serving daemon's part; `None` once it is closed.
+    pub fn report(&self) -> Option<alignfs::stats::VolumeReport> {
+        let volume = self.volume.lock().clone()?;
+        let mut report = volume.report();
+        let transport = self.transport.get();
+        report.daemon = Some(DaemonInfo {
+            pid: std::process::id(),
+            mountpoint: self.mountpoint.clone(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+            front_end: self.front_end.clone(),
+            transport: transport.map(|t| t.summary()).unwrap_or_default(),
+            io_uring_requests: transport.map_or(0, |t| t.ring_requests()),
+            dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
+            requests_by_kind: transport.map(|t| t.requests_by_kind()).unwrap_or_default(),
+            request_latency: transport.map(|t| request_latency(t)).unwrap_or_default(),
+        });
+        Some(report)
+    }
+
+    /// Lets go of the volume, so that the file system can close it.
+    fn release_volume(&self) {
+        self.volume.lock().take();
+    }
+}
+
+fn request_latency(transport: &TransportStats) -> Vec<RequestLatency> {
+    let bounds_s = fuser::LATENCY_BOUNDS_S.to_vec();
+    transport
+        .latency_by_kind()
+        .into_iter()
+        .map(|k| RequestLatency { kind: k.kind, bounds_s: bounds_s.clone(), counts: k.counts, sum_s: k.sum_s })
+        .collect()
 }
 
 /// What the file system learns from its session once mounted: the notifier that keeps the
@@ -114,16 +162,15 @@ impl AlignFs {
             tracing::error!("cannot start the page-cache fill thread, files are not cached after they are written: {e}");
             FillOnClose::off()
         });
-        AlignFs {
-            volume,
-            options,
-            handles: Handles::default(),
-            coherence,
-            fills,
-            session: Arc::default(),
+        let session: Arc<OnceLock<Arc<TransportStats>>> = Arc::default();
+        let report = ReportSource {
+            volume: Arc::new(parking_lot::Mutex::new(Some(Arc::clone(&volume)))),
+            transport: Arc::clone(&session),
+            mountpoint: options.mountpoint.display().to_string(),
+            front_end: format!("page cache: {}{}, {} request threads", options.cache, fills.describe(), options.threads),
             started: Instant::now(),
-            unserved: Unserved::default(),
-        }
+        };
+        AlignFs { volume, options, handles: Handles::default(), coherence, fills, session, report, unserved: Unserved::default() }
     }
 
     /// Attach the session to it once mounted.
@@ -188,19 +235,12 @@ impl AlignFs {
     }
 
     fn report_json(&self) -> Vec<u8> {
-        let mut report = self.volume.report();
-        let transport = self.session.get();
-        report.daemon = Some(DaemonInfo {
-            pid: std::process::id(),
-            mountpoint: self.options.mountpoint.display().to_string(),
-            uptime_s: self.started.elapsed().as_secs_f64(),
-            front_end: format!("page cache: {}{}, {} request threads", self.options.cache, self.fills.describe(), self.options.threads),
-            transport: transport.map(|t| t.summary()).unwrap_or_default(),
-            io_uring_requests: transport.map_or(0, |t| t.ring_requests()),
-            dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
-            requests_by_kind: transport.map(|t| t.requests_by_kind()).unwrap_or_default(),
-        });
-        serde_json::to_vec(&report).unwrap_or_default()
+        self.report.report().and_then(|report| serde_json::to_vec(&report).ok()).unwrap_or_default()
+    }
+
+    /// The source of the daemon's report, for threads outside the session.
+    pub fn report_source(&self) -> ReportSource {
+        self.report.clone()
     }
 
     /// The entries of an open directory from `offset` on, each with the offset of the

@@ -221,7 +221,7 @@ pub struct DeviceCounter {
 }
 
 /// The process serving a mounted volume.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct DaemonInfo {
     pub pid: u32,
     pub mountpoint: String,
@@ -240,6 +240,20 @@ pub struct DaemonInfo {
     /// Requests by kind ("LOOKUP", "WRITE", ...), most frequent first.
     #[serde(default)]
     pub requests_by_kind: Vec<(String, u64)>,
+    /// Each kind's service times, from the request's arrival to its reply.
+    #[serde(default)]
+    pub request_latency: Vec<RequestLatency>,
+}
+
+/// One kind of request's service times as a histogram: `counts[i]` fell at or below
+/// `bounds_s[i]` and above the bound before it; the last count is those above every
+/// bound.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RequestLatency {
+    pub kind: String,
+    pub bounds_s: Vec<f64>,
+    pub counts: Vec<u64>,
+    pub sum_s: f64,
 }
 
 impl VolumeReport {

@@ -91,7 +91,7 @@ pub mod experimental;
 #[cfg(target_os = "linux")]
 mod uring;
 #[cfg(target_os = "linux")]
-pub use uring::{TransportStats, IO_URING_PARAMETER};
+pub use uring::{KindLatency, TransportStats, IO_URING_PARAMETER, LATENCY_BOUNDS_S};
 mod forget_one;
 mod ll;
 mod mnt;

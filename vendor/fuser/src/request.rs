@@ -81,13 +81,15 @@ impl<'a> RequestWithSender<'a> {
     /// request and sends back the returned reply to the kernel
     pub(crate) fn dispatch<FS: Filesystem>(&self, se: &SessionEventLoop<FS>) {
         debug!("{} thread={}", self.request, se.thread_name);
-        // alignfs: requests by kind, for `alignfs stat`.
-        se.transport.count_operation(self.request.header().opcode);
+        // alignfs: requests by kind and their service times, for `alignfs stat`.
+        let (opcode, arrived) = (self.request.header().opcode, std::time::Instant::now());
+        se.transport.count_operation(opcode);
         match self.dispatch_req(se) {
             Ok(Some(resp)) => self.reply::<ReplyRaw>().send_ll(&resp),
             Ok(None) => {}
             Err(errno) => self.reply::<ReplyRaw>().send_ll(&ResponseErrno(errno)),
         }
+        se.transport.record_latency(opcode, arrived.elapsed());
     }
 
     fn dispatch_req<FS: Filesystem>(

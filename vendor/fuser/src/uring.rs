@@ -89,6 +89,32 @@ pub struct TransportStats {
     dev_fuse_requests: AtomicU64,
     trouble: Mutex<Option<String>>,
     by_opcode: OpcodeCounts,
+    latency: OpcodeLatency,
+}
+
+/// alignfs: upper bounds, in seconds, of the buckets of the request service times
+/// [`TransportStats::latency_by_kind`] reports (a last bucket takes the rest).
+pub const LATENCY_BOUNDS_S: [f64; 14] =
+    [10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1.0, 10.0];
+
+/// alignfs: one kind of request's service times, from its arrival at the daemon to its
+/// reply: how many fell in each bucket of [`LATENCY_BOUNDS_S`] (not cumulative; the last
+/// count is those above the last bound), and their sum in seconds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KindLatency {
+    pub kind: String,
+    pub counts: Vec<u64>,
+    pub sum_s: f64,
+}
+
+/// Service times by FUSE opcode: a histogram and a sum (nanoseconds) per opcode.
+#[derive(Debug)]
+struct OpcodeLatency(Vec<[AtomicU64; LATENCY_BOUNDS_S.len() + 2]>);
+
+impl Default for OpcodeLatency {
+    fn default() -> Self {
+        OpcodeLatency((0..64).map(|_| std::array::from_fn(|_| AtomicU64::new(0))).collect())
+    }
 }
 
 /// Requests dispatched, by FUSE opcode (both transports).
@@ -158,15 +184,38 @@ impl TransportStats {
         let mut kinds: Vec<(String, u64)> = (0..self.by_opcode.0.len() as u32)
             .filter_map(|opcode| {
                 let n = self.by_opcode.0[opcode as usize].load(Ordering::Relaxed);
-                let name = match crate::ll::fuse_abi::fuse_opcode::try_from(opcode) {
-                    Ok(known) => format!("{known:?}").trim_start_matches("FUSE_").to_string(),
-                    Err(_) => format!("opcode {opcode}"),
-                };
-                (n > 0).then_some((name, n))
+                (n > 0).then(|| (opcode_name(opcode), n))
             })
             .collect();
         kinds.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         kinds
+    }
+
+    /// Service times so far by kind, in the order of [`Self::requests_by_kind`]'s names
+    /// sorted by name; kinds never seen are left out.
+    pub fn latency_by_kind(&self) -> Vec<KindLatency> {
+        let buckets = LATENCY_BOUNDS_S.len() + 1;
+        let mut kinds: Vec<KindLatency> = (0..self.latency.0.len() as u32)
+            .filter_map(|opcode| {
+                let slots = &self.latency.0[opcode as usize];
+                let counts: Vec<u64> = slots[..buckets].iter().map(|c| c.load(Ordering::Relaxed)).collect();
+                if counts.iter().all(|&n| n == 0) {
+                    return None;
+                }
+                let sum_s = slots[buckets].load(Ordering::Relaxed) as f64 / 1e9;
+                Some(KindLatency { kind: opcode_name(opcode), counts, sum_s })
+            })
+            .collect();
+        kinds.sort_by(|a, b| a.kind.cmp(&b.kind));
+        kinds
+    }
+
+    pub(crate) fn record_latency(&self, opcode: u32, took: std::time::Duration) {
+        let Some(slots) = self.latency.0.get(opcode as usize) else { return };
+        let seconds = took.as_secs_f64();
+        let bucket = LATENCY_BOUNDS_S.iter().position(|&bound| seconds <= bound).unwrap_or(LATENCY_BOUNDS_S.len());
+        slots[bucket].fetch_add(1, Ordering::Relaxed);
+        slots[LATENCY_BOUNDS_S.len() + 1].fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn count_operation(&self, opcode: u32) {
@@ -642,5 +691,13 @@ fn serve_request<FS: Filesystem>(entry: &Arc<RingEntry>, event_loop: &SessionEve
         state.request_in_payload = false;
         // SAFETY: dispatch has returned, so the request's slice of the payload is dead.
         unsafe { memory.write(PAYLOAD_AT, &state.staged) };
+    }
+}
+
+/// A FUSE opcode's name without its prefix ("LOOKUP", "WRITE", ...).
+fn opcode_name(opcode: u32) -> String {
+    match crate::ll::fuse_abi::fuse_opcode::try_from(opcode) {
+        Ok(known) => format!("{known:?}").trim_start_matches("FUSE_").to_string(),
+        Err(_) => format!("opcode {opcode}"),
     }
 }
