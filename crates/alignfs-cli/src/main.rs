@@ -6,6 +6,7 @@ mod defaults;
 mod health;
 mod holder;
 mod logging;
+mod metrics;
 mod mount;
 mod mount_helper;
 mod nbd;

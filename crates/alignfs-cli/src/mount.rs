@@ -113,6 +113,12 @@ pub struct MountArgs {
     /// most the residue zone, for copies of residue units.
     #[arg(long, value_name = "SIZE")]
     clean_cache: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
+    /// volume's counters and space as `alignfs stat --prometheus` prints them, with the
+    /// FUSE requests served and their service times by kind.
+    /// docs/OPERATING.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 /// `alignfs mount`'s arguments alone, to read back a running mount's command line.
@@ -360,6 +366,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     }
     let fs = AlignFs::new(volume, options);
     let link = fs.session_link();
+    let report = fs.report_source();
     let mut session = fuser::Session::new(fs, mountpoint, &config).with_context(|| format!("mount at {}", mountpoint.display()))?;
     let transport = session.transport();
     if let Err(e) = args.transport.check(&transport) {
@@ -374,6 +381,16 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         }
     }
     link.attach(&session);
+    // Stopped when the session ends, before the volume closes.
+    let _metrics = match &args.metrics {
+        Some(addr) => {
+            let render = move || report.report().map(|r| crate::prometheus::render(&r)).unwrap_or_default();
+            let server = crate::metrics::serve(addr, Arc::new(render))?;
+            tracing::info!("metrics at http://{}/metrics", server.addr);
+            Some(server)
+        }
+        None => None,
+    };
     unmount_on_signals(session.unmount_callable(), mountpoint.clone())?;
     tracing::info!(
         "mounted at {} (page cache: {}, {} request threads, transport: {})",

@@ -40,6 +40,12 @@ pub struct NbdArgs {
     /// Threads serving each connection's requests [default: one per CPU, 2 to 16].
     #[arg(long)]
     workers: Option<usize>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
+    /// volume's counters and space as `alignfs stat --prometheus` prints them, with the
+    /// NBD server's connection and request counts.
+    /// docs/OPERATING.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Writes below this size go whole to the NVM buffer (uhs default 128K).
     #[arg(long, value_name = "SIZE")]
     request_threshold: Option<String>,
@@ -70,7 +76,17 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         read_only: args.read_only,
     }]);
     config.workers_per_connection = args.workers.unwrap_or_else(alignfs_nbd::default_workers).max(1);
-    let server = Server::new(config);
+    let server = Arc::new(Server::new(config));
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let (volume, server) = (Arc::clone(&volume), Arc::clone(&server));
+            let render = move || crate::prometheus::render(&volume.volume().report()) + &nbd_metrics(&server.stats);
+            let metrics = crate::metrics::serve(addr, Arc::new(render))?;
+            println!("metrics at http://{}/metrics", metrics.addr);
+            Some(metrics)
+        }
+        None => None,
+    };
     listen(&server, args)?;
     println!(
         "  {} bytes in {}-byte sectors, {} NVM ranges; residue: {residue}{}",
@@ -83,6 +99,8 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     println!("stopping: finishing requests in progress, then closing the volume");
     server.shutdown();
     print_served(&server.stats);
+    // The endpoint holds the volume and the server: it stops first.
+    drop(metrics);
     drop(server);
     if let Some(path) = &args.socket {
         let _ = std::fs::remove_file(path);
@@ -159,4 +177,24 @@ fn print_served(stats: &ServerStats) {
         count(&stats.errors_returned),
         count(&stats.refused_handshakes)
     );
+}
+
+/// The NBD server's own counters in the Prometheus text format.
+fn nbd_metrics(stats: &ServerStats) -> String {
+    let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let mut text = String::new();
+    for (name, help, value) in [
+        ("alignfs_nbd_connections_total", "client connections accepted", count(&stats.connections)),
+        ("alignfs_nbd_requests_total", "transmission requests served", count(&stats.requests)),
+        (
+            "alignfs_nbd_requests_served_by_reader_total",
+            "requests a connection's reader served without a hand-off",
+            count(&stats.served_by_reader),
+        ),
+        ("alignfs_nbd_request_errors_total", "requests answered with an error", count(&stats.errors_returned)),
+        ("alignfs_nbd_refused_handshakes_total", "handshakes refused", count(&stats.refused_handshakes)),
+    ] {
+        text += &format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
+    }
+    text
 }

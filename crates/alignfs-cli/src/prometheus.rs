@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use alignfs::stats::{Counter, VolumeReport};
+use alignfs::stats::{Counter, RequestLatency, VolumeReport};
 
 /// The SSD write sizes `Stats::ssd_write` sorts IOs into, as histogram bounds in bytes.
 const SSD_WRITE_BUCKETS: [(Counter, f64); 4] = [
@@ -37,6 +37,7 @@ pub fn render(report: &VolumeReport) -> String {
         for (kind, n) in &daemon.requests_by_kind {
             out.sample("alignfs_requests_total", &format!("kind=\"{}\"", escape_label(kind)), *n as f64);
         }
+        out.request_durations(&daemon.request_latency);
     }
     out.text
 }
@@ -99,6 +100,26 @@ impl Exposition {
         self.sample(&format!("{name}_bucket"), "le=\"+Inf\"", ios as f64);
         self.sample(&format!("{name}_sum"), "", r.counter(Counter::ssd_write_bytes.name()) as f64);
         self.sample(&format!("{name}_count"), "", ios as f64);
+    }
+
+    fn request_durations(&mut self, kinds: &[RequestLatency]) {
+        if kinds.is_empty() {
+            return;
+        }
+        let name = "alignfs_request_duration_seconds";
+        self.family(name, "histogram", "time from a request's arrival at the daemon to its reply, by kind");
+        for k in kinds {
+            let kind = format!("kind=\"{}\"", escape_label(&k.kind));
+            let mut cumulative = 0;
+            for (bound, count) in k.bounds_s.iter().zip(&k.counts) {
+                cumulative += count;
+                self.sample(&format!("{name}_bucket"), &format!("{kind},le=\"{bound}\""), cumulative as f64);
+            }
+            let total: u64 = k.counts.iter().sum();
+            self.sample(&format!("{name}_bucket"), &format!("{kind},le=\"+Inf\""), total as f64);
+            self.sample(&format!("{name}_sum"), &kind, k.sum_s);
+            self.sample(&format!("{name}_count"), &kind, total as f64);
+        }
     }
 
     fn usage(&mut self, r: &VolumeReport) {
@@ -170,5 +191,18 @@ mod tests {
         assert!(text.contains("le=\"+Inf\"} 6\n"), "{text}");
         assert!(text.contains("alignfs_ssd_write_bytes_total{uuid=\"u\\\"1\",profile=\"orch\"} 9000000\n"), "{text}");
         assert!(!text.contains("alignfs_ssd_io_le"), "the size counters are the histogram's buckets");
+    }
+
+    #[test]
+    fn request_durations_are_a_cumulative_histogram_per_kind() {
+        let latency = RequestLatency { kind: "WRITE".into(), bounds_s: vec![1e-5, 1e-4], counts: vec![2, 3, 1], sum_s: 0.5 };
+        let daemon = alignfs::stats::DaemonInfo { request_latency: vec![latency], ..Default::default() };
+        let report = VolumeReport { uuid: "u".into(), profile: "orch".into(), daemon: Some(daemon), ..VolumeReport::default() };
+        let text = render(&report);
+        let at = |le: &str| format!("alignfs_request_duration_seconds_bucket{{uuid=\"u\",profile=\"orch\",kind=\"WRITE\",le=\"{le}\"}}");
+        assert!(text.contains(&format!("{} 2\n", at("0.00001"))), "{text}");
+        assert!(text.contains(&format!("{} 5\n", at("0.0001"))), "{text}");
+        assert!(text.contains(&format!("{} 6\n", at("+Inf"))), "{text}");
+        assert!(text.contains("alignfs_request_duration_seconds_count{uuid=\"u\",profile=\"orch\",kind=\"WRITE\"} 6\n"), "{text}");
     }
 }

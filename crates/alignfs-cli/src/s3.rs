@@ -54,6 +54,11 @@ pub struct S3Args {
     /// turning them into dirty pages, find without the device (NVStore's CP); 0 keeps none.
     #[arg(long, value_name = "SIZE", default_value = "256M")]
     clean_cache: String,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): the
+    /// volume's counters and space as `alignfs stat --prometheus` prints them.
+    /// docs/OPERATING.md.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 pub fn run(args: &S3Args) -> Result<()> {
@@ -95,6 +100,15 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let store = Arc::new(open_object_paths(ssd, args.devices.kv.as_deref(), options, args.devices.backend())?);
     let gateway = Gateway::new(Arc::clone(&store), limits)?;
+    let metrics = match &args.metrics {
+        Some(addr) => {
+            let store = Arc::clone(&store);
+            let metrics = crate::metrics::serve(addr, Arc::new(move || crate::prometheus::render(&store.volume().report())))?;
+            println!("metrics at http://{}/metrics", metrics.addr);
+            Some(metrics)
+        }
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the async runtime")?;
     println!(
         "serving alignfs {} object store {} on http://{} ({}{})",
@@ -119,6 +133,8 @@ pub fn run(args: &S3Args) -> Result<()> {
     runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth, connections }, shutdown))?;
     // Bodies still streaming hold the store; the runtime's end drops them.
     drop(runtime);
+    // The endpoint holds the store: it stops first.
+    drop(metrics);
     let store = Arc::try_unwrap(store).map_err(|_| anyhow::anyhow!("a request still holds the store"))?;
     store.close()?;
     println!("closed cleanly");
