@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # alignfs run as an operator runs it (docs/OPERATING.md): installed with
-# scripts/install.sh (into a scratch prefix, and the /sbin mount helper), mounted with
+# scripts/install.sh (into a scratch prefix, and the /sbin mount helper), its systemd
+# units verified and their commands run as systemd would (tests/service/units.py), mounted with
 # `mount -t fuse.alignfs` and from an fstab line, unmounted with umount(8) and checked
 # with fsck, a bad option refused with nothing mounted, and the metrics (`alignfs stat
 # --prometheus` live and offline, and each daemon's --metrics endpoint) read by
@@ -27,9 +28,13 @@ trap cleanup EXIT
 [[ -n ${OPERATE_KEEP:-} ]] && trap - EXIT
 [[ -e $helper && ! -L $helper ]] && { echo "operate: $helper exists and is not a link; not touching it" >&2; exit 1; }
 [[ -L $helper ]] && { echo "operate: $helper already links to $(readlink "$helper"); not touching it" >&2; exit 1; }
-PREFIX=$work/prefix scripts/install.sh --no-build >/dev/null
+PREFIX=$work/prefix SYSTEMD_DIR=$work/units ALIGNFS_ETC=$work/etc scripts/install.sh --no-build >/dev/null
 bin=$work/prefix/bin/alignfs
 mkdir -p "$mnt"
+
+# The systemd units as installed: verified, and their commands run as systemd runs them
+# (ready, watchdog, stop, kill -9 and restart).
+/usr/bin/python3 tests/service/units.py "$work/units" "$work/etc" "$shm" "$work"
 "$bin" mkfs --fast "$shm/fast:64M" --ssd "$work/ssd.img:512M" >/dev/null
 
 # Prometheus's parser reads every family; the counters named are there and have moved.

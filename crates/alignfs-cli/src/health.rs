@@ -89,7 +89,7 @@ fn probe_here(mountpoint: &Path) -> Result<u32> {
 }
 
 /// [`probe_here`] in a child process, given `timeout` to answer.
-fn probe(mountpoint: &Path, timeout: Duration) -> Result<u32> {
+pub(crate) fn probe(mountpoint: &Path, timeout: Duration) -> Result<u32> {
     let exe = std::env::current_exe().map_err(|e| anyhow!("find this program to run the probe: {e}"))?;
     let mut child = Command::new(exe)
         .arg("health")

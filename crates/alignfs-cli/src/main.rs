@@ -12,6 +12,7 @@ mod mount_helper;
 mod nbd;
 mod prometheus;
 mod s3;
+mod systemd;
 mod umount;
 
 use std::path::{Path, PathBuf};

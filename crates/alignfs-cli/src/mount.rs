@@ -400,6 +400,11 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
         transport.summary()
     );
     announce(daemon, mountpoint)?;
+    crate::systemd::notify("READY=1");
+    // Under a systemd watchdog: ping it while a probe through the mount (a child process,
+    // as `alignfs health` runs it) answers in time.
+    let probed = mountpoint.clone();
+    crate::systemd::keep_watchdog(move || crate::health::probe(&probed, Duration::from_secs(5)).is_ok());
     session.run().context("serve FUSE requests")?;
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())

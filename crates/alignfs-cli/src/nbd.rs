@@ -95,7 +95,12 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         volume.layout().nvm_ranges.len(),
         if args.no_nvm_buffer { " (not used: --no-nvm-buffer)" } else { "" }
     );
-    wait_for_stop_signal()?;
+    // The handlers are in place before systemd hears that the server is ready.
+    let stop = stop_on_signals()?;
+    crate::systemd::notify("READY=1");
+    while !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     println!("stopping: finishing requests in progress, then closing the volume");
     server.shutdown();
     print_served(&server.stats);
@@ -154,17 +159,14 @@ fn listen(server: &Server, args: &NbdArgs) -> Result<()> {
     Ok(())
 }
 
-/// Returns at SIGINT, SIGTERM or SIGHUP.
-fn wait_for_stop_signal() -> Result<()> {
+/// A flag that SIGINT, SIGTERM or SIGHUP sets.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     // SIGHUP too: its default action would end the server without closing the volume.
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP] {
         signal_hook::flag::register(signal, Arc::clone(&stop)).context("install the signal handler")?;
     }
-    while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
+    Ok(stop)
 }
 
 fn print_served(stats: &ServerStats) {

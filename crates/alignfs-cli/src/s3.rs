@@ -118,13 +118,19 @@ pub fn run(args: &S3Args) -> Result<()> {
         if args.anonymous { "anonymous requests" } else { "SigV4, keys from the key file" },
         if args.read_only { ", read-only" } else { "" }
     );
-    let shutdown = async {
+    // The handlers are in place before systemd hears that the gateway is ready (it may
+    // stop it at once). SIGHUP too: its default action would end the gateway without
+    // closing the store.
+    let stop_signals = {
         use tokio::signal::unix::{signal, SignalKind};
-        // SIGHUP too: its default action would end the gateway without closing the store.
-        let mut term = signal(SignalKind::terminate()).ok();
-        let mut hangup = signal(SignalKind::hangup()).ok();
+        let _runtime = runtime.enter();
+        [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()].map(|kind| signal(kind).ok())
+    };
+    crate::systemd::notify("READY=1");
+    let shutdown = async move {
+        let [mut interrupt, mut term, mut hangup] = stop_signals;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = arrives(interrupt.as_mut()) => {}
             _ = arrives(term.as_mut()) => {}
             _ = arrives(hangup.as_mut()) => {}
         }
