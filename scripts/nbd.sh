@@ -64,7 +64,8 @@ failed=0
 # A 1 GiB volume whose first 64 MiB (ext4's packed metadata and journal, below) live in
 # the NVM zone; a 128 MiB NVM device leaves the rest to metadata and the buffer.
 "$bin" mkfs --profile uhs --fast "$shm/nvm:128M" --ssd "$work/ssd.img:1200M" --size 1G --nvm-range 0-64M >"$work/mkfs.out" || { cat "$work/mkfs.out"; exit 1; }
-start_server || exit 1
+metrics=127.0.0.1:$((port + 1))
+start_server --metrics "$metrics" || exit 1
 
 nbdinfo_checks() {
     nbdinfo "$uri" | grep "export-size: 1073741824" >/dev/null &&
@@ -91,6 +92,17 @@ qemu_io_patterns() {
 }
 check "qemu-io patterns" qemu_io_patterns
 check "qemu-io: a write past the end is refused" bash -c "! qemu-io -f raw -c 'write 1G 4k' '$uri' 2>/dev/null | grep '^wrote' >/dev/null"
+
+# The clients above read, wrote, zeroed, trimmed and flushed: each command has its
+# service-time histogram on the server's metrics endpoint.
+command_histograms() {
+    local text
+    text=$(curl -sf --max-time 10 "http://$metrics/metrics") || return 1
+    for kind in READ WRITE FLUSH TRIM WRITE_ZEROES; do
+        grep -q "^alignfs_request_duration_seconds_count{.*kind=\"$kind\"} [1-9]" <<<"$text" || { echo "no $kind histogram" >&2; return 1; }
+    done
+}
+check "metrics: a service-time histogram per NBD command" command_histograms
 
 check "nbdcopy round trip" bash -c "nbdcopy '$work/src.raw' '$uri' && nbdcopy '$uri' - | head -c 48M | cmp -s - '$work/src.raw'"
 

@@ -108,6 +108,14 @@ hangup_closes() {
     "$@" --metrics "127.0.0.1:$port" >"$out" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do grep -q '^serving' "$out" && break; sleep 0.05; done
+    if [[ $what == s3 ]]; then
+        # A few anonymous requests, for the per-operation histograms.
+        local s3=http://$(sed -n 's|.* on http://\([^ ]*\) .*|\1|p' "$out")
+        curl -sf -X PUT "$s3/bucket" >/dev/null
+        curl -sf -X PUT --data-binary @"$work/data" "$s3/bucket/key" >/dev/null
+        curl -sf "$s3/bucket/key" | cmp - "$work/data"
+        curl -s -o /dev/null "$s3/bucket/missing" || true
+    fi
     scrape "127.0.0.1:$port" >"$work/$what.prom"
     /usr/bin/python3 -c "import sys; from prometheus_client.parser import text_string_to_metric_families as p; list(p(open(sys.argv[1]).read()))" "$work/$what.prom"
     grep -q '^alignfs_ssd_size_bytes{' "$work/$what.prom"
@@ -118,6 +126,11 @@ hangup_closes() {
 "$bin" mkfs --profile uhs --fast "$shm/uhs:64M" --ssd "$work/uhs.img:256M" >/dev/null
 hangup_closes nbd "$bin" nbd --fast "$shm/uhs" --ssd "$work/uhs.img" --no-tcp --socket "$work/nbd.sock"
 grep -q '^alignfs_nbd_requests_total ' "$work/nbd.prom"
+grep -q '^# TYPE alignfs_daemon_uptime_seconds gauge' "$work/nbd.prom"
 "$bin" mkfs --profile nvstore --ssd "$work/nv.img:256M" >/dev/null
 hangup_closes s3 "$bin" s3 --ssd "$work/nv.img" --anonymous --listen 127.0.0.1:0
+for operation in CreateBucket PutObject GetObject; do
+    grep -q "^alignfs_request_duration_seconds_count{.*kind=\"$operation\"} [1-9]" "$work/s3.prom" || { echo "operate: no $operation histogram" >&2; exit 1; }
+done
+grep -q '^alignfs_s3_client_errors_total 1$' "$work/s3.prom"
 echo "operate: mount -t fuse.alignfs, fstab, umount, fsck, metrics endpoints and SIGHUP: ok"

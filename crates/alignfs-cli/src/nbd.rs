@@ -79,8 +79,19 @@ pub fn run(args: &NbdArgs) -> Result<()> {
     let server = Arc::new(Server::new(config));
     let metrics = match &args.metrics {
         Some(addr) => {
-            let (volume, server) = (Arc::clone(&volume), Arc::clone(&server));
-            let render = move || crate::prometheus::render(&volume.volume().report()) + &nbd_metrics(&server.stats);
+            let (volume, server, started) = (Arc::clone(&volume), Arc::clone(&server), std::time::Instant::now());
+            let render = move || {
+                let mut report = volume.volume().report();
+                // The export's requests are the daemon's part of the report.
+                report.daemon = Some(alignfs::stats::DaemonInfo {
+                    pid: std::process::id(),
+                    uptime_s: started.elapsed().as_secs_f64(),
+                    front_end: "NBD".into(),
+                    request_latency: server.stats.latency_by_command(),
+                    ..Default::default()
+                });
+                crate::prometheus::render(&report) + &nbd_metrics(&server.stats)
+            };
             let metrics = crate::metrics::serve(addr, Arc::new(render))?;
             println!("metrics at http://{}/metrics", metrics.addr);
             Some(metrics)
@@ -184,8 +195,7 @@ fn print_served(stats: &ServerStats) {
 /// The NBD server's own counters in the Prometheus text format.
 fn nbd_metrics(stats: &ServerStats) -> String {
     let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
-    let mut text = String::new();
-    for (name, help, value) in [
+    [
         ("alignfs_nbd_connections_total", "client connections accepted", count(&stats.connections)),
         ("alignfs_nbd_requests_total", "transmission requests served", count(&stats.requests)),
         (
@@ -195,8 +205,8 @@ fn nbd_metrics(stats: &ServerStats) -> String {
         ),
         ("alignfs_nbd_request_errors_total", "requests answered with an error", count(&stats.errors_returned)),
         ("alignfs_nbd_refused_handshakes_total", "handshakes refused", count(&stats.refused_handshakes)),
-    ] {
-        text += &format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}\n");
-    }
-    text
+    ]
+    .into_iter()
+    .map(|(name, help, value)| crate::prometheus::counter(name, help, value))
+    .collect()
 }

@@ -145,6 +145,11 @@ impl Exposition {
     }
 }
 
+/// One unlabelled counter, for a front end's own totals.
+pub fn counter(name: &str, help: &str, value: u64) -> String {
+    format!("# HELP {name} {}\n# TYPE {name} counter\n{name} {value}\n", escape_help(help))
+}
+
 /// A device counter's name with its unit where the name leaves it out.
 fn unit_suffixed(name: &str) -> String {
     if name.ends_with("_payload") {

@@ -100,10 +100,26 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let store = Arc::new(open_object_paths(ssd, args.devices.kv.as_deref(), options, args.devices.backend())?);
     let gateway = Gateway::new(Arc::clone(&store), limits)?;
+    let request_stats = Arc::new(alignfs_s3::RequestStats::default());
     let metrics = match &args.metrics {
         Some(addr) => {
-            let store = Arc::clone(&store);
-            let metrics = crate::metrics::serve(addr, Arc::new(move || crate::prometheus::render(&store.volume().report())))?;
+            let (store, stats, started) = (Arc::clone(&store), Arc::clone(&request_stats), std::time::Instant::now());
+            let render = move || {
+                let mut report = store.volume().report();
+                // The gateway's requests are the daemon's part of the report.
+                report.daemon = Some(alignfs::stats::DaemonInfo {
+                    pid: std::process::id(),
+                    uptime_s: started.elapsed().as_secs_f64(),
+                    front_end: "S3".into(),
+                    request_latency: stats.latency_by_operation(),
+                    ..Default::default()
+                });
+                let (client, server) = stats.errors();
+                crate::prometheus::render(&report)
+                    + &crate::prometheus::counter("alignfs_s3_client_errors_total", "requests answered 4xx", client)
+                    + &crate::prometheus::counter("alignfs_s3_server_errors_total", "requests answered 5xx", server)
+            };
+            let metrics = crate::metrics::serve(addr, Arc::new(render))?;
             println!("metrics at http://{}/metrics", metrics.addr);
             Some(metrics)
         }
@@ -136,7 +152,7 @@ pub fn run(args: &S3Args) -> Result<()> {
         }
         println!("stopping: finishing requests in progress, then closing the store");
     };
-    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth, connections }, shutdown))?;
+    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth, connections, stats: request_stats }, shutdown))?;
     // Bodies still streaming hold the store; the runtime's end drops them.
     drop(runtime);
     // The endpoint holds the store: it stops first.

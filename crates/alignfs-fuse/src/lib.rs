@@ -312,3 +312,11 @@ pub fn configure_kernel(config: &mut KernelConfig, cache: CacheMode) {
     let _ = config.set_max_background(64);
     let _ = config.set_congestion_threshold(48);
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fuse_requests_are_timed_in_the_engines_buckets() {
+        assert_eq!(fuser::LATENCY_BOUNDS_S, alignfs::stats::LATENCY_BOUNDS_S);
+    }
+}

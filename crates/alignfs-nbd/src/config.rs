@@ -8,6 +8,9 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use alignfs::stats::{LatencyCounter, RequestLatency};
+
+use crate::protocol::{CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES};
 use crate::Export;
 
 /// One export a server offers.
@@ -96,4 +99,32 @@ pub struct ServerStats {
     /// Requests the connection's reading thread served itself, without a worker.
     pub served_by_reader: AtomicU64,
     pub errors_returned: AtomicU64,
+    /// Service times by command number (`NBD_CMD_*`), from a request's arrival to its reply.
+    latency: [LatencyCounter; 8],
+}
+
+impl ServerStats {
+    pub(crate) fn record(&self, command: u16, took: std::time::Duration) {
+        if let Some(counter) = self.latency.get(usize::from(command)) {
+            counter.record(took);
+        }
+    }
+
+    /// Each command's service times so far ("READ", "WRITE", ...); commands never seen are
+    /// left out.
+    pub fn latency_by_command(&self) -> Vec<RequestLatency> {
+        self.latency.iter().enumerate().filter_map(|(command, counter)| counter.snapshot(command_name(command as u16))).collect()
+    }
+}
+
+fn command_name(command: u16) -> &'static str {
+    match command {
+        CMD_READ => "READ",
+        CMD_WRITE => "WRITE",
+        CMD_DISC => "DISC",
+        CMD_FLUSH => "FLUSH",
+        CMD_TRIM => "TRIM",
+        CMD_WRITE_ZEROES => "WRITE_ZEROES",
+        _ => "other",
+    }
 }

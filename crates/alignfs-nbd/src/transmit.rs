@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -21,6 +22,8 @@ struct Job {
     payload: Vec<u8>,
     /// Decided while reading: the error to return without touching the export.
     refused: Option<u32>,
+    /// When its header was read, for the service-time histograms.
+    arrived: Instant,
 }
 
 impl Job {
@@ -139,6 +142,7 @@ impl<S: Stream> Connection<'_, S> {
                 Err(Hangup::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
             };
+            let arrived = Instant::now();
             self.stats.requests.fetch_add(1, Ordering::Relaxed);
             if request.command == CMD_DISC {
                 return Ok(());
@@ -164,7 +168,7 @@ impl<S: Stream> Connection<'_, S> {
                     io::copy(&mut r.take(length), &mut io::sink())?;
                 }
             }
-            let job = Job { seq, request, payload, refused };
+            let job = Job { seq, request, payload, refused, arrived };
             let mut queue = self.queue.lock();
             // A client waiting for this reply before it sends more (queue depth 1, or the
             // last of a burst) gets it from this thread: a hand-off to a worker and back
@@ -203,11 +207,12 @@ impl<S: Stream> Connection<'_, S> {
             Some(errno) => Err(ExportError(errno)),
             None => self.serve(job),
         };
-        self.answer(job.request.cookie, result, send);
+        self.answer(job, result, send);
     }
 
     /// Reply with a request's data, or its error (counted).
-    fn answer(&self, cookie: u64, result: Result<Vec<u8>, ExportError>, send: Delivery) {
+    fn answer(&self, job: &Job, result: Result<Vec<u8>, ExportError>, send: Delivery) {
+        let cookie = job.request.cookie;
         match result {
             Ok(data) => self.reply(cookie, 0, &data, send),
             Err(e) => {
@@ -215,6 +220,7 @@ impl<S: Stream> Connection<'_, S> {
                 self.reply(cookie, e.nbd_errno(), &[], send);
             }
         }
+        self.stats.record(job.request.command, job.arrived.elapsed());
     }
 
     /// Whether `job` might be served without waiting for a device: refusals, writes and
@@ -239,7 +245,7 @@ impl<S: Stream> Connection<'_, S> {
         if job.refused.is_none() && r.command == CMD_READ {
             let mut data = vec![0u8; r.length as usize];
             let Some(result) = self.entry.export.read_if_cached(r.offset, &mut data) else { return false };
-            self.answer(r.cookie, result.map(|()| data), Delivery::Held);
+            self.answer(job, result.map(|()| data), Delivery::Held);
             return true;
         }
         self.execute(job, Delivery::Held);

@@ -15,6 +15,7 @@ mod listing;
 mod multipart;
 mod objects;
 mod record;
+mod request_stats;
 mod server;
 mod service;
 mod store;
@@ -22,4 +23,5 @@ mod timeouts;
 
 pub use gateway::{Gateway, Limits};
 pub use keys::{load as load_keys, Keys};
+pub use request_stats::RequestStats;
 pub use server::{serve, ConnectionLimits, ServerConfig};

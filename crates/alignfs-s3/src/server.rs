@@ -17,6 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::gateway::Gateway;
+use crate::request_stats::RequestStats;
 use crate::timeouts::{IdleBody, InRequest, TimedIo};
 
 pub struct ServerConfig {
@@ -24,6 +25,8 @@ pub struct ServerConfig {
     /// The accepted keys; `None` serves anonymous requests (refused unless asked for).
     pub auth: Option<crate::keys::Keys>,
     pub connections: ConnectionLimits,
+    /// Where the served requests are counted.
+    pub stats: Arc<RequestStats>,
 }
 
 /// How long a client may take, and how many may be served at once.
@@ -60,8 +63,13 @@ fn serve_request(
     request: hyper::Request<hyper::body::Incoming>,
     in_request: &Arc<InRequest>,
     body_idle: Duration,
+    stats: &Arc<RequestStats>,
 ) -> impl Future<Output = Result<s3s::HttpResponse, s3s::HttpError>> + use<> {
     let inside = in_request.enter();
+    let arrived = std::time::Instant::now();
+    let copies = request.headers().contains_key("x-amz-copy-source");
+    let operation = crate::request_stats::operation(request.method(), request.uri().path(), request.uri().query(), copies);
+    let stats = Arc::clone(stats);
     let expects_continue = request.headers().get(EXPECT).is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let (method, path) = (request.method().clone(), request.uri().path().to_string());
     let request = request.map(|body| s3s::Body::http_body(IdleBody::new(body, body_idle)));
@@ -70,6 +78,7 @@ fn serve_request(
         let _inside = inside;
         let mut response = service.call(request).await?;
         let status = response.status();
+        stats.record(operation, status, arrived.elapsed());
         // 501 is a method or feature this gateway does not offer: the client's choice.
         if status.is_server_error() && status != hyper::StatusCode::NOT_IMPLEMENTED {
             tracing::error!(%method, path, %status, "S3 request failed");
@@ -124,8 +133,8 @@ pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future
         }
         let in_request = Arc::new(InRequest::default());
         let io = TokioIo::new(TimedIo::new(socket, Arc::clone(&in_request), limits.header_timeout));
-        let (service, body_idle) = (service.clone(), limits.body_idle_timeout);
-        let serve = hyper::service::service_fn(move |request| serve_request(&service, request, &in_request, body_idle));
+        let (service, body_idle, stats) = (service.clone(), limits.body_idle_timeout, Arc::clone(&config.stats));
+        let serve = hyper::service::service_fn(move |request| serve_request(&service, request, &in_request, body_idle, &stats));
         let connection = http.serve_connection(io, serve);
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {

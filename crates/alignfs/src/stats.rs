@@ -245,6 +245,38 @@ pub struct DaemonInfo {
     pub request_latency: Vec<RequestLatency>,
 }
 
+/// Upper bounds, in seconds, of the buckets request service times are counted in (a last
+/// bucket takes the rest). The vendored fuser counts FUSE requests with the same bounds.
+pub const LATENCY_BOUNDS_S: [f64; 14] = [10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1.0, 10.0];
+
+/// One kind of request's service times, counted into [`LATENCY_BOUNDS_S`]'s buckets
+/// without a lock.
+#[derive(Debug, Default)]
+pub struct LatencyCounter {
+    counts: [AtomicU64; LATENCY_BOUNDS_S.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl LatencyCounter {
+    pub fn record(&self, took: std::time::Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = LATENCY_BOUNDS_S.iter().position(|&bound| seconds <= bound).unwrap_or(LATENCY_BOUNDS_S.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// The histogram so far under the name `kind`; `None` before the first request.
+    pub fn snapshot(&self, kind: &str) -> Option<RequestLatency> {
+        let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        (counts.iter().any(|&n| n > 0)).then(|| RequestLatency {
+            kind: kind.to_string(),
+            bounds_s: LATENCY_BOUNDS_S.to_vec(),
+            counts,
+            sum_s: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+        })
+    }
+}
+
 /// One kind of request's service times as a histogram: `counts[i]` fell at or below
 /// `bounds_s[i]` and above the bound before it; the last count is those above every
 /// bound.
