@@ -44,6 +44,9 @@ impl Geometry {
     pub fn validate(&self) -> Result<()> {
         let (b, p, s) = (u64::from(self.block_bytes), u64::from(self.page_bytes), u64::from(self.split_bytes));
         let fail = |m: String| Err(Error::Geometry(m));
+        if p == 0 {
+            return fail("the page size must not be 0".into());
+        }
         if !b.is_power_of_two() || b < p || b / p > MAX_PAGES_PER_BLOCK || (b as usize) % IO_ALIGN != 0 {
             return fail(format!(
                 "block size {b} must be a power of two, a multiple of 4 KiB and of the page size ({p}), and at most {MAX_PAGES_PER_BLOCK} pages"
@@ -283,6 +286,19 @@ mod tests {
     const SCRAP: Geometry = Geometry { block_bytes: 256 * 1024, page_bytes: 256 * 1024, split_bytes: 256 * 1024, io_workers: 2 };
     const BYTE: Geometry = Geometry { block_bytes: 4 * 1024, page_bytes: 4 * 1024, split_bytes: 256 * 1024, io_workers: 2 };
     const UHS: Geometry = BYTE;
+
+    /// Fuzzing found a superblock whose page size was 0 dividing by zero here.
+    #[test]
+    fn a_geometry_with_a_zero_size_is_refused() {
+        for zeroed in [
+            Geometry { page_bytes: 0, ..Geometry::default() },
+            Geometry { block_bytes: 0, ..Geometry::default() },
+            Geometry { split_bytes: 0, ..Geometry::default() },
+            Geometry { block_bytes: 0, page_bytes: 0, ..Geometry::default() },
+        ] {
+            assert!(matches!(zeroed.validate(), Err(Error::Geometry(_))), "{zeroed:?}");
+        }
+    }
 
     #[test]
     fn sizes_parse() {
