@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-12}
 rustup toolchain list | grep '^nightly' >/dev/null || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
 command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
-targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages kv_records kv_journal mssd_recovery lines_area)
+targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages nbd_connection kv_records kv_journal mssd_recovery lines_area)
 build_log=$(mktemp)
 cargo +nightly fuzz build -O >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
 rm -f "$build_log"
@@ -28,8 +28,10 @@ seeds=$(mktemp -d)
 trap 'rm -rf "$seeds"' EXIT
 build_log=$(mktemp)
 cargo build -q --locked -p alignfs --example fuzz_seeds >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
-rm -f "$build_log"
 target/debug/examples/fuzz_seeds "$seeds" || exit 1
+# Whole NBD conversations for nbd_connection, from the protocol's own encoder.
+cargo run -q --locked -p alignfs-nbd --example fuzz_seeds -- "$seeds" >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
+rm -f "$build_log"
 passed=0
 failed=0
 for target in "${targets[@]}"; do
