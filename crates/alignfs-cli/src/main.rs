@@ -11,6 +11,7 @@ mod mount;
 mod mount_helper;
 mod nbd;
 mod prometheus;
+mod report;
 mod s3;
 mod systemd;
 mod umount;
@@ -23,10 +24,9 @@ use alignfs::geometry::MIB;
 use alignfs::paths::{check_format_devices, format_block_paths, format_object_paths, format_paths, open_paths_with_faults, DeviceSpec};
 use alignfs::personality::BlockLayout;
 use alignfs::profile::{DeviceKind, MetaStore, Personality};
-use alignfs::stats::{Counter, VolumeReport};
 use alignfs::{FormatOptions, Geometry, MetaStoreChoice, Profile, ReadMode, VolumeOptions};
 use anyhow::{Context, Result};
-use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// alignfs: split every write into SSD-aligned IO and a small byte-addressable residue.
 #[derive(Parser)]
@@ -406,7 +406,7 @@ fn stat(args: &StatArgs) -> Result<()> {
     } else if args.prometheus {
         print!("{}", prometheus::render(&report));
     } else {
-        print_report(&report);
+        report::print_report(&report);
     }
     Ok(())
 }
@@ -471,163 +471,6 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn percent(used: u64, total: u64) -> f64 {
-    if total == 0 {
-        0.0
-    } else {
-        100.0 * used as f64 / total as f64
-    }
-}
-
-fn print_report(r: &VolumeReport) {
-    let meta = if r.metadata_store == "in place" { ", metadata in place" } else { "" };
-    println!("volume {} (profile {}, format version {}{meta})", r.uuid, r.profile, r.format_version);
-    if let Some(d) = &r.daemon {
-        print_daemon(d);
-    }
-    println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
-    let residue = &r.residue_name;
-    println!(
-        "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
-        r.usage.fast_pages_used,
-        r.usage.fast_pages_total,
-        percent(r.usage.fast_pages_used, r.usage.fast_pages_total),
-        r.usage.fast_pages_peak
-    );
-    println!(
-        "  SSD:       {} of {} blocks used ({:.1}%){}",
-        r.usage.ssd_blocks_used,
-        r.usage.ssd_blocks_total,
-        percent(r.usage.ssd_blocks_used, r.usage.ssd_blocks_total),
-        match r.usage.ssd_blocks_promised {
-            0 => String::new(),
-            held => format!(", {held} more held for fallocated ranges"),
-        }
-    );
-    print_metadata(r);
-    println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
-    print_counters(r);
-}
-
-/// What the daemon serving a mounted volume reports of itself.
-fn print_daemon(d: &alignfs::stats::DaemonInfo) {
-    println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
-    if !d.front_end.is_empty() {
-        println!("  front end: {}", d.front_end);
-    }
-    if !d.transport.is_empty() {
-        println!(
-            "  transport: {}; {} requests through io_uring, {} through /dev/fuse",
-            d.transport, d.io_uring_requests, d.dev_fuse_requests
-        );
-    }
-    if !d.requests_by_kind.is_empty() {
-        let kinds: Vec<String> = d.requests_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
-        println!("  requests:  {}", kinds.join(", "));
-    }
-}
-
-/// Where the metadata lives, how full it is, and what opening the volume replayed.
-fn print_metadata(r: &VolumeReport) {
-    if r.metadata_store == "KV store" {
-        println!("  KV store:  {} on disk", bytesize::ByteSize(r.usage.journal_used_bytes));
-        println!("  open:      KV records loaded in {:.3} ms", r.recovery_us as f64 / 1000.0);
-    } else if r.metadata_store == "in place" {
-        // A full area refuses new files and data (ENOSPC); deletes still go through.
-        println!(
-            "  metadata:  {} of {} of 64-byte lines used, in place ({:.1}%)",
-            bytesize::ByteSize(r.usage.journal_used_bytes),
-            bytesize::ByteSize(r.usage.journal_capacity_bytes),
-            percent(r.usage.journal_used_bytes, r.usage.journal_capacity_bytes),
-        );
-        println!(
-            "  open:      in-place metadata read in {:.3} ms{}",
-            r.recovery_us as f64 / 1000.0,
-            if r.records_replayed > 0 { " (a block-only commit was replayed from the redo area)" } else { "" }
-        );
-    } else {
-        println!(
-            "  journal:   {} of {} used",
-            bytesize::ByteSize(r.usage.journal_used_bytes),
-            bytesize::ByteSize(r.usage.journal_capacity_bytes),
-        );
-        // All metadata must fit one checkpoint slot; a full one refuses new data (ENOSPC).
-        println!(
-            "  checkpoint: {} of {} used ({:.1}%), generation {}",
-            bytesize::ByteSize(r.usage.checkpoint_used_bytes),
-            bytesize::ByteSize(r.usage.checkpoint_capacity_bytes),
-            percent(r.usage.checkpoint_used_bytes, r.usage.checkpoint_capacity_bytes),
-            r.usage.checkpoint_generation
-        );
-        println!(
-            "  open:      {} journal records replayed in {:.3} ms{}",
-            r.records_replayed,
-            r.recovery_us as f64 / 1000.0,
-            if r.torn_tail_dropped { " (a torn, unacknowledged tail record was dropped)" } else { "" }
-        );
-    }
-}
-
-/// The engine's counters, and the device's where it has its own.
-fn print_counters(r: &VolumeReport) {
-    let kv_store = r.metadata_store == "KV store";
-    // Offline, a KV store's counters are those saved at its last clean close.
-    println!("counters (lifetime{}):", if kv_store { ", as of the last clean close when offline" } else { "" });
-    let mut table = comfy_table::Table::new();
-    table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
-    for &c in Counter::ALL {
-        table.add_row([c.name().to_string(), r.counter(c.name()).to_string(), c.doc().to_string()]);
-    }
-    println!("{table}");
-    if !r.device_counters.is_empty() {
-        println!("device counters (since the device was opened):");
-        let mut table = comfy_table::Table::new();
-        table.load_preset(comfy_table::presets::NOTHING).set_header(["counter", "value", "meaning"]);
-        for c in &r.device_counters {
-            table.add_row([c.name.clone(), c.value.to_string(), c.meaning.clone()]);
-        }
-        println!("{table}");
-    }
-}
-
-/// mount(8)'s exit status for a usage error, which its helpers return too.
-const EXIT_MOUNT_USAGE: u8 = 1;
-
-/// Under the mount helper, the `alignfs mount` arguments its own translate to.
-static HELPER_COMMAND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-
-/// The arguments this process was started with, as `alignfs` would take them: under the
-/// mount helper, the `alignfs mount` command it runs (for the daemon a mount starts).
-pub(crate) fn command_args() -> Vec<std::ffi::OsString> {
-    match HELPER_COMMAND.get() {
-        Some(words) => words.iter().map(Into::into).collect(),
-        None => std::env::args_os().skip(1).collect(),
-    }
-}
-
-/// The command line mount(8) means when it runs this binary as its helper for
-/// `fuse.alignfs`; `None` when run as `alignfs`.
-fn as_mount_helper() -> Result<Option<Cli>> {
-    let mut args = std::env::args_os();
-    let called = args.next().map(|a| Path::new(&a).file_name().unwrap_or_default().to_string_lossy().into_owned());
-    if called.as_deref() != Some(mount_helper::HELPER) {
-        return Ok(None);
-    }
-    let args: Vec<String> =
-        args.map(|a| a.into_string().map_err(|a| anyhow::anyhow!("argument {a:?} is not UTF-8"))).collect::<Result<_>>()?;
-    let command = Cli::command();
-    let mount = command.find_subcommand("mount").expect("alignfs has a mount command");
-    match mount_helper::translate(&args, mount)? {
-        mount_helper::Request::Fake => std::process::exit(0),
-        mount_helper::Request::Mount(words) => {
-            let words: Vec<String> = ["mount".to_string()].into_iter().chain(words).collect();
-            let cli = Cli::try_parse_from(["alignfs".to_string()].iter().chain(&words))?;
-            HELPER_COMMAND.set(words).expect("translated once");
-            Ok(Some(cli))
-        }
-    }
-}
-
 fn main() -> ExitCode {
     // Exit quietly when the reader of our output goes away (`alignfs stat | head`), as
     // command-line tools do, instead of panicking on EPIPE.
@@ -636,12 +479,12 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     logging::init();
-    let cli = match as_mount_helper() {
+    let cli = match mount_helper::as_mount_helper() {
         Ok(Some(cli)) => cli,
         Ok(None) => Cli::parse(),
         Err(e) => {
             eprintln!("{}: {e:#}", mount_helper::HELPER);
-            return ExitCode::from(EXIT_MOUNT_USAGE);
+            return ExitCode::from(mount_helper::EXIT_MOUNT_USAGE);
         }
     };
     let result = match &cli.command {

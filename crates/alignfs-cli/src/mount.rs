@@ -243,7 +243,7 @@ fn spawn_daemon(args: &MountArgs) -> Result<()> {
         .with_context(|| format!("open log {}", log_path.display()))?;
     let exe = std::env::current_exe().context("find the alignfs executable")?;
     let mut command = Command::new(exe);
-    command.args(crate::command_args()).env(DAEMON_ENV, "1").env(crate::logging::LOG_FILE_ENV, &log_path);
+    command.args(crate::mount_helper::command_args()).env(DAEMON_ENV, "1").env(crate::logging::LOG_FILE_ENV, &log_path);
     if std::env::var_os("ALIGNFS_LOG").is_none() {
         command.env("ALIGNFS_LOG", "info");
     }
@@ -356,14 +356,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     };
     let config = fuse_config(args, parsed, profile);
     // The kernel fixes a mount's request size when it mounts: raise the limit first.
-    match raise_fuse_request_limit(args.keep_fuse_limit) {
-        Ok(Some(note)) => {
-            tracing::info!("{note}");
-            println!("{note}");
-        }
-        Ok(None) => {}
-        Err(note) => tracing::info!("{note}"),
-    }
+    note_request_limit(raise_fuse_request_limit(args.keep_fuse_limit));
     let fs = AlignFs::new(volume, options);
     let link = fs.session_link();
     let report = fs.report_source();
@@ -382,15 +375,7 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     }
     link.attach(&session);
     // Stopped when the session ends, before the volume closes.
-    let _metrics = match &args.metrics {
-        Some(addr) => {
-            let render = move || report.report().map(|r| crate::prometheus::render(&r)).unwrap_or_default();
-            let server = crate::metrics::serve(addr, Arc::new(render))?;
-            tracing::info!("metrics at http://{}/metrics", server.addr);
-            Some(server)
-        }
-        None => None,
-    };
+    let _metrics = args.metrics.as_deref().map(|addr| serve_metrics(addr, report)).transpose()?;
     unmount_on_signals(session.unmount_callable(), mountpoint.clone())?;
     tracing::info!(
         "mounted at {} (page cache: {}, {} request threads, transport: {})",
@@ -408,6 +393,27 @@ fn serve(args: &MountArgs, parsed: &ParsedOptions, daemon: bool) -> Result<()> {
     session.run().context("serve FUSE requests")?;
     tracing::info!("unmounted {}", mountpoint.display());
     Ok(())
+}
+
+/// Says what raising `fs.fuse.max_pages_limit` did: a change on stdout too, a reason it
+/// could not in the log.
+fn note_request_limit(raised: std::result::Result<Option<String>, String>) {
+    match raised {
+        Ok(Some(note)) => {
+            tracing::info!("{note}");
+            println!("{note}");
+        }
+        Ok(None) => {}
+        Err(note) => tracing::info!("{note}"),
+    }
+}
+
+/// `--metrics`: the daemon's report in the Prometheus text format, at `addr`.
+fn serve_metrics(addr: &str, report: alignfs_fuse::ReportSource) -> Result<crate::metrics::MetricsServer> {
+    let render = move || report.report().map(|r| crate::prometheus::render(&r)).unwrap_or_default();
+    let server = crate::metrics::serve(addr, Arc::new(render))?;
+    tracing::info!("metrics at http://{}/metrics", server.addr);
+    Ok(server)
 }
 
 /// The volume options the mount's flags ask for.

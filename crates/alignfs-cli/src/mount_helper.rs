@@ -9,7 +9,12 @@
 //! `inject_faults`); or an option only mount(8) and systemd read (`defaults`, `nofail`,
 //! `_netdev`, `noauto`, `x-systemd.*` …), which is dropped. Anything else is refused.
 
+use std::path::Path;
+
 use anyhow::{bail, Result};
+use clap::{CommandFactory, Parser};
+
+use crate::Cli;
 
 /// The helper's name; mount(8) finds it in /sbin for file systems of type `fuse.alignfs`.
 pub const HELPER: &str = "mount.fuse.alignfs";
@@ -23,6 +28,44 @@ const DEFAULT_KERNEL_OPTIONS: &[&str] = &["async", "dev", "suid", "exec"];
 /// Kernel options `alignfs mount -o` takes (see `mount::parse_options`).
 const KERNEL_OPTIONS: &[&str] =
     &["allow_other", "allow_root", "ro", "rw", "default_permissions", "noatime", "nodev", "nosuid", "noexec", "dirsync", "sync"];
+
+/// mount(8)'s exit status for a usage error, which its helpers return too.
+pub const EXIT_MOUNT_USAGE: u8 = 1;
+
+/// Under the mount helper, the `alignfs mount` arguments its own translate to.
+static HELPER_COMMAND: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The arguments this process was started with, as `alignfs` would take them: under the
+/// mount helper, the `alignfs mount` command it runs (for the daemon a mount starts).
+pub(crate) fn command_args() -> Vec<std::ffi::OsString> {
+    match HELPER_COMMAND.get() {
+        Some(words) => words.iter().map(Into::into).collect(),
+        None => std::env::args_os().skip(1).collect(),
+    }
+}
+
+/// The command line mount(8) means when it runs this binary as its helper for
+/// `fuse.alignfs`; `None` when run as `alignfs`.
+pub fn as_mount_helper() -> Result<Option<Cli>> {
+    let mut args = std::env::args_os();
+    let called = args.next().map(|a| Path::new(&a).file_name().unwrap_or_default().to_string_lossy().into_owned());
+    if called.as_deref() != Some(HELPER) {
+        return Ok(None);
+    }
+    let args: Vec<String> =
+        args.map(|a| a.into_string().map_err(|a| anyhow::anyhow!("argument {a:?} is not UTF-8"))).collect::<Result<_>>()?;
+    let command = Cli::command();
+    let mount = command.find_subcommand("mount").expect("alignfs has a mount command");
+    match translate(&args, mount)? {
+        Request::Fake => std::process::exit(0),
+        Request::Mount(words) => {
+            let words: Vec<String> = ["mount".to_string()].into_iter().chain(words).collect();
+            let cli = Cli::try_parse_from(["alignfs".to_string()].iter().chain(&words))?;
+            HELPER_COMMAND.set(words).expect("translated once");
+            Ok(Some(cli))
+        }
+    }
+}
 
 /// What the helper was asked to do.
 #[derive(Debug, PartialEq, Eq)]

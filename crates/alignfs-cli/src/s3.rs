@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use alignfs::paths::{open_object_paths, ssd_superblock};
+use alignfs::personality::ObjectStore;
 use alignfs::profile::Personality;
 use alignfs::VolumeOptions;
 use alignfs_s3::{ConnectionLimits, Gateway, Limits, ServerConfig};
@@ -77,20 +78,7 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let max_object_bytes = alignfs::geometry::parse_size(&args.max_object_size).context("--max-object-size")?;
     let limits = Limits { max_object_bytes, ..Limits::default() };
-    let seconds = |value: f64, flag: &str| -> Result<Duration> {
-        if !(value > 0.0 && value <= 86_400.0) {
-            bail!("--{flag} must be more than 0 and at most 86400 seconds");
-        }
-        Ok(Duration::from_secs_f64(value))
-    };
-    if !(1..=1_000_000).contains(&args.max_connections) {
-        bail!("--max-connections must be between 1 and 1000000");
-    }
-    let connections = ConnectionLimits {
-        header_timeout: seconds(args.header_timeout, "header-timeout")?,
-        body_idle_timeout: seconds(args.body_timeout, "body-timeout")?,
-        max_connections: args.max_connections,
-    };
+    let connections = connection_limits(args)?;
     let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
     let options = VolumeOptions {
         read_only: args.read_only,
@@ -103,23 +91,7 @@ pub fn run(args: &S3Args) -> Result<()> {
     let request_stats = Arc::new(alignfs_s3::RequestStats::default());
     let metrics = match &args.metrics {
         Some(addr) => {
-            let (store, stats, started) = (Arc::clone(&store), Arc::clone(&request_stats), std::time::Instant::now());
-            let render = move || {
-                let mut report = store.volume().report();
-                // The gateway's requests are the daemon's part of the report.
-                report.daemon = Some(alignfs::stats::DaemonInfo {
-                    pid: std::process::id(),
-                    uptime_s: started.elapsed().as_secs_f64(),
-                    front_end: "S3".into(),
-                    request_latency: stats.latency_by_operation(),
-                    ..Default::default()
-                });
-                let (client, server) = stats.errors();
-                crate::prometheus::render(&report)
-                    + &crate::prometheus::counter("alignfs_s3_client_errors_total", "requests answered 4xx", client)
-                    + &crate::prometheus::counter("alignfs_s3_server_errors_total", "requests answered 5xx", server)
-            };
-            let metrics = crate::metrics::serve(addr, Arc::new(render))?;
+            let metrics = crate::metrics::serve(addr, metrics_render(Arc::clone(&store), Arc::clone(&request_stats)))?;
             println!("metrics at http://{}/metrics", metrics.addr);
             Some(metrics)
         }
@@ -135,13 +107,8 @@ pub fn run(args: &S3Args) -> Result<()> {
         if args.read_only { ", read-only" } else { "" }
     );
     // The handlers are in place before systemd hears that the gateway is ready (it may
-    // stop it at once). SIGHUP too: its default action would end the gateway without
-    // closing the store.
-    let stop_signals = {
-        use tokio::signal::unix::{signal, SignalKind};
-        let _runtime = runtime.enter();
-        [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()].map(|kind| signal(kind).ok())
-    };
+    // stop it at once).
+    let stop_signals = stop_signals(&runtime);
     crate::systemd::notify("READY=1");
     let shutdown = async move {
         let [mut interrupt, mut term, mut hangup] = stop_signals;
@@ -161,6 +128,53 @@ pub fn run(args: &S3Args) -> Result<()> {
     store.close()?;
     println!("closed cleanly");
     Ok(())
+}
+
+/// The connection limits from `--header-timeout`, `--body-timeout` and `--max-connections`.
+fn connection_limits(args: &S3Args) -> Result<ConnectionLimits> {
+    let seconds = |value: f64, flag: &str| -> Result<Duration> {
+        if !(value > 0.0 && value <= 86_400.0) {
+            bail!("--{flag} must be more than 0 and at most 86400 seconds");
+        }
+        Ok(Duration::from_secs_f64(value))
+    };
+    if !(1..=1_000_000).contains(&args.max_connections) {
+        bail!("--max-connections must be between 1 and 1000000");
+    }
+    Ok(ConnectionLimits {
+        header_timeout: seconds(args.header_timeout, "header-timeout")?,
+        body_idle_timeout: seconds(args.body_timeout, "body-timeout")?,
+        max_connections: args.max_connections,
+    })
+}
+
+/// What the metrics endpoint serves: the store's report, with the gateway's requests as
+/// the daemon's part, and its error counts.
+fn metrics_render(store: Arc<ObjectStore>, stats: Arc<alignfs_s3::RequestStats>) -> crate::metrics::Render {
+    let started = std::time::Instant::now();
+    Arc::new(move || {
+        let mut report = store.volume().report();
+        // The gateway's requests are the daemon's part of the report.
+        report.daemon = Some(alignfs::stats::DaemonInfo {
+            pid: std::process::id(),
+            uptime_s: started.elapsed().as_secs_f64(),
+            front_end: "S3".into(),
+            request_latency: stats.latency_by_operation(),
+            ..Default::default()
+        });
+        let (client, server) = stats.errors();
+        crate::prometheus::render(&report)
+            + &crate::prometheus::counter("alignfs_s3_client_errors_total", "requests answered 4xx", client)
+            + &crate::prometheus::counter("alignfs_s3_server_errors_total", "requests answered 5xx", server)
+    })
+}
+
+/// The signals that stop the gateway, caught from now on. SIGHUP too: its default action
+/// would end the gateway without closing the store.
+fn stop_signals(runtime: &tokio::runtime::Runtime) -> [Option<tokio::signal::unix::Signal>; 3] {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _runtime = runtime.enter();
+    [SignalKind::interrupt(), SignalKind::terminate(), SignalKind::hangup()].map(|kind| signal(kind).ok())
 }
 
 /// Waits for a signal, or forever where its handler could not be installed.

@@ -102,8 +102,11 @@ pub const LATENCY_BOUNDS_S: [f64; 14] =
 /// count is those above the last bound), and their sum in seconds.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KindLatency {
+    /// The request kind ("LOOKUP", "WRITE", ...).
     pub kind: String,
+    /// Requests per bucket of [`LATENCY_BOUNDS_S`], then those above its last bound.
     pub counts: Vec<u64>,
+    /// The service times' sum, in seconds.
     pub sum_s: f64,
 }
 
