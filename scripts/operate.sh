@@ -6,6 +6,7 @@
 # with fsck, a bad option refused with nothing mounted, and the metrics (`alignfs stat
 # --prometheus` live and offline, and each daemon's --metrics endpoint) read by
 # Prometheus's own parser (prometheus_client). Root and /dev/fuse; takes a few seconds.
+# OPERATE_KEEP=1 keeps the scratch directory (and the helper link) of a run for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
