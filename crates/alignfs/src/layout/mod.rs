@@ -10,4 +10,6 @@ pub use alloc::BitmapAllocator;
 pub use block_refs::BlockRefs;
 pub use checksums::{BlockChecksums, Mismatch};
 pub use profile::Profile;
+#[cfg(test)]
+pub(crate) use superblock::tests::sample as sample_superblock;
 pub use superblock::{DeviceRole, Superblock, FORMAT_VERSION, MAX_SSDS};

@@ -187,11 +187,12 @@ impl Superblock {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::geometry::GIB;
 
-    fn sample() -> Superblock {
+    /// An `orch` fast tier's superblock (profile 1), for the tests here and in `profile/`.
+    pub(crate) fn sample() -> Superblock {
         let geometry = Geometry::default();
         Superblock {
             version: FORMAT_VERSION,

@@ -57,24 +57,10 @@ impl Superblock {
 mod tests {
     use super::*;
     use crate::codec::crc32c;
-    use crate::geometry::{Geometry, MetaLayout, MetaPlacement, GIB};
+    use crate::geometry::{MetaLayout, MetaPlacement, GIB};
 
     fn sample() -> Superblock {
-        let geometry = Geometry::default();
-        Superblock {
-            version: crate::layout::FORMAT_VERSION,
-            role: DeviceRole::Fast,
-            profile: Profile::ORCH,
-            uuid: [7; 16],
-            geometry,
-            fast_bytes: GIB,
-            ssd_bytes: 8 * GIB,
-            layout: MetaLayout::on_fast_tier(GIB, 8 * GIB, &geometry).unwrap(),
-            created_unix_ns: 42,
-            ssd_count: 1,
-            ssd_index: 0,
-            in_place_meta: false,
-        }
+        Superblock { profile: Profile::ORCH, ..crate::layout::sample_superblock() }
     }
 
     #[test]
