@@ -81,16 +81,8 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         Some(addr) => {
             let (volume, server, started) = (Arc::clone(&volume), Arc::clone(&server), std::time::Instant::now());
             let render = move || {
-                let mut report = volume.volume().report();
-                // The export's requests are the daemon's part of the report.
-                report.daemon = Some(alignfs::stats::DaemonInfo {
-                    pid: std::process::id(),
-                    uptime_s: started.elapsed().as_secs_f64(),
-                    front_end: "NBD".into(),
-                    request_latency: server.stats.latency_by_command(),
-                    ..Default::default()
-                });
-                crate::prometheus::render(&report) + &nbd_metrics(&server.stats)
+                let report = volume.volume().report();
+                crate::prometheus::render_server(report, "NBD", started, server.stats.latency_by_command()) + &nbd_metrics(&server.stats)
             };
             let metrics = crate::metrics::serve(addr, Arc::new(render))?;
             println!("metrics at http://{}/metrics", metrics.addr);

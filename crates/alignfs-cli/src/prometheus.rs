@@ -28,8 +28,9 @@ pub fn render(report: &VolumeReport) -> String {
     out.ssd_write_sizes(report);
     out.usage(report);
     for c in &report.device_counters {
-        out.family(&format!("alignfs_device_{}_total", unit_suffixed(&c.name)), "counter", &c.meaning);
-        out.sample(&format!("alignfs_device_{}_total", unit_suffixed(&c.name)), "", c.value as f64);
+        let name = format!("alignfs_device_{}_total", unit_suffixed(&c.name));
+        out.family(&name, "counter", &c.meaning);
+        out.sample(&name, "", c.value as f64);
     }
     if let Some(daemon) = &report.daemon {
         out.gauge("alignfs_daemon_uptime_seconds", "seconds since the serving daemon started", daemon.uptime_s);
@@ -143,6 +144,24 @@ impl Exposition {
         self.gauge("alignfs_checkpoint_generation", "the newest checkpoint's generation", u.checkpoint_generation as f64);
         self.gauge("alignfs_ssd_share_ratio", "share of written bytes that went straight to the SSD", r.ssd_share);
     }
+}
+
+/// A network front end's report: the volume's, with the server as the daemon part
+/// (its uptime since `started` and its requests' service times).
+pub fn render_server(
+    mut report: VolumeReport,
+    front_end: &str,
+    started: std::time::Instant,
+    request_latency: Vec<RequestLatency>,
+) -> String {
+    report.daemon = Some(alignfs::stats::DaemonInfo {
+        pid: std::process::id(),
+        uptime_s: started.elapsed().as_secs_f64(),
+        front_end: front_end.into(),
+        request_latency,
+        ..Default::default()
+    });
+    render(&report)
 }
 
 /// One unlabelled counter, for a front end's own totals.

@@ -153,17 +153,8 @@ fn connection_limits(args: &S3Args) -> Result<ConnectionLimits> {
 fn metrics_render(store: Arc<ObjectStore>, stats: Arc<alignfs_s3::RequestStats>) -> crate::metrics::Render {
     let started = std::time::Instant::now();
     Arc::new(move || {
-        let mut report = store.volume().report();
-        // The gateway's requests are the daemon's part of the report.
-        report.daemon = Some(alignfs::stats::DaemonInfo {
-            pid: std::process::id(),
-            uptime_s: started.elapsed().as_secs_f64(),
-            front_end: "S3".into(),
-            request_latency: stats.latency_by_operation(),
-            ..Default::default()
-        });
         let (client, server) = stats.errors();
-        crate::prometheus::render(&report)
+        crate::prometheus::render_server(store.volume().report(), "S3", started, stats.latency_by_operation())
             + &crate::prometheus::counter("alignfs_s3_client_errors_total", "requests answered 4xx", client)
             + &crate::prometheus::counter("alignfs_s3_server_errors_total", "requests answered 5xx", server)
     })

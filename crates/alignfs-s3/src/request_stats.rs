@@ -25,8 +25,8 @@ const OPERATIONS: [&str; 18] = [
     "CompleteMultipartUpload",
     "AbortMultipartUpload",
     "ListParts",
-    "other",
     "CopyObject",
+    "other",
 ];
 
 /// Counters a server shares with whoever reports on it.
