@@ -96,8 +96,10 @@ pub struct ReportSource {
 impl ReportSource {
     /// The volume's report with the serving daemon's part; `None` once it is closed.
     pub fn report(&self) -> Option<alignfs::stats::VolumeReport> {
-        let volume = self.volume.lock().clone()?;
-        let mut report = volume.report();
+        // Held while the report is made, so that `release_volume` waits for it.
+        let volume = self.volume.lock();
+        let mut report = volume.as_ref()?.report();
+        drop(volume);
         let transport = self.transport.get();
         report.daemon = Some(DaemonInfo {
             pid: std::process::id(),
@@ -113,7 +115,8 @@ impl ReportSource {
         Some(report)
     }
 
-    /// Lets go of the volume, so that the file system can close it.
+    /// Lets go of the volume, once a report in progress is done, so that the file system
+    /// can close it.
     fn release_volume(&self) {
         self.volume.lock().take();
     }

@@ -43,13 +43,6 @@ impl Filesystem for AlignFs {
         // The fill thread holds the volume; it stops first.
         self.fills.stop();
         self.report.release_volume();
-        // A metrics scrape holds the volume for the moment its report takes.
-        for _ in 0..100 {
-            if Arc::get_mut(&mut self.volume).is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
         let Some(volume) = Arc::get_mut(&mut self.volume) else {
             tracing::error!("closing the volume: still in use; its next open recovers it");
             return;
