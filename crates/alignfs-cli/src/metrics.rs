@@ -135,6 +135,15 @@ mod tests {
     }
 
     #[test]
+    fn an_address_that_cannot_be_listened_on_is_a_clear_error() {
+        let render: Render = Arc::new(String::new);
+        for bad in ["not an address", "127.0.0.1:99999", "256.0.0.1:9464"] {
+            let error = serve(bad, Arc::clone(&render)).err().expect(bad).to_string();
+            assert!(error.contains(&format!("--metrics: listen on {bad}")), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn metrics_are_served_at_their_path_only() {
         let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = Arc::clone(&scrapes);
