@@ -472,13 +472,6 @@ fn fsck(args: &FsckArgs) -> Result<ExitCode> {
 }
 
 fn main() -> ExitCode {
-    // Exit quietly when the reader of our output goes away (`alignfs stat | head`), as
-    // command-line tools do, instead of panicking on EPIPE.
-    // SAFETY: called first thing in main, before any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-    logging::init();
     let cli = match mount_helper::as_mount_helper() {
         Ok(Some(cli)) => cli,
         Ok(None) => Cli::parse(),
@@ -487,6 +480,16 @@ fn main() -> ExitCode {
             return ExitCode::from(mount_helper::EXIT_MOUNT_USAGE);
         }
     };
+    // A command exits quietly when the reader of its output goes away (`alignfs stat |
+    // head`), as command-line tools do, instead of panicking on EPIPE. A daemon must not:
+    // a client that hangs up while a reply is written (writev and TLS alerts raise
+    // SIGPIPE) would end it without closing its volume.
+    let daemon = matches!(cli.command, Command::Mount(_) | Command::Nbd(_) | Command::S3(_));
+    // SAFETY: called before any thread is started; the disposition is a plain constant.
+    unsafe {
+        libc::signal(libc::SIGPIPE, if daemon { libc::SIG_IGN } else { libc::SIG_DFL });
+    }
+    logging::init();
     let result = match &cli.command {
         Command::Mkfs(args) => mkfs(args),
         Command::Mount(args) => mount::mount(args),
