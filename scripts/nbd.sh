@@ -2,8 +2,9 @@
 # The uhs profile served over NBD, tested by clients nobody here wrote: nbdinfo,
 # qemu-img convert/compare, qemu-io patterns, nbdcopy, fio's nbd engine with crc32c
 # verify, ext4 on the volume through nbdfuse and a loop device (fsx, fio verify,
-# e2fsck), a read-only export, and a kill -9 loop in which every acknowledged write
-# must survive and fsck stay clean. Needs root (loop devices, mount) and /dev/fuse.
+# e2fsck), a read-only export, TLS with X.509 and pre-shared keys (and the clients it
+# must refuse), and a kill -9 loop in which every acknowledged write must survive and
+# fsck stay clean. Needs root (loop devices, mount) and /dev/fuse.
 #
 # Ends with "nbd totals: N passed, N failed". Environment: KEEP=1 keeps the work
 # directory; NBD_KILL_ROUNDS (default 4) sets the kill -9 rounds.
@@ -46,7 +47,7 @@ start_server() {
     "$bin" nbd "${devices[@]}" --listen "127.0.0.1:$port" --socket "$work/nbd.sock" "$@" >>"$work/server.out" 2>>"$work/server.log" &
     server=$!
     for _ in $(seq 100); do
-        nbdinfo --size "$uri" >/dev/null 2>&1 && return 0
+        nbdinfo --size "${probe_uri:-$uri}" >/dev/null 2>&1 && return 0
         kill -0 "$server" 2>/dev/null || break
         sleep 0.1
     done
@@ -142,6 +143,61 @@ check "clean stop (SIGINT) and fsck" clean_stop
 start_server --read-only --export alignfs || exit 1
 check "read-only export refuses writes" bash -c "! qemu-io -f raw -c 'write 0 4k' '$uri' 2>/dev/null | grep '^wrote' >/dev/null && qemu-io -r -f raw -c 'read -P 0x11 4k 4k' '$uri' | grep '^read' >/dev/null"
 kill -INT "$server"; wait "$server"; server=""
+
+# TLS (NBD_OPT_STARTTLS) with X.509 and with pre-shared keys, through nbdinfo, nbdcopy,
+# qemu-img and qemu-io; clients with the wrong CA or key, and plaintext clients, refused.
+tls=$work/tls
+scripts/tls-credentials.sh "$tls" && scripts/tls-credentials.sh "$work/other" || exit 1
+x509="tls-certificates=$tls/client"
+qemu_tls() { # CREDS-OBJECT QEMU-COMMAND...: run a qemu tool against the export over TLS
+    local creds=$1
+    shift
+    "$@" --object "$creds,id=tls0,endpoint=client" --image-opts "driver=nbd,host=127.0.0.1,port=$port,export=alignfs,tls-creds=tls0"
+}
+# A client refused for the reason given (a grep pattern of its output), not for another.
+refused() {
+    local why=$1
+    shift
+    ! "$@" >"$work/refused.out" 2>&1 && grep -E "$why" "$work/refused.out" >/dev/null
+}
+tls_x509() {
+    nbdinfo "nbds://localhost:$port/alignfs?$x509" | grep 'with TLS' >/dev/null &&
+        nbdcopy "$work/src.raw" "nbds://localhost:$port/alignfs?$x509" &&
+        cmp -s -n $((48 << 20)) <(nbdcopy "nbds://localhost:$port/alignfs?$x509" -) "$work/src.raw" &&
+        qemu_tls "tls-creds-x509,dir=$tls/client" qemu-io -c 'write -P 0x5a 1M 64k' -c 'read -P 0x5a 1M 64k' | grep '^read' >/dev/null &&
+        refused 'certificate verification' nbdinfo "nbds://localhost:$port/alignfs?tls-certificates=$work/other/client" &&
+        refused 'known issuer' qemu_tls "tls-creds-x509,dir=$work/other/client" qemu-img info &&
+        refused 'nbd_opt_go' nbdinfo "$uri" && refused 'requires TLS' qemu-img info "$uri"
+}
+probe_uri="nbds://localhost:$port/alignfs?$x509" start_server --tls-certificates "$tls" || exit 1
+check "TLS X.509: nbdinfo, nbdcopy and qemu-io over TLS; another CA and plaintext refused" tls_x509
+stop_server || exit 1
+tls_peer() {
+    nbdinfo --size "nbds://localhost:$port/alignfs?$x509" >/dev/null &&
+        mkdir -p "$work/anonymous" && cp "$tls/ca-cert.pem" "$work/anonymous/" &&
+        refused 'TLS fatal alert' nbdinfo "nbds://localhost:$port/alignfs?tls-certificates=$work/anonymous"
+}
+probe_uri="nbds://localhost:$port/alignfs?$x509" start_server --tls-certificates "$tls" --tls-verify-peer || exit 1
+check "TLS X.509 --tls-verify-peer: a client without a certificate is refused" tls_peer
+stop_server || exit 1
+psk_uri="nbds://alice@localhost:$port/alignfs?tls-psk-file=$tls/keys.psk"
+tls_psk() {
+    mkdir -p "$work/psk-right" "$work/psk-wrong" && cp "$tls/keys.psk" "$work/psk-right/" && cp "$work/other/keys.psk" "$work/psk-wrong/" &&
+        nbdcopy "$work/src.raw" "$psk_uri" && cmp -s -n $((48 << 20)) <(nbdcopy "$psk_uri" -) "$work/src.raw" &&
+        qemu_tls "tls-creds-psk,dir=$work/psk-right,username=alice" qemu-img info | grep 'virtual size' >/dev/null &&
+        refused 'TLS fatal alert' nbdinfo "nbds://alice@localhost:$port/alignfs?tls-psk-file=$work/other/keys.psk" &&
+        refused 'TLS handshake failed' qemu_tls "tls-creds-psk,dir=$work/psk-wrong,username=alice" qemu-img info &&
+        refused 'nbd_opt_go' nbdinfo "$uri"
+}
+probe_uri=$psk_uri start_server --tls-psk "$tls/keys.psk" || exit 1
+check "TLS-PSK: nbdcopy and qemu-img with the key; a wrong key and plaintext refused" tls_psk
+check "after the TLS clients: clean stop and fsck" clean_stop
+beyond_loopback() {
+    refused 'TLS is off.*--insecure-listen' timeout 20 "$bin" nbd "${devices[@]}" --listen "0.0.0.0:$port" &&
+        refused 'plaintext clients' timeout 20 "$bin" nbd "${devices[@]}" --listen "0.0.0.0:$port" --tls on --tls-psk "$tls/keys.psk" &&
+        refused 'need credentials' timeout 20 "$bin" nbd "${devices[@]}" --tls require
+}
+check "listening beyond loopback without required TLS is refused, with how to allow it" beyond_loopback
 
 # kill -9 during writes, restart, check every acknowledged write, repeat.
 kill_loop() {

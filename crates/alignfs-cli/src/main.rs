@@ -3,6 +3,7 @@
 mod bench;
 mod bench_objects;
 mod defaults;
+mod exposure;
 mod health;
 mod holder;
 mod logging;

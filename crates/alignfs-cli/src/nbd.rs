@@ -12,7 +12,7 @@ use alignfs::paths::{open_block_paths, ssd_superblock};
 use alignfs::profile::{Personality, Tunable};
 use alignfs::Profile;
 use alignfs::VolumeOptions;
-use alignfs_nbd::{ExportEntry, Server, ServerConfig, ServerStats};
+use alignfs_nbd::{ExportEntry, Server, ServerConfig, ServerStats, TlsConfig, TlsPolicy};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
@@ -25,6 +25,24 @@ pub struct NbdArgs {
     /// TCP address to listen on (loopback unless you say otherwise).
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:10809")]
     listen: String,
+    /// TLS (NBD_OPT_STARTTLS): `off`, `on` (offered; plaintext clients are served too) or
+    /// `require` [default: require when --tls-certificates or --tls-psk is given, else off].
+    #[arg(long, value_enum, value_name = "MODE")]
+    tls: Option<TlsMode>,
+    /// X.509 credentials: a directory holding server-cert.pem, server-key.pem and
+    /// ca-cert.pem, laid out as qemu-nbd and nbdkit take them.
+    #[arg(long, value_name = "DIR", conflicts_with = "tls_psk")]
+    tls_certificates: Option<PathBuf>,
+    /// TLS-PSK credentials: a private file of `identity:hexkey` lines (psktool's format).
+    #[arg(long, value_name = "FILE")]
+    tls_psk: Option<PathBuf>,
+    /// Serve only clients whose certificate ca-cert.pem signed (X.509).
+    #[arg(long, requires = "tls_certificates")]
+    tls_verify_peer: bool,
+    /// Listen beyond loopback without requiring TLS: anyone who can reach the port can
+    /// read and change the volume.
+    #[arg(long)]
+    insecure_listen: bool,
     /// Also listen on this Unix socket (`nbd+unix:///NAME?socket=PATH`).
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -57,7 +75,25 @@ pub struct NbdArgs {
     no_nvm_buffer: bool,
 }
 
+/// `--tls`'s values.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum TlsMode {
+    Off,
+    On,
+    Require,
+}
+
 pub fn run(args: &NbdArgs) -> Result<()> {
+    let tls = tls_config(args)?;
+    if !args.no_tcp {
+        let missing = match &tls {
+            Some(tls) if tls.policy == TlsPolicy::Require => None,
+            Some(_) => Some("--tls on still serves plaintext clients"),
+            None => Some("TLS is off"),
+        };
+        let how = "Give --tls-certificates DIR or --tls-psk FILE (then --tls require is the default)";
+        crate::exposure::check(&args.listen, missing, how, args.insecure_listen)?;
+    }
     let (fast, ssds) = args.devices.specs()?;
     let Some(superblock) = ssd_superblock(&ssds[0].path).ok().flatten() else {
         bail!("{} holds no alignfs volume; format one with `alignfs mkfs --profile uhs`", ssds[0].path.display());
@@ -76,6 +112,9 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         read_only: args.read_only,
     }]);
     config.workers_per_connection = args.workers.unwrap_or_else(alignfs_nbd::default_workers).max(1);
+    let tls_said =
+        tls.as_ref().map(|tls| format!(", TLS {} ({})", tls.kind, if tls.policy == TlsPolicy::Require { "required" } else { "offered" }));
+    config.tls = tls;
     let server = Arc::new(Server::new(config));
     let metrics = match &args.metrics {
         Some(addr) => {
@@ -90,7 +129,7 @@ pub fn run(args: &NbdArgs) -> Result<()> {
         }
         None => None,
     };
-    listen(&server, args)?;
+    listen(&server, args, tls_said.as_deref().unwrap_or(""))?;
     println!(
         "  {} bytes in {}-byte sectors, {} NVM ranges; residue: {residue}{}",
         volume.size(),
@@ -144,12 +183,34 @@ fn volume_options(args: &NbdArgs, profile: Profile) -> Result<VolumeOptions> {
     })
 }
 
+/// The TLS settings from `--tls`, `--tls-certificates`, `--tls-psk` and
+/// `--tls-verify-peer`; `None`: TLS off.
+fn tls_config(args: &NbdArgs) -> Result<Option<TlsConfig>> {
+    let has_credentials = args.tls_certificates.is_some() || args.tls_psk.is_some();
+    let policy = match args.tls.unwrap_or(if has_credentials { TlsMode::Require } else { TlsMode::Off }) {
+        TlsMode::Off if has_credentials => {
+            bail!("--tls off with TLS credentials: drop --tls-certificates/--tls-psk, or choose --tls on or require")
+        }
+        TlsMode::Off => return Ok(None),
+        _ if !has_credentials => bail!("--tls on and --tls require need credentials: --tls-certificates DIR or --tls-psk FILE"),
+        TlsMode::On => TlsPolicy::On,
+        TlsMode::Require => TlsPolicy::Require,
+    };
+    let config = match (&args.tls_certificates, &args.tls_psk) {
+        (Some(dir), _) => TlsConfig::certificates(dir, args.tls_verify_peer, policy),
+        (None, Some(file)) => TlsConfig::psk(file, policy),
+        (None, None) => unreachable!("credentials were checked above"),
+    };
+    config.map(Some).map_err(|e| anyhow::anyhow!("--tls: {e}"))
+}
+
 /// Listens on TCP unless `--no-tcp`, and on the Unix socket if one is named.
-fn listen(server: &Server, args: &NbdArgs) -> Result<()> {
+fn listen(server: &Server, args: &NbdArgs, tls_said: &str) -> Result<()> {
     if !args.no_tcp {
         let listener = TcpListener::bind(&args.listen).with_context(|| format!("listen on {}", args.listen))?;
         server.listen_tcp(listener)?;
-        println!("serving export {:?} on nbd://{}/{}", args.export, args.listen, args.export);
+        let scheme = if tls_said.is_empty() { "nbd" } else { "nbds" };
+        println!("serving export {:?} on {scheme}://{}/{}{tls_said}", args.export, args.listen, args.export);
     }
     if let Some(path) = &args.socket {
         if path.exists() {
@@ -157,7 +218,8 @@ fn listen(server: &Server, args: &NbdArgs) -> Result<()> {
         }
         let listener = UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))?;
         server.listen_unix(listener)?;
-        println!("serving export {:?} on nbd+unix:///{}?socket={}", args.export, args.export, path.display());
+        let scheme = if tls_said.is_empty() { "nbd+unix" } else { "nbds+unix" };
+        println!("serving export {:?} on {scheme}:///{}?socket={}{tls_said}", args.export, args.export, path.display());
     }
     Ok(())
 }
@@ -175,9 +237,10 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
 fn print_served(stats: &ServerStats) {
     let count = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
     println!(
-        "served {} requests on {} connections: {} by a connection's reader without a hand-off, {} answered with an error; {} handshakes refused",
+        "served {} requests on {} connections ({} over TLS): {} by a connection's reader without a hand-off, {} answered with an error; {} handshakes refused",
         count(&stats.requests),
         count(&stats.connections),
+        count(&stats.tls_sessions),
         count(&stats.served_by_reader),
         count(&stats.errors_returned),
         count(&stats.refused_handshakes)
@@ -197,6 +260,7 @@ fn nbd_metrics(stats: &ServerStats) -> String {
         ),
         ("alignfs_nbd_request_errors_total", "requests answered with an error", count(&stats.errors_returned)),
         ("alignfs_nbd_refused_handshakes_total", "handshakes refused", count(&stats.refused_handshakes)),
+        ("alignfs_nbd_tls_sessions_total", "connections that completed a TLS handshake", count(&stats.tls_sessions)),
     ]
     .into_iter()
     .map(|(name, help, value)| crate::prometheus::counter(name, help, value))

@@ -3,6 +3,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use alignfs::stats::{LatencyCounter, RequestLatency};
 
 use crate::protocol::{CMD_DISC, CMD_FLUSH, CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES};
+use crate::tls::TlsConfig;
 use crate::Export;
 
 /// One export a server offers.
@@ -37,6 +39,8 @@ pub struct ServerConfig {
     pub max_request_bytes: u32,
     /// A client has this long for each step of negotiation.
     pub handshake_timeout: Duration,
+    /// TLS offered or required (`NBD_OPT_STARTTLS`); `None`: plaintext only.
+    pub tls: Option<TlsConfig>,
 }
 
 impl ServerConfig {
@@ -46,6 +50,7 @@ impl ServerConfig {
             workers_per_connection: default_workers(),
             max_request_bytes: 32 << 20,
             handshake_timeout: Duration::from_secs(30),
+            tls: None,
         }
     }
 }
@@ -58,6 +63,11 @@ pub trait Stream: Read + Write + Send + Sync + 'static {
     fn shutdown_both(&self);
     fn set_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn peer(&self) -> String;
+    /// The socket, duplicated, for a TLS session to take over; `None` where there is no
+    /// socket (TLS is then refused).
+    fn duplicate_socket(&self) -> Option<io::Result<OwnedFd>> {
+        None
+    }
 }
 
 impl Stream for TcpStream {
@@ -72,6 +82,9 @@ impl Stream for TcpStream {
     }
     fn peer(&self) -> String {
         self.peer_addr().map_or_else(|_| "tcp peer".into(), |a| a.to_string())
+    }
+    fn duplicate_socket(&self) -> Option<io::Result<OwnedFd>> {
+        Some(self.as_fd().try_clone_to_owned())
     }
 }
 
@@ -88,6 +101,9 @@ impl Stream for UnixStream {
     fn peer(&self) -> String {
         "unix socket peer".into()
     }
+    fn duplicate_socket(&self) -> Option<io::Result<OwnedFd>> {
+        Some(self.as_fd().try_clone_to_owned())
+    }
 }
 
 /// What the server did, for logs and tests.
@@ -95,6 +111,8 @@ impl Stream for UnixStream {
 pub struct ServerStats {
     pub connections: AtomicU64,
     pub refused_handshakes: AtomicU64,
+    /// Connections that completed a TLS handshake.
+    pub tls_sessions: AtomicU64,
     pub requests: AtomicU64,
     /// Requests the connection's reading thread served itself, without a worker.
     pub served_by_reader: AtomicU64,

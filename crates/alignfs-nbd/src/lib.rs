@@ -9,12 +9,14 @@ mod config;
 mod negotiate;
 pub mod protocol;
 pub mod server;
+mod tls;
 mod transmit;
 
 use alignfs::personality::BlockVolume;
 use alignfs::Error;
 
 pub use server::{default_workers, ExportEntry, Server, ServerConfig, ServerStats};
+pub use tls::{TlsConfig, TlsPolicy, TlsStream};
 
 /// An error to return to the client, as an NBD errno.
 #[derive(Debug)]

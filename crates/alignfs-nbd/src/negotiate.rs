@@ -1,19 +1,34 @@
-//! Fixed-newstyle negotiation: the options a client sends before it picks an export.
+//! Fixed-newstyle negotiation: the options a client sends before it picks an export,
+//! including `NBD_OPT_STARTTLS` and what a server that requires TLS answers before it.
 
 use std::io::{self, BufReader, Write};
 
 use crate::config::{ExportEntry, ServerConfig, Stream};
 use crate::protocol::*;
+use crate::tls::TlsPolicy;
 
-/// Fixed-newstyle negotiation. `Ok(None)`: the client aborted or chose no export.
+/// How negotiation ended.
+pub(crate) enum Negotiated<'c> {
+    /// The client chose this export; transmission follows.
+    Export(&'c ExportEntry),
+    /// The client aborted, or left without choosing.
+    Ended,
+    /// STARTTLS was acknowledged: the TLS handshake comes next, then negotiation goes on
+    /// over TLS.
+    StartTls,
+}
+
+/// Fixed-newstyle negotiation after the greeting; `no_zeroes`: what the client asked for
+/// in its flags, `tls_on`: whether this already runs over TLS.
 pub(crate) fn negotiate<'c, S: Stream>(
     stream: &S,
     r: &mut BufReader<S>,
     config: &'c ServerConfig,
-) -> Result<Option<(&'c ExportEntry, bool)>, Hangup> {
+    no_zeroes: bool,
+    tls_on: bool,
+) -> Result<Negotiated<'c>, Hangup> {
     stream.set_timeout(Some(config.handshake_timeout))?;
     let mut w = stream.try_clone_stream()?;
-    let no_zeroes = greet(&mut w, r)?;
     let find = |name: &[u8]| {
         if name.is_empty() {
             config.exports.first()
@@ -21,9 +36,18 @@ pub(crate) fn negotiate<'c, S: Stream>(
             config.exports.iter().find(|e| e.name.as_bytes() == name)
         }
     };
+    let tls_required = !tls_on && config.tls.as_ref().is_some_and(|tls| tls.policy == TlsPolicy::Require);
     loop {
         let request = read_option(r)?;
         let option = request.option;
+        if tls_required && !matches!(option, OPT_STARTTLS | OPT_ABORT) {
+            // EXPORT_NAME has no error reply: the protocol says to hang up.
+            if option == OPT_EXPORT_NAME {
+                return Err(Hangup::Protocol("EXPORT_NAME before STARTTLS, and this server requires TLS".into()));
+            }
+            option_reply(&mut w, option, REP_ERR_TLS_REQD, b"this server requires TLS: send NBD_OPT_STARTTLS first")?;
+            continue;
+        }
         match option {
             OPT_EXPORT_NAME => {
                 let Some(entry) = find(&request.data) else {
@@ -36,11 +60,28 @@ pub(crate) fn negotiate<'c, S: Stream>(
                 }
                 w.write_all(&reply)?;
                 stream.set_timeout(None)?;
-                return Ok(Some((entry, no_zeroes)));
+                return Ok(Negotiated::Export(entry));
             }
             OPT_ABORT => {
                 let _ = option_reply(&mut w, option, REP_ACK, &[]);
-                return Ok(None);
+                return Ok(Negotiated::Ended);
+            }
+            OPT_STARTTLS => {
+                let refusal = if tls_on {
+                    Some((REP_ERR_INVALID, "TLS is already on"))
+                } else if config.tls.is_none() {
+                    Some((REP_ERR_POLICY, "TLS is not offered (the server runs with --tls off)"))
+                } else if !request.data.is_empty() {
+                    Some((REP_ERR_INVALID, "STARTTLS takes no data"))
+                } else {
+                    None
+                };
+                if let Some((reply, why)) = refusal {
+                    option_reply(&mut w, option, reply, why.as_bytes())?;
+                    continue;
+                }
+                option_reply(&mut w, option, REP_ACK, &[])?;
+                return Ok(Negotiated::StartTls);
             }
             OPT_LIST => {
                 if !request.data.is_empty() {
@@ -62,10 +103,9 @@ pub(crate) fn negotiate<'c, S: Stream>(
                 option_reply(&mut w, option, REP_ACK, &[])?;
                 if option == OPT_GO {
                     stream.set_timeout(None)?;
-                    return Ok(Some((entry, no_zeroes)));
+                    return Ok(Negotiated::Export(entry));
                 }
             }
-            5 => option_reply(&mut w, option, REP_ERR_POLICY, b"TLS is not offered")?,
             _ => option_reply(&mut w, option, REP_ERR_UNSUP, b"option not supported")?,
         }
     }
@@ -73,7 +113,9 @@ pub(crate) fn negotiate<'c, S: Stream>(
 
 /// The server's greeting and the client's flags; returns whether the client asked
 /// for no zero padding.
-fn greet<S: Stream>(w: &mut S, r: &mut BufReader<S>) -> Result<bool, Hangup> {
+pub(crate) fn greet<S: Stream>(stream: &S, r: &mut BufReader<S>, config: &ServerConfig) -> Result<bool, Hangup> {
+    stream.set_timeout(Some(config.handshake_timeout))?;
+    let mut w = stream.try_clone_stream()?;
     let mut hello = NBDMAGIC.to_be_bytes().to_vec();
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
     hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());

@@ -13,7 +13,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 pub use crate::config::{default_workers, ExportEntry, ServerConfig, ServerStats, Stream};
-use crate::negotiate::negotiate;
+use crate::negotiate::{greet, negotiate, Negotiated};
+use crate::protocol::Hangup;
+use crate::tls::TlsStream;
 use crate::transmit::transmit;
 
 /// Hangs up one connection.
@@ -115,18 +117,64 @@ pub fn serve_connection<S: Stream>(stream: S, config: &ServerConfig, stats: &Ser
         Ok(clone) => BufReader::with_capacity(256 << 10, clone),
         Err(e) => return tracing::warn!("{peer}: {e}"),
     };
-    match negotiate(&stream, &mut reader, config) {
-        Ok(Some((entry, no_zeroes))) => {
+    let no_zeroes = match greet(&stream, &mut reader, config) {
+        Ok(no_zeroes) => no_zeroes,
+        Err(e) => return refused(stats, &peer, &e),
+    };
+    let Some((stream, reader)) = serve_negotiated(stream, reader, config, stats, no_zeroes, false) else { return };
+    // STARTTLS was acknowledged. A client starts its handshake only after reading that,
+    // so nothing may be buffered yet.
+    if !reader.buffer().is_empty() {
+        return refused(stats, &peer, &Hangup::Protocol("bytes sent before STARTTLS's reply".into()));
+    }
+    drop(reader);
+    let Some(tls) = &config.tls else { unreachable!("STARTTLS is acknowledged only with TLS configured") };
+    let session = match stream.duplicate_socket() {
+        Some(Ok(socket)) => TlsStream::accept(socket, tls, format!("{peer} (TLS)"), config.handshake_timeout),
+        Some(Err(e)) => Err(e),
+        None => Err(io::Error::other("this connection has no socket to run TLS on")),
+    };
+    // The session owns its own copy of the socket; this one would keep it open.
+    drop(stream);
+    match session {
+        Ok(session) => {
+            stats.tls_sessions.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!("{peer}: TLS ({}) established", tls.kind);
+            let reader = BufReader::with_capacity(256 << 10, session.clone());
+            serve_negotiated(session, reader, config, stats, no_zeroes, true);
+        }
+        Err(e) => refused(stats, &peer, &Hangup::Io(io::Error::new(e.kind(), format!("TLS handshake failed: {e}")))),
+    }
+}
+
+/// Negotiate on `stream`, then serve the chosen export to the connection's end. Returns
+/// the stream and its reader when the client asked for TLS and this is not TLS yet.
+fn serve_negotiated<S: Stream>(
+    stream: S,
+    mut reader: BufReader<S>,
+    config: &ServerConfig,
+    stats: &ServerStats,
+    no_zeroes: bool,
+    tls_on: bool,
+) -> Option<(S, BufReader<S>)> {
+    let peer = stream.peer();
+    match negotiate(&stream, &mut reader, config, no_zeroes, tls_on) {
+        Ok(Negotiated::Export(entry)) => {
             tracing::info!("{peer}: serving export {:?}{}", entry.name, if no_zeroes { "" } else { " (old-style zero padding)" });
             match transmit(stream, reader, entry, config, stats) {
                 Ok(()) => tracing::info!("{peer}: disconnected"),
                 Err(e) => tracing::warn!("{peer}: {e}"),
             }
         }
-        Ok(None) => tracing::info!("{peer}: ended negotiation"),
-        Err(e) => {
-            stats.refused_handshakes.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("{peer}: closed during negotiation: {e}");
-        }
+        Ok(Negotiated::Ended) => tracing::info!("{peer}: ended negotiation"),
+        Ok(Negotiated::StartTls) if !tls_on => return Some((stream, reader)),
+        Ok(Negotiated::StartTls) => unreachable!("STARTTLS is refused over TLS"),
+        Err(e) => refused(stats, &peer, &e),
     }
+    None
+}
+
+fn refused(stats: &ServerStats, peer: &str, e: &Hangup) {
+    stats.refused_handshakes.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!("{peer}: closed during negotiation: {e}");
 }

@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used)]
 //! The NBD server over Unix socket pairs: negotiation paths, every command, the errors the
-//! protocol asks for, request ordering across workers, and a corpus of malformed and
-//! random input that must end a connection cleanly and leave the export unchanged.
+//! protocol asks for, request ordering across workers, TLS (STARTTLS with pre-shared
+//! keys, what a server that requires it answers), and a corpus of malformed and random
+//! input that must end a connection cleanly and leave the export unchanged.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -10,7 +11,8 @@ use std::thread::JoinHandle;
 
 use alignfs_nbd::protocol::*;
 use alignfs_nbd::server::serve_connection;
-use alignfs_nbd::{Export, ExportEntry, ExportError, ServerConfig, ServerStats};
+use alignfs_nbd::{Export, ExportEntry, ExportError, ServerConfig, ServerStats, TlsConfig, TlsPolicy};
+use openssl::ssl::{SslConnector, SslMethod, SslStream, SslVersion};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -100,7 +102,7 @@ fn connect_counted(memory: &Arc<Memory>, read_only: bool) -> (UnixStream, JoinHa
     (client, handle, stats)
 }
 
-fn read_exact(s: &mut UnixStream, n: usize) -> Vec<u8> {
+fn read_exact(s: &mut (impl Read + Write), n: usize) -> Vec<u8> {
     let mut b = vec![0u8; n];
     s.read_exact(&mut b).unwrap();
     b
@@ -110,14 +112,14 @@ fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(b.try_into().unwrap())
 }
 
-fn hello(s: &mut UnixStream, client_flags: u32) {
+fn hello(s: &mut (impl Read + Write), client_flags: u32) {
     let h = read_exact(s, 18);
     assert_eq!(&h[..8], b"NBDMAGIC");
     assert_eq!(u64::from_be_bytes(h[8..16].try_into().unwrap()), IHAVEOPT);
     s.write_all(&client_flags.to_be_bytes()).unwrap();
 }
 
-fn send_option(s: &mut UnixStream, option: u32, data: &[u8]) {
+fn send_option(s: &mut (impl Read + Write), option: u32, data: &[u8]) {
     let mut b = IHAVEOPT.to_be_bytes().to_vec();
     b.extend_from_slice(&option.to_be_bytes());
     b.extend_from_slice(&(data.len() as u32).to_be_bytes());
@@ -126,7 +128,7 @@ fn send_option(s: &mut UnixStream, option: u32, data: &[u8]) {
 }
 
 /// One option reply: (reply type, data).
-fn option_reply(s: &mut UnixStream) -> (u32, Vec<u8>) {
+fn option_reply(s: &mut (impl Read + Write)) -> (u32, Vec<u8>) {
     let h = read_exact(s, 20);
     assert_eq!(u64::from_be_bytes(h[..8].try_into().unwrap()), REPLY_MAGIC_OPTION);
     let len = be32(&h[16..20]) as usize;
@@ -144,7 +146,7 @@ fn go_payload(name: &[u8], wanted: &[u16]) -> Vec<u8> {
 }
 
 /// Negotiate with GO; returns the transmission flags.
-fn go(s: &mut UnixStream) -> u16 {
+fn go(s: &mut (impl Read + Write)) -> u16 {
     hello(s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
     send_option(s, OPT_GO, &go_payload(b"disk", &[INFO_BLOCK_SIZE]));
     let (kind, export) = option_reply(s);
@@ -157,7 +159,7 @@ fn go(s: &mut UnixStream) -> u16 {
     flags
 }
 
-fn request(s: &mut UnixStream, command: u16, flags: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
+fn request(s: &mut (impl Read + Write), command: u16, flags: u16, cookie: u64, offset: u64, length: u32, payload: &[u8]) {
     let r = Request { flags, command, cookie, offset, length };
     let mut b = r.encode().to_vec();
     b.extend_from_slice(payload);
@@ -165,7 +167,7 @@ fn request(s: &mut UnixStream, command: u16, flags: u16, cookie: u64, offset: u6
 }
 
 /// One simple reply: (error, cookie).
-fn reply(s: &mut UnixStream) -> (u32, u64) {
+fn reply(s: &mut (impl Read + Write)) -> (u32, u64) {
     let h = read_exact(s, 16);
     assert_eq!(be32(&h[..4]), SIMPLE_REPLY_MAGIC);
     (be32(&h[4..8]), u64::from_be_bytes(h[8..16].try_into().unwrap()))
@@ -402,4 +404,143 @@ fn malformed_input_closes_the_connection_and_changes_nothing() {
         server.join().expect("the server thread ends without panicking");
     }
     assert!(memory.bytes.lock().iter().all(|&b| b == 0), "no malformed request changed the export");
+}
+
+const PSK_IDENTITY: &str = "alice";
+const PSK: [u8; 32] = [7; 32];
+
+/// A server with TLS-PSK (key [`PSK`] for [`PSK_IDENTITY`]) under `policy`, on a socket
+/// pair; returns the client's end, the server thread and its counters.
+fn connect_tls(memory: &Arc<Memory>, policy: TlsPolicy) -> (UnixStream, JoinHandle<()>, Arc<ServerStats>) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.psk");
+    let hex: String = PSK.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&keys, format!("{PSK_IDENTITY}:{hex}\n")).unwrap();
+    std::fs::set_permissions(&keys, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (client, server) = UnixStream::pair().unwrap();
+    let export = Arc::clone(memory) as Arc<dyn Export>;
+    let mut config = ServerConfig::new(vec![ExportEntry { name: "disk".into(), description: "test".into(), export, read_only: false }]);
+    config.tls = Some(TlsConfig::psk(&keys, policy).unwrap());
+    config.handshake_timeout = std::time::Duration::from_secs(5);
+    let stats = Arc::new(ServerStats::default());
+    let counted = Arc::clone(&stats);
+    let handle = std::thread::spawn(move || serve_connection(server, &config, &counted));
+    (client, handle, stats)
+}
+
+/// The client's side of a TLS-PSK handshake, as a libnbd client runs it after STARTTLS.
+fn tls_client(s: UnixStream, key: [u8; 32]) -> Result<SslStream<UnixStream>, String> {
+    let mut builder = SslConnector::builder(SslMethod::tls_client()).unwrap();
+    builder.set_min_proto_version(Some(SslVersion::TLS1_3)).unwrap();
+    builder.set_psk_client_callback(move |_ssl, _hint, identity, psk| {
+        identity[..PSK_IDENTITY.len()].copy_from_slice(PSK_IDENTITY.as_bytes());
+        identity[PSK_IDENTITY.len()] = 0;
+        psk[..key.len()].copy_from_slice(&key);
+        Ok(key.len())
+    });
+    let config = builder.build().configure().unwrap().verify_hostname(false).use_server_name_indication(false);
+    config.connect("localhost", s).map_err(|e| e.to_string())
+}
+
+#[test]
+fn tls_required_answers_only_starttls_then_serves_over_tls() {
+    let memory = Memory::new(SIZE);
+    let (mut s, server, stats) = connect_tls(&memory, TlsPolicy::Require);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    for option in [OPT_LIST, OPT_INFO, OPT_GO, 8] {
+        send_option(&mut s, option, &go_payload(b"disk", &[]));
+        assert_eq!(option_reply(&mut s).0, REP_ERR_TLS_REQD, "option {option} before STARTTLS");
+    }
+    send_option(&mut s, OPT_STARTTLS, b"x");
+    assert_eq!(option_reply(&mut s).0, REP_ERR_INVALID, "STARTTLS takes no data");
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    let mut tls = tls_client(s, PSK).unwrap();
+    send_option(&mut tls, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut tls).0, REP_ERR_INVALID, "STARTTLS over TLS");
+    // Negotiation goes on without a new greeting.
+    send_option(&mut tls, OPT_GO, &go_payload(b"disk", &[INFO_BLOCK_SIZE]));
+    while option_reply(&mut tls).0 == REP_INFO {}
+    let data: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    request(&mut tls, CMD_WRITE, CMD_FLAG_FUA, 1, 8192, data.len() as u32, &data);
+    request(&mut tls, CMD_READ, 0, 2, 8192, data.len() as u32, &[]);
+    assert_eq!(reply(&mut tls), (0, 1));
+    assert_eq!(reply(&mut tls), (0, 2));
+    assert_eq!(read_exact(&mut tls, data.len()), data);
+    request(&mut tls, CMD_DISC, 0, 3, 0, 0, &[]);
+    server.join().unwrap();
+    assert_eq!(&memory.bytes.lock()[8192..8192 + data.len()], &data[..]);
+    assert_eq!(stats.tls_sessions.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn tls_required_hangs_up_on_export_name_and_a_wrong_key() {
+    let memory = Memory::new(SIZE);
+    // EXPORT_NAME has no error reply: the protocol says to hang up.
+    let (mut s, server, stats) = connect_tls(&memory, TlsPolicy::Require);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    send_option(&mut s, OPT_EXPORT_NAME, b"disk");
+    server.join().unwrap();
+    assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0);
+    assert_eq!(stats.refused_handshakes.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    let (mut s, server, stats) = connect_tls(&memory, TlsPolicy::Require);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    assert!(tls_client(s, [8; 32]).is_err(), "a wrong key fails the handshake");
+    server.join().unwrap();
+    assert_eq!(stats.refused_handshakes.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(stats.tls_sessions.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+#[test]
+fn tls_offered_serves_plaintext_and_off_refuses_starttls_by_policy() {
+    let memory = Memory::new(SIZE);
+    let (mut s, server, _) = connect_tls(&memory, TlsPolicy::On);
+    go(&mut s);
+    disconnect(s, server);
+
+    let (mut s, server) = connect(&memory, false);
+    hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+    send_option(&mut s, OPT_STARTTLS, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ERR_POLICY);
+    send_option(&mut s, OPT_ABORT, &[]);
+    assert_eq!(option_reply(&mut s).0, REP_ACK);
+    server.join().unwrap();
+}
+
+/// Bytes that are not a TLS handshake after STARTTLS's acknowledgement, and bytes sent
+/// before it: each closes the connection, none panics, the export is unchanged.
+#[test]
+fn malformed_tls_records_close_the_connection_and_change_nothing() {
+    let memory = Memory::new(SIZE);
+    let mut rng = StdRng::seed_from_u64(12);
+    let client_hello_head = [0x16u8, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    for round in 0..60 {
+        let (mut s, server, stats) = connect_tls(&memory, TlsPolicy::Require);
+        hello(&mut s, CLIENT_FIXED_NEWSTYLE | CLIENT_NO_ZEROES);
+        let n = rng.random_range(0..600);
+        let mut noise: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        if round % 3 == 0 {
+            // A record header that claims a handshake, then garbage.
+            noise.splice(0..0, client_hello_head);
+        }
+        if round == 1 {
+            // The handshake's first bytes right behind STARTTLS, before its reply.
+            let mut both = IHAVEOPT.to_be_bytes().to_vec();
+            both.extend_from_slice(&OPT_STARTTLS.to_be_bytes());
+            both.extend_from_slice(&0u32.to_be_bytes());
+            both.extend_from_slice(&client_hello_head);
+            s.write_all(&both).unwrap();
+        } else {
+            send_option(&mut s, OPT_STARTTLS, &[]);
+            assert_eq!(option_reply(&mut s).0, REP_ACK);
+            let _ = s.write_all(&noise);
+        }
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        server.join().expect("the server thread ends without panicking");
+        assert_eq!(stats.tls_sessions.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+    assert!(memory.bytes.lock().iter().all(|&b| b == 0), "no malformed record changed the export");
 }
