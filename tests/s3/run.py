@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The S3 gateway (`alignfs s3`) against S3 clients nobody here wrote: boto3 (buckets,
 objects, ranges, listings against a model, copies, metadata, multipart, the errors S3
-defines), awscli, s3cmd and rclone (copy up, list, copy back, compare), then a kill -9
+defines), awscli, s3cmd and rclone (copy up, list, copy back, compare), the same clients over
+HTTPS with a test CA (and the clients HTTPS must refuse), then a kill -9
 loop: a boto3 writer PUTs objects and multipart uploads while the gateway is killed at
 random moments; after each restart every acknowledged object reads back with its MD5, and
 an interrupted multipart upload is absent or listed as incomplete (then aborted).
@@ -38,10 +39,12 @@ def free_port():
 
 
 class Gateway:
-    def __init__(self, binary, work, extra=()):
+    def __init__(self, binary, work, extra=(), ca=None):
         self.binary, self.work, self.extra = binary, work, list(extra)
         self.port = free_port()
         self.proc = None
+        # HTTPS when a CA bundle is given (the gateway then runs with --tls-cert/--tls-key).
+        self.ca = ca
 
     def start(self):
         log = open(os.path.join(self.work, "s3.log"), "a")
@@ -71,11 +74,11 @@ class Gateway:
         self.proc.wait()
 
     def endpoint(self):
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://localhost:{self.port}" if self.ca else f"http://127.0.0.1:{self.port}"
 
-    def client(self, secret=SECRET, access=ACCESS):
+    def client(self, secret=SECRET, access=ACCESS, verify=None):
         return boto3.client("s3", endpoint_url=self.endpoint(), aws_access_key_id=access, aws_secret_access_key=secret,
-                            region_name="us-east-1",
+                            region_name="us-east-1", verify=verify if verify is not None else self.ca,
                             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
 
 
@@ -671,6 +674,98 @@ def kill_suite(binary, work, rounds):
     fsck_clean(binary, work, "kill -9: fsck is clean after the rounds")
 
 
+# --- HTTPS -------------------------------------------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tls_suite(binary, work):
+    """HTTPS with a test CA's certificate: boto3, awscli and rclone trusting that CA; a
+    client that does not, plain HTTP and TLS garbage refused without harm; the gateway
+    refusing to listen beyond loopback without HTTPS and keys."""
+    creds = os.path.join(work, "tls")
+    subprocess.run([os.path.join(REPO, "scripts", "tls-credentials.sh"), creds], check=True)
+    ca = os.path.join(creds, "ca-cert.pem")
+    tls_args = ["--tls-cert", os.path.join(creds, "server-cert.pem"), "--tls-key", os.path.join(creds, "server-key.pem")]
+    gw = Gateway(binary, work, tls_args, ca=ca)
+    gw.start()
+    rng = random.Random(12)
+    try:
+        s3 = gw.client()
+
+        def boto3_https():
+            s3.create_bucket(Bucket="secure")
+            for size in [0, 4096, 4 << 20, 9 << 20]:
+                body = rng.randbytes(size)
+                s3.put_object(Bucket="secure", Key=f"o{size}", Body=body)
+                assert s3.get_object(Bucket="secure", Key=f"o{size}")["Body"].read() == body
+            assert len(s3.list_objects_v2(Bucket="secure")["Contents"]) == 4
+        check("HTTPS: boto3 trusting the CA puts, gets and lists (0 B to 9 MiB)", boto3_https)
+
+        def awscli_https():
+            env = cli_env(gw)
+            src = os.path.join(work, "aws-up.bin")
+            with open(src, "wb") as f:
+                f.write(rng.randbytes(12 << 20))
+            aws = ["aws", "--endpoint-url", gw.endpoint(), "--ca-bundle", ca]
+            run(aws + ["s3", "cp", src, "s3://secure/aws.bin"], env)
+            run(aws + ["s3", "cp", "s3://secure/aws.bin", src + ".back"], env)
+            same_tree(src, src + ".back")
+        check("HTTPS: awscli with --ca-bundle copies up (multipart) and back", awscli_https)
+
+        def rclone_https():
+            tree = os.path.join(work, "rclone-tree")
+            make_tree(tree, rng)
+            # rclone's S3 SDK refuses AWS_CA_BUNDLE with rclone's own transport: the CA comes by --ca-cert.
+            env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+            env.update(RCLONE_S3_PROVIDER="Other", RCLONE_S3_ACCESS_KEY_ID=ACCESS, RCLONE_S3_SECRET_ACCESS_KEY=SECRET,
+                       RCLONE_S3_ENDPOINT=gw.endpoint(), RCLONE_S3_REGION="us-east-1", RCLONE_RETRIES="1")
+            run(["rclone", "--ca-cert", ca, "copy", tree, ":s3:secure/tree"], env)
+            run(["rclone", "--ca-cert", ca, "check", tree, ":s3:secure/tree"], env)
+        check("HTTPS: rclone with --ca-cert copies a tree and checks it", rclone_https)
+
+        def refused():
+            untrusting = gw.client(verify=True)
+            try:
+                untrusting.list_buckets()
+                raise AssertionError("a client that does not trust the CA was served")
+            except Exception as e:  # botocore's SSLError
+                assert "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e), e
+            plain = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{gw.port}", aws_access_key_id=ACCESS,
+                                 aws_secret_access_key=SECRET, region_name="us-east-1",
+                                 config=Config(retries={"max_attempts": 1}, connect_timeout=5, read_timeout=5))
+            try:
+                plain.list_buckets()
+                raise AssertionError("plain HTTP was served on the HTTPS port")
+            except ClientError as e:
+                raise AssertionError(f"plain HTTP got an S3 answer: {e}")
+            except Exception:
+                pass
+            # Garbage, and a record header claiming a handshake followed by garbage.
+            for junk in [rng.randbytes(300), bytes([0x16, 3, 1, 2, 0, 1, 0, 1, 0xfc, 3, 3]) + rng.randbytes(200), b""]:
+                with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as sock:
+                    sock.sendall(junk)
+                    sock.shutdown(socket.SHUT_WR)
+                    sock.settimeout(5)
+                    while sock.recv(4096):
+                        pass
+            assert s3.get_object(Bucket="secure", Key="o4096")["ContentLength"] == 4096, "served on after the abuse"
+        check("HTTPS: an untrusting client, plain HTTP and TLS garbage are refused; the gateway serves on", refused)
+    finally:
+        gw.stop()
+    fsck_clean(binary, work, "fsck is clean after the HTTPS clients")
+
+    def beyond_loopback():
+        port = free_port()
+        ssd = ["--ssd", os.path.join(work, "ssd.img")]
+        keys = ["--keys", os.path.join(work, "keys")]
+        for extra in [keys, ["--anonymous", *tls_args]]:
+            r = subprocess.run([binary, "s3", *ssd, "--listen", f"0.0.0.0:{port}", *extra], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=20)
+            assert r.returncode != 0 and "--insecure-listen" in r.stdout, r.stdout
+    check("beyond loopback, plain HTTP or anonymous access is refused, with how to allow it", beyond_loopback)
+
+
 def fsck_clean(binary, work, name):
     r = subprocess.run([binary, "fsck", "--ssd", os.path.join(work, "ssd.img")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -696,7 +791,7 @@ def main():
     parser.add_argument("--kill-rounds", type=int, default=4)
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
-    for name in ["clients", "limits", "kill"]:
+    for name in ["clients", "tls", "limits", "kill"]:
         os.makedirs(os.path.join(args.work, name), exist_ok=True)
     main_work = os.path.join(args.work, "clients")
     format_store(binary, main_work)
@@ -709,6 +804,8 @@ def main():
         gw.stop()
     fsck_clean(binary, main_work, "fsck is clean after the client suites")
     stat_counts(binary, main_work)
+    format_store(binary, os.path.join(args.work, "tls"))
+    tls_suite(binary, os.path.join(args.work, "tls"))
     format_store(binary, os.path.join(args.work, "limits"))
     limits_suite(binary, os.path.join(args.work, "limits"))
     format_store(binary, os.path.join(args.work, "kill"))

@@ -30,6 +30,16 @@ pub struct S3Args {
     /// Accept unsigned requests from anyone who can reach the address (tests on loopback).
     #[arg(long, conflicts_with = "keys")]
     anonymous: bool,
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert's certificate.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Listen beyond loopback without HTTPS or without keys: anyone who can reach the
+    /// port can read, or read and change, the store.
+    #[arg(long)]
+    insecure_listen: bool,
     /// Serve read-only: every write gets AccessDenied.
     #[arg(long)]
     read_only: bool,
@@ -72,6 +82,17 @@ pub fn run(args: &S3Args) -> Result<()> {
     if let Err(e) = profile.check_served_by(Personality::Objects) {
         bail!("{e}, or format one with `alignfs mkfs --profile nvstore`");
     }
+    let missing = match (&args.tls_cert, args.anonymous) {
+        (None, true) => Some("it would serve plain HTTP to anonymous clients"),
+        (None, false) => Some("it would serve plain HTTP (keys and data readable on the wire)"),
+        (Some(_), true) => Some("it would serve anonymous clients"),
+        (Some(_), false) => None,
+    };
+    crate::exposure::check(&args.listen, missing, "Give --tls-cert FILE --tls-key FILE and --keys FILE", args.insecure_listen)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(alignfs_s3::load_tls(cert, key).map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key: {e}"))?),
+        _ => None,
+    };
     let auth = match &args.keys {
         Some(path) => Some(alignfs_s3::load_keys(path).map_err(anyhow::Error::msg)?),
         None => None,
@@ -99,9 +120,10 @@ pub fn run(args: &S3Args) -> Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("start the async runtime")?;
     println!(
-        "serving alignfs {} object store {} on http://{} ({}{})",
+        "serving alignfs {} object store {} on {}://{} ({}{})",
         profile.name(),
         superblock.uuid_string(),
+        if tls.is_some() { "https" } else { "http" },
         listener.local_addr()?,
         if args.anonymous { "anonymous requests" } else { "SigV4, keys from the key file" },
         if args.read_only { ", read-only" } else { "" }
@@ -119,7 +141,7 @@ pub fn run(args: &S3Args) -> Result<()> {
         }
         println!("stopping: finishing requests in progress, then closing the store");
     };
-    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, auth, connections, stats: request_stats }, shutdown))?;
+    runtime.block_on(alignfs_s3::serve(gateway, ServerConfig { listener, tls, auth, connections, stats: request_stats }, shutdown))?;
     // Bodies still streaming hold the store; the runtime's end drops them.
     drop(runtime);
     // The endpoint holds the store: it stops first.
@@ -157,6 +179,11 @@ fn metrics_render(store: Arc<ObjectStore>, stats: Arc<alignfs_s3::RequestStats>)
         crate::prometheus::render_server(store.volume().report(), "S3", started, stats.latency_by_operation())
             + &crate::prometheus::counter("alignfs_s3_client_errors_total", "requests answered 4xx", client)
             + &crate::prometheus::counter("alignfs_s3_server_errors_total", "requests answered 5xx", server)
+            + &crate::prometheus::counter(
+                "alignfs_s3_tls_handshake_failures_total",
+                "connections whose TLS handshake failed or timed out",
+                stats.tls_handshake_failures(),
+            )
     })
 }
 

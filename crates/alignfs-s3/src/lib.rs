@@ -20,8 +20,10 @@ mod server;
 mod service;
 mod store;
 mod timeouts;
+mod tls;
 
 pub use gateway::{Gateway, Limits};
 pub use keys::{load as load_keys, Keys};
 pub use request_stats::RequestStats;
-pub use server::{serve, ConnectionLimits, ServerConfig};
+pub use server::{serve, serve_stream, ConnectionLimits, ServerConfig};
+pub use tls::load as load_tls;

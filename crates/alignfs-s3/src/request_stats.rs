@@ -35,6 +35,7 @@ pub struct RequestStats {
     latency: [LatencyCounter; OPERATIONS.len()],
     client_errors: AtomicU64,
     server_errors: AtomicU64,
+    tls_handshake_failures: AtomicU64,
 }
 
 impl RequestStats {
@@ -50,6 +51,15 @@ impl RequestStats {
     /// Each operation's service times so far; operations never seen are left out.
     pub fn latency_by_operation(&self) -> Vec<RequestLatency> {
         OPERATIONS.iter().zip(&self.latency).filter_map(|(name, counter)| counter.snapshot(name)).collect()
+    }
+
+    pub(crate) fn tls_handshake_failed(&self) {
+        self.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Connections whose TLS handshake failed or did not finish in time.
+    pub fn tls_handshake_failures(&self) -> u64 {
+        self.tls_handshake_failures.load(Ordering::Relaxed)
     }
 
     /// Requests answered 4xx (the client's mistake) and 5xx (the gateway's failure).

@@ -22,6 +22,8 @@ use crate::timeouts::{IdleBody, InRequest, TimedIo};
 
 pub struct ServerConfig {
     pub listener: std::net::TcpListener,
+    /// HTTPS with this certificate and key ([`crate::tls::load`]); `None`: plain HTTP.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// The accepted keys; `None` serves anonymous requests (refused unless asked for).
     pub auth: Option<crate::keys::Keys>,
     pub connections: ConnectionLimits,
@@ -92,19 +94,89 @@ fn serve_request(
     }
 }
 
+/// One accepted connection and what serving it needs.
+struct Connection {
+    service: S3Service,
+    limits: ConnectionLimits,
+    stats: Arc<RequestStats>,
+    http: ConnectionBuilder<TokioExecutor>,
+    /// The server's shutdown, which the connection follows; `None` outside a server.
+    graceful: Option<hyper_util::server::graceful::Watcher>,
+    peer: String,
+}
+
+impl Connection {
+    /// The TLS handshake, bounded as a request head is, then HTTP over it. A failed
+    /// handshake is the client's affair: logged at debug level and counted.
+    async fn serve_tls(self, socket: tokio::net::TcpStream, tls: tokio_rustls::TlsAcceptor) {
+        match tokio::time::timeout(self.limits.header_timeout, tls.accept(socket)).await {
+            Ok(Ok(stream)) => self.serve(stream).await,
+            Ok(Err(e)) => {
+                self.stats.tls_handshake_failed();
+                tracing::debug!(peer = %self.peer, "TLS handshake failed: {e}");
+            }
+            Err(_) => {
+                self.stats.tls_handshake_failed();
+                tracing::debug!(peer = %self.peer, "no TLS handshake within {:?}", self.limits.header_timeout);
+            }
+        }
+    }
+
+    /// HTTP/1.1 on `io` until the client leaves or the server shuts down.
+    async fn serve<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(self, io: S) {
+        let Connection { service, limits, stats, http, graceful, peer } = self;
+        let in_request = Arc::new(InRequest::default());
+        let io = TokioIo::new(TimedIo::new(io, Arc::clone(&in_request), limits.header_timeout));
+        let body_idle = limits.body_idle_timeout;
+        let serve = hyper::service::service_fn(move |request| serve_request(&service, request, &in_request, body_idle, &stats));
+        let connection = http.serve_connection(io, serve).into_owned();
+        let ended = match graceful {
+            Some(graceful) => graceful.watch(connection).await,
+            None => connection.await,
+        };
+        if let Err(e) = ended {
+            tracing::debug!(%peer, "connection ended: {e}");
+        }
+    }
+}
+
+/// The S3 service over `gateway`, checking SigV4 with `auth` (`None`: anonymous).
+fn s3_service(gateway: Gateway, auth: Option<crate::keys::Keys>) -> S3Service {
+    let mut builder = S3ServiceBuilder::new(gateway);
+    if let Some(auth) = auth {
+        builder.set_auth(auth);
+    }
+    builder.build()
+}
+
+/// Serve HTTP/1.1 on one byte stream until it ends, as [`serve`] serves each accepted
+/// connection (the same bounds, parsing, signature checks and S3 service), without a
+/// listener: for fuzzing and tests.
+pub async fn serve_stream<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(
+    gateway: Gateway,
+    auth: Option<crate::keys::Keys>,
+    limits: ConnectionLimits,
+    io: S,
+) {
+    let connection = Connection {
+        service: s3_service(gateway, auth),
+        limits,
+        stats: Arc::default(),
+        http: ConnectionBuilder::new(TokioExecutor::new()),
+        graceful: None,
+        peer: "stream".into(),
+    };
+    connection.serve(io).await;
+}
+
 /// Serve until `shutdown` resolves; returns once connections have finished (or after
 /// ten seconds).
 pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     config.listener.set_nonblocking(true)?;
     let listener = TcpListener::from_std(config.listener)?;
-    let service = {
-        let mut builder = S3ServiceBuilder::new(gateway);
-        if let Some(auth) = config.auth {
-            builder.set_auth(auth);
-        }
-        builder.build()
-    };
+    let service = s3_service(gateway, config.auth);
     let limits = config.connections;
+    let tls = config.tls.map(tokio_rustls::TlsAcceptor::from);
     let http = ConnectionBuilder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -131,15 +203,19 @@ pub async fn serve(gateway: Gateway, config: ServerConfig, shutdown: impl Future
         if let Err(e) = socket.set_nodelay(true) {
             tracing::debug!(%peer, "TCP_NODELAY: {e}");
         }
-        let in_request = Arc::new(InRequest::default());
-        let io = TokioIo::new(TimedIo::new(socket, Arc::clone(&in_request), limits.header_timeout));
-        let (service, body_idle, stats) = (service.clone(), limits.body_idle_timeout, Arc::clone(&config.stats));
-        let serve = hyper::service::service_fn(move |request| serve_request(&service, request, &in_request, body_idle, &stats));
-        let connection = http.serve_connection(io, serve);
-        let connection = graceful.watch(connection.into_owned());
+        let connection = Connection {
+            service: service.clone(),
+            limits,
+            stats: Arc::clone(&config.stats),
+            http: http.clone(),
+            graceful: Some(graceful.watcher()),
+            peer: peer.to_string(),
+        };
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, "connection ended: {e}");
+            match tls {
+                Some(tls) => connection.serve_tls(socket, tls).await,
+                None => connection.serve(socket).await,
             }
             drop(slot);
         });

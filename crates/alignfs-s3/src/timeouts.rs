@@ -14,7 +14,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 /// Whether a connection is inside a request (its head read, its response not yet
@@ -44,20 +43,20 @@ impl InRequest {
 /// first wait after the last request (or the last byte written), the next head must be
 /// in within `timeout`, however slowly its bytes trickle. Inside a request the body's
 /// own bound ([`IdleBody`]) applies; a response being written keeps the connection alive.
-pub struct TimedIo {
-    inner: TcpStream,
+pub struct TimedIo<S> {
+    inner: S,
     in_request: Arc<InRequest>,
     timeout: Duration,
     deadline: Option<Pin<Box<Sleep>>>,
 }
 
-impl TimedIo {
-    pub fn new(inner: TcpStream, in_request: Arc<InRequest>, timeout: Duration) -> TimedIo {
+impl<S> TimedIo<S> {
+    pub fn new(inner: S, in_request: Arc<InRequest>, timeout: Duration) -> TimedIo<S> {
         TimedIo { inner, in_request, timeout, deadline: None }
     }
 }
 
-impl AsyncRead for TimedIo {
+impl<S: AsyncRead + Unpin> AsyncRead for TimedIo<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
         if this.in_request.busy() {
@@ -81,7 +80,7 @@ impl AsyncRead for TimedIo {
     }
 }
 
-impl AsyncWrite for TimedIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
         let written = Pin::new(&mut this.inner).poll_write(cx, data);
