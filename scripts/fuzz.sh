@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Coverage-guided fuzzing of every on-media parser (fuzz/fuzz_targets): superblock,
 # checkpoint payload, journal record ops, journal replay, map entry / upage header, a
-# block volume's layout attribute, what an NBD client sends, nvstore's KV records, and
+# block volume's layout attribute, what an NBD client sends, what an S3 client sends (HTTP
+# parsing, SigV4 and the gateway's operations), nvstore's KV records, and
 # the recovery of nvstore's KV journal (vendor/fjall's, with our sync markers), and the
 # recovery of the emulated memory-semantic SSD (`byte`) from its device DRAM, and
 # `byte`'s in-place metadata area (records, bitmap, header). Each must
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-12}
 rustup toolchain list | grep '^nightly' >/dev/null || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
 command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
-targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages nbd_connection kv_records kv_journal mssd_recovery lines_area)
+targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages nbd_connection s3_request kv_records kv_journal mssd_recovery lines_area)
 build_log=$(mktemp)
 cargo +nightly fuzz build -O >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
 rm -f "$build_log"
@@ -31,6 +32,9 @@ cargo build -q --locked -p alignfs --example fuzz_seeds >"$build_log" 2>&1 || { 
 target/debug/examples/fuzz_seeds "$seeds" || exit 1
 # Whole NBD conversations for nbd_connection, from the protocol's own encoder.
 cargo run -q --locked -p alignfs-nbd --example fuzz_seeds -- "$seeds" >"$build_log" 2>&1 || { tail -30 "$build_log"; exit 1; }
+# S3 requests signed now by botocore (SigV4 allows 15 minutes of skew) for s3_request.
+/usr/bin/python3 -c 'import botocore' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-boto3 >/dev/null; } || exit 1
+/usr/bin/python3 tests/s3/fuzz_seeds.py "$seeds" || exit 1
 rm -f "$build_log"
 passed=0
 failed=0

@@ -10,6 +10,7 @@ use s3s::auth::{S3Auth, SecretKey};
 use s3s::{s3_error, S3Result};
 
 /// Access key → secret key.
+#[derive(Clone)]
 pub struct Keys(HashMap<String, SecretKey>);
 
 impl std::fmt::Debug for Keys {
