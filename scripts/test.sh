@@ -234,6 +234,8 @@ bench/uhs.py --quick --cells randread | sed -n '/^| workload/,/^$/p' || suites=1
 /usr/bin/python3 bench/nvstore.py --quick --patterns fileserver | sed -n '/^| pattern/,/^$/p' || suites=1
 # The S3 benchmark's smoke run: alignfs s3 and s3s-fs (cargo-installed if missing).
 /usr/bin/python3 bench/s3.py --quick --jobs 2 --cells put2k,get,fileserver | sed -n '/^| cell/,/^$/p' || suites=1
+# The TLS cost benchmark's smoke run: NBD (X.509, PSK) and S3 (HTTPS) against plaintext.
+/usr/bin/python3 bench/tls.py --quick | grep '^|' || suites=1
 # The byte profile's benchmark smoke run: host-to-device traffic and throughput of byte,
 # its block-only baseline and ext4 on a loop device, on the workloads the comparison
 # below does not run (it runs micro, varmail and RocksDB through this script).
