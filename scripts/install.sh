@@ -6,7 +6,8 @@
 #   - the systemd units alignfs-mount@, alignfs-nbd@ and alignfs-s3@ in $SYSTEMD_DIR
 #     (default /etc/systemd/system), and example instance files in $ALIGNFS_ETC (default
 #     /etc/alignfs; existing files are kept);
-#   - docs/OPERATING.md in $PREFIX/share/doc/alignfs.
+#   - docs/OPERATING.md in $PREFIX/share/doc/alignfs, and the Grafana dashboard
+#     deploy/grafana/alignfs.json in $PREFIX/share/alignfs/grafana.
 # Builds the binary first unless --no-build. Root only.
 #   scripts/install.sh [--no-build] [--uninstall]
 set -euo pipefail
@@ -23,7 +24,8 @@ for arg in "$@"; do
     case $arg in
     --no-build) build=0 ;;
     --uninstall)
-        rm -f "$helper_dir/mount.fuse.alignfs" "$prefix/bin/alignfs" "$prefix/share/doc/alignfs/OPERATING.md"
+        rm -f "$helper_dir/mount.fuse.alignfs" "$prefix/bin/alignfs" "$prefix/share/doc/alignfs/OPERATING.md" \
+            "$prefix/share/alignfs/grafana/alignfs.json"
         for unit in "${units[@]}"; do rm -f "$systemd_dir/$unit"; done
         echo "install: removed alignfs, its mount helper, units and docs ($etc is kept)"
         exit 0
@@ -39,6 +41,7 @@ fi
 install -D -m 0755 target/release/alignfs "$prefix/bin/alignfs"
 ln -sfn "$prefix/bin/alignfs" "$helper_dir/mount.fuse.alignfs"
 install -D -m 0644 docs/OPERATING.md "$prefix/share/doc/alignfs/OPERATING.md"
+install -D -m 0644 deploy/grafana/alignfs.json "$prefix/share/alignfs/grafana/alignfs.json"
 mkdir -p "$systemd_dir" "$etc"
 for unit in "${units[@]}"; do
     # The units name the default paths; point them at the ones installed to.

@@ -134,4 +134,6 @@ for operation in CreateBucket PutObject GetObject; do
     grep -q "^alignfs_request_duration_seconds_count{.*kind=\"$operation\"} [1-9]" "$work/s3.prom" || { echo "operate: no $operation histogram" >&2; exit 1; }
 done
 grep -q '^alignfs_s3_client_errors_total 1$' "$work/s3.prom"
+# The Grafana dashboard queries only series the three daemons export.
+tests/service/dashboard.py deploy/grafana/alignfs.json "$work/endpoint.prom" "$work/nbd.prom" "$work/s3.prom"
 echo "operate: mount -t fuse.alignfs, fstab, umount, fsck, metrics endpoints and SIGHUP: ok"
