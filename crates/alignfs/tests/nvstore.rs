@@ -37,7 +37,21 @@ impl Fixture {
     }
 
     fn open(&self, options: &VolumeOptions) -> ObjectStore {
-        ObjectStore::open(self.devices(), options.clone()).unwrap()
+        open_waiting(|| self.devices(), options).unwrap()
+    }
+}
+
+/// `ObjectStore::open`, waiting while the store directory's lock is still held by a child
+/// that `acknowledged_operations_survive_kill_9` is starting in another thread: a child
+/// holds copies of this process's descriptors from fork until exec, so the lock of a
+/// store a test just closed can outlive the close by that long.
+fn open_waiting(devices: impl Fn() -> Devices, options: &VolumeOptions) -> alignfs::Result<ObjectStore> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match ObjectStore::open(devices(), options.clone()) {
+            Err(Error::InUse { .. }) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+            result => return result,
+        }
     }
 }
 
@@ -322,7 +336,7 @@ fn the_kv_directory_is_checked() {
     ObjectStore::format(&Devices::with_kv(Arc::clone(&replacement), first.kv.path()), &forced).unwrap();
     let old = alignfs::Volume::open(first.devices(), quiet());
     assert!(matches!(old, Err(Error::VolumeMismatch { .. })), "the old SSD no longer matches the store");
-    let store = ObjectStore::open(Devices::with_kv(replacement, first.kv.path()), quiet()).unwrap();
+    let store = open_waiting(|| Devices::with_kv(Arc::clone(&replacement), first.kv.path()), &quiet()).unwrap();
     assert!(store.buckets().unwrap().is_empty(), "a forced format starts empty");
     store.close().unwrap();
 }
@@ -838,7 +852,7 @@ fn recorded_store() -> (Arc<PowerLog>, tempfile::TempDir, ObjectStore) {
     let format =
         FormatOptions { geometry: Profile::NVSTORE.default_geometry(), profile: Profile::NVSTORE, force: false, ..Default::default() };
     ObjectStore::format(&devices(), &format).unwrap();
-    let store = ObjectStore::open(devices(), no_clean_pages()).unwrap();
+    let store = open_waiting(devices, &no_clean_pages()).unwrap();
     store.create_bucket(b"b").unwrap();
     (log, kv, store)
 }
@@ -941,7 +955,8 @@ fn object_workloads_survive_every_power_loss_image() {
                     b(&store).write(b"after-recovery", 100, &[8u8; 300]).unwrap();
                     let before_close = read_all(&store);
                     store.close().unwrap();
-                    let store = ObjectStore::open(Devices::with_kv(ssd as Arc<dyn BlockDevice>, dir.path()), no_clean_pages()).unwrap();
+                    let store =
+                        open_waiting(|| Devices::with_kv(Arc::clone(&ssd) as Arc<dyn BlockDevice>, dir.path()), &no_clean_pages()).unwrap();
                     assert_eq!(store.volume().check(), [], "{}: fsck after reuse", context());
                     assert!(read_all(&store) == before_close, "{}: reopen after reuse differs", context());
                     store.close().unwrap();
