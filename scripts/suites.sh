@@ -274,6 +274,20 @@ one_request() {
     ((after - before == 1)) || { echo "a 4 MiB write arrived as $((after - before)) write calls"; return 1; }
 }
 check "a 4 MiB direct write arrives whole (max_pages_limit raised by the mount)" one_request
+# Files advertise a 1 MiB preferred IO size, so cp hands the engine 1 MiB writes, not
+# 128 KiB ones each made durable on its own.
+cp_in_large_pieces() {
+    local before after
+    head -c 8M /dev/urandom >"$work/cp-src" || return 1
+    before=$(app_writes) || return 1
+    cp "$work/cp-src" "$mnt/cp-dst" || return 1
+    after=$(app_writes) || return 1
+    [[ $(stat -c %o "$mnt/cp-dst") == 1048576 ]] || { echo "st_blksize $(stat -c %o "$mnt/cp-dst")"; return 1; }
+    cmp "$work/cp-src" "$mnt/cp-dst" || return 1
+    rm -f "$work/cp-src" "$mnt/cp-dst"
+    ((after - before == 8)) || { echo "cp of 8 MiB arrived as $((after - before)) write calls"; return 1; }
+}
+check "st_blksize is 1 MiB, and cp of 8 MiB arrives as 8 writes" cp_in_large_pieces
 
 # --- stress-ng ---------------------------------------------------------------------------
 # Excluded, because they test something FUSE file systems cannot offer: binderfs (a kernel

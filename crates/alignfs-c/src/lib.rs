@@ -394,7 +394,7 @@ pub fn dirent_type(kind: FileKind) -> u8 {
 
 /// `struct stat` for an engine attribute. `st_dev` is 0; `st_blocks` counts the size
 /// rounded up to 4 KiB pages (the engine keeps no per-file allocation count).
-pub fn fill_stat(attr: &Attr, block_bytes: u64, out: &mut libc::stat) {
+pub fn fill_stat(attr: &Attr, io_bytes: u64, out: &mut libc::stat) {
     let split = |ns: i64| (ns.div_euclid(1_000_000_000), ns.rem_euclid(1_000_000_000));
     // SAFETY: `stat` is plain old data; all-zero is a valid value.
     *out = unsafe { std::mem::zeroed() };
@@ -405,7 +405,7 @@ pub fn fill_stat(attr: &Attr, block_bytes: u64, out: &mut libc::stat) {
     out.st_gid = attr.gid;
     out.st_rdev = attr.rdev.into();
     out.st_size = attr.size as i64;
-    out.st_blksize = block_bytes as _;
+    out.st_blksize = io_bytes as _;
     out.st_blocks = if attr.kind == FileKind::File { (attr.size.div_ceil(4096) * 8) as i64 } else { 0 };
     (out.st_atime, out.st_atime_nsec) = split(attr.atime);
     (out.st_mtime, out.st_mtime_nsec) = split(attr.mtime);
@@ -418,7 +418,7 @@ unsafe fn write_stat(s: &Session, attr: alignfs::Result<Attr>, out: *mut libc::s
     let attr = attr?;
     // SAFETY: this function's contract: `out` is null or a writable `struct stat`.
     let out = unsafe { out.as_mut() }.ok_or_else(|| fault("statbuf"))?;
-    fill_stat(&attr, s.volume().geometry().block(), out);
+    fill_stat(&attr, s.volume().geometry().preferred_io(), out);
     Ok(0)
 }
 

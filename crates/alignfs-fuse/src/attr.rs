@@ -49,7 +49,7 @@ pub fn time_ns(t: SystemTime) -> TimeNs {
 /// `stat` as the kernel wants it. The engine does not count per-file allocation, so
 /// `blocks` (512-byte sectors) is the size rounded up to 4 KiB pages, as `du` expects of a
 /// file without holes.
-pub fn file_attr(a: &Attr, block_bytes: u64) -> FileAttr {
+pub fn file_attr(a: &Attr, io_bytes: u64) -> FileAttr {
     let allocated = if a.kind == FileKind::File { a.size.div_ceil(4096) * 4096 } else { 0 };
     FileAttr {
         ino: INodeNo(a.ino.0),
@@ -65,7 +65,7 @@ pub fn file_attr(a: &Attr, block_bytes: u64) -> FileAttr {
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev,
-        blksize: u32::try_from(block_bytes).unwrap_or(4096),
+        blksize: u32::try_from(io_bytes).unwrap_or(u32::MAX),
         flags: 0,
     }
 }

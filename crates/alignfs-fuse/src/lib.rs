@@ -193,7 +193,7 @@ impl AlignFs {
     }
 
     fn reply_entry(&self, reply: ReplyEntry, attr: &alignfs::Attr) {
-        reply.entry(&self.options.ttl, &file_attr(attr, self.volume.geometry().block()), Generation(0));
+        reply.entry(&self.options.ttl, &file_attr(attr, self.volume.geometry().preferred_io()), Generation(0));
     }
 
     /// Owner, group and mode of a new node in `parent`: a set-group-ID directory passes on

@@ -67,7 +67,7 @@ impl Filesystem for AlignFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let attr = try_or_reply!(reply, self.volume.getattr(Self::ino(ino)));
-        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
+        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().preferred_io()));
     }
 
     fn setattr(
@@ -101,7 +101,7 @@ impl Filesystem for AlignFs {
             self.fills.changing(ino.0);
         }
         let attr = try_or_reply!(reply, self.volume.setattr(Self::ino(ino), &request));
-        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().block()));
+        reply.attr(&self.options.ttl, &file_attr(&attr, self.volume.geometry().preferred_io()));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -282,7 +282,7 @@ impl Filesystem for AlignFs {
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let listing = try_or_reply!(reply, self.listing(Self::ino(ino), fh, offset));
-        let block = self.volume.geometry().block();
+        let io_bytes = self.volume.geometry().preferred_io();
         for (next, entry) in listing {
             // An entry removed since the listing was taken is simply left out.
             let Ok(attr) = self.volume.getattr(entry.ino) else { continue };
@@ -291,7 +291,7 @@ impl Filesystem for AlignFs {
                 next,
                 OsStr::from_bytes(&entry.name),
                 &self.options.ttl,
-                &file_attr(&attr, block),
+                &file_attr(&attr, io_bytes),
                 Generation(0),
             ) {
                 break;
@@ -394,7 +394,7 @@ impl Filesystem for AlignFs {
         let attr = try_or_reply!(reply, self.open_handle(attr.ino, true));
         reply.created(
             &self.options.ttl,
-            &file_attr(&attr, self.volume.geometry().block()),
+            &file_attr(&attr, self.volume.geometry().preferred_io()),
             Generation(0),
             FileHandle(attr.ino.0),
             self.options.cache.fopen_flags(flags),

@@ -17,7 +17,7 @@ fn stat_into(attr: alignfs::Result<alignfs::Attr>, s: &Session, out: *mut libc::
     let attr = attr?;
     // SAFETY: the caller passes a writable struct stat (libc's contract), or null.
     let out = unsafe { out.as_mut() }.ok_or_else(|| alignfs::Error::InvalidArgument("null stat buffer".into()))?;
-    fill_stat(&attr, s.volume().geometry().block(), out);
+    fill_stat(&attr, s.volume().geometry().preferred_io(), out);
     Ok(0)
 }
 
@@ -89,10 +89,10 @@ macro_rules! stat_calls {
 stat_calls!(stat, lstat, fstat, fstatat, libc::stat);
 stat_calls!(stat64, lstat64, fstat64, fstatat64, libc::stat64);
 
-fn fill_statx(attr: &alignfs::Attr, block: u64, out: &mut libc::statx) {
+fn fill_statx(attr: &alignfs::Attr, io_bytes: u64, out: &mut libc::statx) {
     // SAFETY: zeroed stat is valid plain data.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    fill_stat(attr, block, &mut st);
+    fill_stat(attr, io_bytes, &mut st);
     // SAFETY: zeroed statx is valid plain data.
     *out = unsafe { std::mem::zeroed() };
     out.stx_mask = libc::STATX_BASIC_STATS;
@@ -121,19 +121,19 @@ fn fill_statx(attr: &alignfs::Attr, block: u64, out: &mut libc::statx) {
 pub unsafe extern "C" fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, out: *mut libc::statx) -> c_int {
     let empty = !path.is_null() && unsafe { *path } == 0;
     let attr = if empty && flags & libc::AT_EMPTY_PATH != 0 && is_ours(dirfd) {
-        Some(with(|s| s.fstat(dirfd).map(|a| (a, s.volume().geometry().block()))))
+        Some(with(|s| s.fstat(dirfd).map(|a| (a, s.volume().geometry().preferred_io()))))
     } else {
         // SAFETY: `path` is a NUL-terminated path, by libc's contract for this call.
         match unsafe { at_path(dirfd, path) } {
-            Ok(Target::Ours(p)) => Some(with(|s| s.stat(&p).map(|a| (a, s.volume().geometry().block())))),
+            Ok(Target::Ours(p)) => Some(with(|s| s.stat(&p).map(|a| (a, s.volume().geometry().preferred_io())))),
             Err(e) => Some(Err(e)),
             Ok(Target::Real) => None,
         }
     };
     match attr {
-        Some(Ok((attr, block))) => match unsafe { out.as_mut() } {
+        Some(Ok((attr, io_bytes))) => match unsafe { out.as_mut() } {
             Some(out) => {
-                fill_statx(&attr, block, out);
+                fill_statx(&attr, io_bytes, out);
                 0
             }
             None => int(Err(libc::EFAULT)),

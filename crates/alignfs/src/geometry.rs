@@ -33,6 +33,9 @@ pub struct Geometry {
     pub io_workers: u32,
 }
 
+/// The smallest IO size files advertise to applications (`st_blksize`).
+pub const PREFERRED_IO_BYTES: u64 = 1 << 20;
+
 impl Default for Geometry {
     fn default() -> Self {
         Geometry { block_bytes: 32 * 1024, page_bytes: 4 * 1024, split_bytes: 256 * 1024, io_workers: 2 }
@@ -63,6 +66,15 @@ impl Geometry {
 
     pub fn block(&self) -> u64 {
         u64::from(self.block_bytes)
+    }
+    /// What `stat` reports as a file's preferred IO size: a whole number of blocks, at
+    /// least [`PREFERRED_IO_BYTES`]. `cp` copies in pieces of max(st_blksize, 128 KiB) and
+    /// stdio buffers st_blksize bytes, so a small one turns a stream into many writes the
+    /// engine makes durable one by one: with the 32 KiB block, `cp` of 1 GiB and `sync` on
+    /// the mount ran at 0.42-0.49× ext4's speed in 8192 writes, and at 0.96-1.17× in 1024
+    /// with 1 MiB.
+    pub fn preferred_io(&self) -> u64 {
+        PREFERRED_IO_BYTES.next_multiple_of(self.block().max(1))
     }
     pub fn page(&self) -> u64 {
         u64::from(self.page_bytes)
@@ -288,6 +300,18 @@ mod tests {
     const UHS: Geometry = BYTE;
 
     /// Fuzzing found a superblock whose page size was 0 dividing by zero here.
+
+    #[test]
+    fn the_preferred_io_size_is_whole_blocks_and_at_least_a_mebibyte() {
+        for (block, preferred) in
+            [(4 << 10, 1 << 20), (32 << 10, 1 << 20), (256 << 10, 1 << 20), (768 << 10, 1536 << 10), (4 << 20, 4 << 20)]
+        {
+            let geometry = Geometry { block_bytes: block, ..Geometry::default() };
+            assert_eq!(geometry.preferred_io(), preferred, "block {block}");
+        }
+        assert_eq!(SCRAP.preferred_io(), PREFERRED_IO_BYTES);
+        assert_eq!(BYTE.preferred_io(), PREFERRED_IO_BYTES);
+    }
     #[test]
     fn a_geometry_with_a_zero_size_is_refused() {
         for zeroed in [
