@@ -11,6 +11,7 @@ import json
 import math
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,27 @@ def run(cmd: list, env: dict | None = None, check: bool = True, capture: bool = 
         out = (p.stdout or "")[-2000:] + (p.stderr or "")[-2000:]
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{out}")
     return p.stdout or ""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(proc, port: int, what: str, logfile) -> None:
+    """Wait up to 60 s for `proc` to listen on loopback `port`; raise if it exits first."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {logfile}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start listening; see {logfile}")
 
 
 def med(values, empty: float = math.nan) -> float:

@@ -40,6 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import free_port, wait_listening  # noqa: E402
 from nvstore import (BIN, Loop, detach, fs_on, install_missing, log, med, report_dir, run, run_rounds,  # noqa: E402
                      run_threads, save_report, unmount, with_systems)
 
@@ -48,27 +49,6 @@ SYSTEMS = ["alignfs", "s3s-fs", "s3s-fs-sync"]
 ACCESS, SECRET = "bench-access", "bench-secret-0123456789"
 S3S_FS_VERSION = "0.14.1"  # the newest whose toolchain need this machine's Rust meets
 PAYLOAD = os.urandom((8 << 20) + 65536)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(proc, port, what, logfile):
-    import socket
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; see {logfile}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start listening; see {logfile}")
 
 
 class Server:

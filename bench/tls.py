@@ -19,35 +19,15 @@ import importlib.util
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ALIGNFS, REPO, apt_install, log, med, run  # noqa: E402
+from common import ALIGNFS, REPO, apt_install, free_port, log, med, run, wait_listening  # noqa: E402
 
 ACCESS, SECRET = "bench-access", "bench-secret-key-0123"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(proc, port, logfile):
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}; see {logfile}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"did not start listening; see {logfile}")
 
 
 def stop(proc):
@@ -114,7 +94,7 @@ def nbd_rounds(creds, kind, rounds, seconds, work, shm):
     with open(logfile, "a") as out:
         proc = subprocess.Popen([ALIGNFS, "nbd", "--fast", fast, "--ssd", ssd, "--listen", f"127.0.0.1:{port}", "--tls", "on",
                                  *tls_args], stdout=out, stderr=out)
-    wait_port(proc, port, logfile)
+    wait_listening(proc, port, "alignfs nbd", logfile)
     tls = (kind, os.path.join(creds, "client") if kind == "X.509" else os.path.join(creds, "keys.psk"))
     results = {cell: {"plain": [], kind: []} for cell in NBD_CELLS}
     try:
@@ -177,7 +157,7 @@ def s3_rounds(creds, rounds, seconds, work):
                 proc = subprocess.Popen([ALIGNFS, "s3", "--ssd", ssd, "--keys", keys, "--listen", f"127.0.0.1:{port}",
                                          *(tls_args if ca else [])], stdout=out, stderr=out)
             try:
-                wait_port(proc, port, logfile)
+                wait_listening(proc, port, "alignfs s3", logfile)
                 client = s3_client(port, ca)
                 if r == 0 and name == order[0][0]:
                     client.create_bucket(Bucket="bench")
