@@ -16,7 +16,7 @@ use alignfs::personality::BlockVolume;
 use alignfs::Error;
 
 pub use server::{default_workers, ExportEntry, Server, ServerConfig, ServerStats};
-pub use tls::{TlsConfig, TlsPolicy, TlsStream};
+pub use tls::{TlsConfig, TlsPolicy};
 
 /// An error to return to the client, as an NBD errno.
 #[derive(Debug)]

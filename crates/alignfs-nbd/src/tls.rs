@@ -109,15 +109,10 @@ fn base_context(min_version: SslVersion) -> Result<SslContextBuilder, String> {
 }
 
 /// The `identity:hexkey` lines of a PSK file; blank lines and `#` comments are skipped.
-/// Like the S3 gateway's key file, it must not be readable by others.
+/// Like the S3 gateway's key file, it must be private to its owner.
 fn read_psk_file(path: &Path) -> Result<Vec<(String, Vec<u8>)>, String> {
-    use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!("{shown}: readable by others; a key file must be private (chmod 600 {shown})"));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{shown}: {e}"))?;
+    let text = alignfs::paths::read_private_file(path)?;
     let keys = parse_psk_keys(&text).map_err(|e| format!("{shown}: {e}"))?;
     if keys.is_empty() {
         return Err(format!("{shown}: no keys (expected identity:hexkey lines)"));
@@ -171,7 +166,7 @@ impl Write for Socket {
 
 /// One side of a TLS session over a socket; clones share the session.
 #[derive(Clone)]
-pub struct TlsStream {
+pub(crate) struct TlsStream {
     shared: Arc<Shared>,
 }
 
@@ -285,7 +280,22 @@ impl Stream for TlsStream {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_psk_keys;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::{parse_psk_keys, read_psk_file};
+
+    #[test]
+    fn a_psk_file_others_can_read_is_refused_and_an_empty_one_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.psk");
+        std::fs::write(&path, "alice:00ff\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(read_psk_file(&path).unwrap_err().contains("chmod 600"));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_psk_file(&path).unwrap(), vec![("alice".to_string(), vec![0, 0xff])]);
+        std::fs::write(&path, "# none\n").unwrap();
+        assert!(read_psk_file(&path).unwrap_err().contains("no keys"));
+    }
 
     #[test]
     fn psk_files_parse_as_psktool_writes_them_and_bad_lines_are_named() {

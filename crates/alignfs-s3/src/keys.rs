@@ -3,7 +3,6 @@
 //! must not be readable by group or others, as ssh treats its private keys.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use s3s::auth::{S3Auth, SecretKey};
@@ -30,17 +29,7 @@ impl S3Auth for Keys {
 
 /// Parse and register the keys of `path`; errors name the file and line.
 pub fn load(path: &Path) -> Result<Keys, String> {
-    let metadata = std::fs::metadata(path).map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
-    let mode = metadata.permissions().mode();
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "the key file {} is readable or writable by others (mode {:o}); run `chmod 600 {}`",
-            path.display(),
-            mode & 0o777,
-            path.display()
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+    let text = alignfs::paths::read_private_file(path)?;
     parse(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -72,6 +61,8 @@ fn parse(text: &str) -> Result<Keys, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     #[test]

@@ -27,6 +27,20 @@ pub fn default_data_dir() -> PathBuf {
     std::env::var_os("ALIGNFS_DATA_DIR").map_or_else(|| PathBuf::from("/var/tmp/alignfs"), PathBuf::from)
 }
 
+/// The text of a key file (the S3 gateway's access keys, NBD's pre-shared keys), refused
+/// while anyone but its owner may read or write it, as ssh treats private keys. Errors
+/// name the file and say how to fix its mode.
+pub fn read_private_file(path: &Path) -> std::result::Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let metadata = std::fs::metadata(path).map_err(|e| format!("cannot read the key file {shown}: {e}"))?;
+    let mode = metadata.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!("the key file {shown} is readable or writable by others (mode {:o}); run `chmod 600 {shown}`", mode & 0o777));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read the key file {shown}: {e}"))
+}
+
 /// Where a volume's KV store lives unless named: beside its (first) SSD, `SSD.kv`.
 pub fn default_kv_dir(ssd: &Path) -> PathBuf {
     let mut dir = ssd.as_os_str().to_owned();
