@@ -288,6 +288,38 @@ cp_in_large_pieces() {
     ((after - before == 8)) || { echo "cp of 8 MiB arrived as $((after - before)) write calls"; return 1; }
 }
 check "st_blksize is 1 MiB, and cp of 8 MiB arrives as 8 writes" cp_in_large_pieces
+# A missing name is a negative entry the kernel keeps for the TTL, so SQLite's journal
+# checks and git's probes cost no round trip each; every way of creating the name must
+# still replace it.
+negative_entries() {
+    "$bin" stat "$mnt" --json >"$work/stat-before.json" || return 1
+    python3 - "$mnt/negative" "$bin" "$work/stat-before.json" <<'EOF'
+import json, os, subprocess, sys
+d, alignfs, before = sys.argv[1], sys.argv[2], sys.argv[3]
+lookups = lambda report: dict(report["daemon"]["requests_by_kind"]).get("LOOKUP", 0)
+os.mkdir(d)
+for _ in range(200):
+    assert not os.path.exists(f"{d}/missing")
+spent = lookups(json.loads(subprocess.check_output([alignfs, "stat", os.path.dirname(d), "--json"]))) - lookups(json.load(open(before)))
+assert spent <= 3, f"200 stats of a missing name cost {spent} LOOKUPs"
+creators = {"file": lambda p: open(p, "w").close(), "dir": os.mkdir, "link": lambda p: os.link(f"{d}/missing-target", p),
+            "symlink": lambda p: os.symlink("t", p), "node": os.mknod, "rename": lambda p: os.rename(f"{d}/moved", p)}
+open(f"{d}/missing-target", "w").close()
+open(f"{d}/moved", "w").close()
+for name, create in creators.items():
+    path = f"{d}/{name}"
+    assert not os.path.lexists(path)
+    create(path)
+    assert os.path.lexists(path), f"{name} created over a negative entry is not seen"
+os.unlink(f"{d}/file")
+assert not os.path.exists(f"{d}/file")
+assert not os.path.exists(f"{d}/moved")
+EOF
+    local status=$?
+    rm -rf "$mnt/negative"
+    return $status
+}
+check "a missing name is looked up once, and creating it in every way is seen" negative_entries
 
 # --- stress-ng ---------------------------------------------------------------------------
 # Excluded, because they test something FUSE file systems cannot offer: binderfs (a kernel

@@ -70,6 +70,27 @@ pub fn file_attr(a: &Attr, io_bytes: u64) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: only the node number (0) is read.
+pub fn absent() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: UNIX_EPOCH,
+        mtime: UNIX_EPOCH,
+        ctime: UNIX_EPOCH,
+        crtime: UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
 /// access(2) for a caller without supplementary groups (the FUSE request carries none).
 /// Only consulted when the mount runs without `default_permissions`.
 pub fn may_access(a: &Attr, uid: u32, gid: u32, mask: i32) -> bool {

@@ -14,7 +14,7 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 
-use crate::attr::{file_attr, kind_from_mode};
+use crate::attr::{absent, file_attr, kind_from_mode};
 use crate::{configure_kernel, errno, name_bytes, reply_xattr, set_time, AlignFs, INJECT_XATTR, STATS_XATTR};
 
 /// Reply with the engine's error, logging the ones a user should hear about.
@@ -61,7 +61,13 @@ impl Filesystem for AlignFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let attr = try_or_reply!(reply, self.volume.lookup(Self::ino(parent), name_bytes(name)));
+        let attr = match self.volume.lookup(Self::ino(parent), name_bytes(name)) {
+            // The kernel may remember a missing name as it remembers a present one (node 0
+            // is "no such entry, for the TTL"): names only appear through this mount, which
+            // replaces the negative entry on create, mkdir, link, symlink and rename.
+            Err(Error::NotFound) => return reply.entry(&self.options.ttl, &absent(), Generation(0)),
+            result => try_or_reply!(reply, result),
+        };
         self.reply_entry(reply, &attr);
     }
 
