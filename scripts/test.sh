@@ -221,6 +221,9 @@ stage "benchmark smoke runs"
 bench/gluster.py --quick --out "$work/bench-gluster" | sed -n '/^| workload/,/^$/p' || suites=1
 # The mount benchmark's smoke run (tiny files, 1 s cells) so its harness cannot rot.
 bench/run.py --quick --verify --out "$work/bench-mount" || suites=1
+# Everyday work on the mount against ext4 (cp, tar, reading a tree, git, SQLite, rm), smoke
+# run: small inputs, no C build (bench/everyday.py).
+bench/everyday.py --quick --out "$work/bench-everyday" | sed -n '/^| task/,/^$/p' || suites=1
 # The scrap profile's benchmarks, smoke runs: against ext4 through the mount, and its
 # throughput on 1, 2 and 4 simulated SSDs.
 bench/scrap.py --quick --out "$work/bench-scrap" | sed -n '/^| target/,/^$/p' || suites=1
