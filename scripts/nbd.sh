@@ -172,10 +172,15 @@ tls_x509() {
 probe_uri="nbds://localhost:$port/alignfs?$x509" start_server --tls-certificates "$tls" || exit 1
 check "TLS X.509: nbdinfo, nbdcopy and qemu-io over TLS; another CA and plaintext refused" tls_x509
 stop_server || exit 1
+# Under TLS 1.3 the client's handshake is over before the server checks its certificate,
+# so the refusal reaches the client as the server's alert or, 7 times in 30 here, as the
+# closed connection its next write finds; the server's log names the reason.
 tls_peer() {
     nbdinfo --size "nbds://localhost:$port/alignfs?$x509" >/dev/null &&
         mkdir -p "$work/anonymous" && cp "$tls/ca-cert.pem" "$work/anonymous/" &&
-        refused 'TLS fatal alert' nbdinfo "nbds://localhost:$port/alignfs?tls-certificates=$work/anonymous"
+        refused 'TLS fatal alert|gnutls_record_send: Error in the push function' \
+            nbdinfo "nbds://localhost:$port/alignfs?tls-certificates=$work/anonymous" &&
+        grep 'peer did not return a certificate' "$work/server.log" >/dev/null
 }
 probe_uri="nbds://localhost:$port/alignfs?$x509" start_server --tls-certificates "$tls" --tls-verify-peer || exit 1
 check "TLS X.509 --tls-verify-peer: a client without a certificate is refused" tls_peer
