@@ -20,7 +20,7 @@ The shim (`libalignfs_preload.so`, its own volume) runs the tasks whose calls it
 intercepts: cp and sqlite. For each mount task the report gives the FUSE requests it cost,
 from `alignfs stat --json` (each snapshot itself costs one GETXATTR, subtracted).
 
-    bench/everyday.py                      # 3 rounds, full sizes, C build (about 15 minutes)
+    bench/everyday.py                      # 3 rounds, full sizes, C build (about 6 minutes)
     bench/everyday.py --quick              # 1 round, small sizes, no C build (smoke, CI)
     bench/everyday.py --variant cache-all='--cache all'   # another mount beside the default
 
