@@ -240,8 +240,9 @@ def main() -> int:
         systems = []
         for name, options in variants:
             fast, ssd, mnt = fast_dir / f"{name}.fast", work / f"{name}.ssd.img", work / f"{name}.mnt"
-            run([ALIGNFS, "mkfs", "--fast", f"{fast}:2G", "--ssd", f"{ssd}:4G"])
+            # Each build formats the volume it mounts: an older build need not read a newer format.
             binary = binaries.get(name, ALIGNFS)
+            run([binary, "mkfs", "--fast", f"{fast}:2G", "--ssd", f"{ssd}:4G"])
             mount_alignfs(["--fast", fast, "--ssd", ssd], mnt, options, work / f"{name}.log", alignfs=binary)
             mounts.append(mnt)
             systems.append(System(name, mnt, mount=mnt))
