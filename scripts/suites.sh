@@ -292,15 +292,16 @@ check "st_blksize is 1 MiB, and cp of 8 MiB arrives as 8 writes" cp_in_large_pie
 # checks and git's probes cost no round trip each; every way of creating the name must
 # still replace it.
 negative_entries() {
-    "$bin" stat "$mnt" --json >"$work/stat-before.json" || return 1
-    python3 - "$mnt/negative" "$bin" "$work/stat-before.json" <<'EOF'
+    python3 - "$mnt" "$bin" <<'EOF'
 import json, os, subprocess, sys
-d, alignfs, before = sys.argv[1], sys.argv[2], sys.argv[3]
-lookups = lambda report: dict(report["daemon"]["requests_by_kind"]).get("LOOKUP", 0)
+mnt, alignfs = sys.argv[1], sys.argv[2]
+d = f"{mnt}/negative"
+lookups = lambda: dict(json.loads(subprocess.check_output([alignfs, "stat", mnt, "--json"]))["daemon"]["requests_by_kind"]).get("LOOKUP", 0)
+before = lookups()
 os.mkdir(d)
 for _ in range(200):
     assert not os.path.exists(f"{d}/missing")
-spent = lookups(json.loads(subprocess.check_output([alignfs, "stat", os.path.dirname(d), "--json"]))) - lookups(json.load(open(before)))
+spent = lookups() - before
 assert spent <= 3, f"200 stats of a missing name cost {spent} LOOKUPs"
 creators = {"file": lambda p: open(p, "w").close(), "dir": os.mkdir, "link": lambda p: os.link(f"{d}/missing-target", p),
             "symlink": lambda p: os.symlink("t", p), "node": os.mknod, "rename": lambda p: os.rename(f"{d}/moved", p)}
