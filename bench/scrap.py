@@ -6,19 +6,22 @@ next to a directory of the host's ext4. Both hold a prefilled file. Each cell fi
 every file of both systems durable (so neither writes back the last cell's data during
 this one) and drops the kernel's caches (so ext4 must read a partly written page before
 writing it, and alignfs starts with an empty scrap buffer). Then fio writes a fixed
-amount at random offsets with one thread, no fsync:
+amount at random offsets (WSBuffer Figs. 7, 8 and 10a):
 
-  - full-page writes: exact sizes, offsets on scrap-page (256 KiB) boundaries;
-  - partial-page writes: sizes ±10 %, offsets at any byte;
-  - threads: 1, 2 and 4 writers, each on its own file, partial-page sizes.
+  - full-page writes: exact sizes, offsets on scrap-page (256 KiB) boundaries, no fsync;
+  - partial-page writes: sizes ±10 %, offsets at any byte, no fsync;
+  - the same partial-page writes with one fsync at the end (`partial-fsync`);
+  - 4 KiB ±10 % writes with an fsync after each (`fsync-each`, a quarter of the bytes);
+  - threads: 1, 2 and 4 writers, each on its own file, partial-page sizes, no fsync.
 
 For every alignfs cell the counters give the share of written bytes that passed through
 DRAM (scrap pages), WSBuffer's Table 4. The scrap memory's peak must stay under
 `--scrap-mem`. The run raises fs.fuse.max_pages_limit to 2048 (restored afterwards) so
 writes of up to 8 MiB reach the engine whole (docs/FUSE.md).
 
-    bench/scrap.py            # 3 rounds, 4 GiB files, 512 MiB per cell (about 6 minutes)
+    bench/scrap.py            # 3 rounds, 4 GiB files, 512 MiB per cell (about 10 minutes)
     bench/scrap.py --quick    # 1 round, small files (smoke run, what CI runs)
+    bench/scrap.py --kinds partial-fsync,fsync-each --alignfs OLD   # some cells, another build
 
 Results: bench/results/<date>-<time>-scrap/report.md and results.json.
 """
@@ -61,10 +64,17 @@ def counters(mnt: Path) -> dict:
     return dict(report["counters"], fast_pages_peak=report["fast_pages_peak"], fast_pages_total=report["fast_pages_total"])
 
 
-def fio_write(files: list, file_size: int, io_size: int, lo: int, hi: int, partial: bool) -> dict:
-    """One random-write cell: a job per file, `io_size` bytes each; MiB/s and mean µs."""
+KINDS = ["full-page", "partial-page", "partial-fsync", "fsync-each", "threads"]
+# A cell stops after this long even if it has not written its bytes (fsync-each on a slow disk).
+CELL_SECONDS = 60
+
+
+def fio_write(files: list, file_size: int, io_size: int, lo: int, hi: int, partial: bool, fsync: str = "") -> dict:
+    """One random-write cell: a job per file, `io_size` bytes each; MiB/s and mean µs.
+    `fsync`: "end" (one fsync when done), "each" (after every write) or "" (none)."""
     args = ["fio", "--output-format=json", "--ioengine=psync", "--rw=randwrite", "--invalidate=0", "--randrepeat=1",
-            "--randseed=42", f"--size={file_size}", f"--io_size={io_size}", "--group_reporting"]
+            "--randseed=42", f"--size={file_size}", f"--io_size={io_size}", "--group_reporting", f"--runtime={CELL_SECONDS}"]
+    args += {"end": ["--end_fsync=1"], "each": ["--fsync=1"], "": []}[fsync]
     if partial:
         args += [f"--bsrange={lo}-{hi}", "--bs_unaligned=1"]
     else:
@@ -92,7 +102,13 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--work", type=Path, default=Path("/var/tmp"), help="where the SSD image and the ext4 files go")
     p.add_argument("--alignfs", type=Path, default=None, help="run this alignfs binary instead of building the tree's (old/new A/B runs)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated cells to run, from {','.join(KINDS)}")
+    p.add_argument("--file-size", type=int, default=None, help="bytes of the main file (default 4 GiB, 64 MiB with --quick)")
+    p.add_argument("--cell-bytes", type=int, default=None, help="bytes written per cell (default 512 MiB, 8 MiB with --quick)")
     args = p.parse_args()
+    kinds = args.kinds.split(",")
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise SystemExit(f"bench/scrap.py: --kinds takes a comma-separated list from {','.join(KINDS)}")
     global ALIGNFS
     if os.geteuid() != 0:
         raise SystemExit("bench/scrap.py: run as root (it mounts and drops caches)")
@@ -103,8 +119,8 @@ def main() -> int:
     else:
         run(["cargo", "build", "--release", "--locked", "-q", "--workspace"], check=True)
     rounds = args.rounds or (1 if args.quick else 3)
-    file_size = 64 * MIB if args.quick else 4 * GIB
-    io_size = 8 * MIB if args.quick else 512 * MIB
+    file_size = args.file_size or (64 * MIB if args.quick else 4 * GIB)
+    io_size = args.cell_bytes or (8 * MIB if args.quick else 512 * MIB)
     thread_io = 4 * MIB if args.quick else 256 * MIB
     scrap_mem = 256 * MIB if args.quick else 4 * GIB
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
@@ -130,7 +146,10 @@ def main() -> int:
                 prefill(d / f"t{t}", file_size // 4)
         plan = [("full-page", name, size, size, 1) for name, size in SIZES]
         plan += [("partial-page", name, *cell_sizes(size), 1) for name, size in SIZES]
+        plan += [("partial-fsync", name, *cell_sizes(size), 1) for name, size in SIZES]
+        plan += [("fsync-each", "4KiB", *cell_sizes(4 * KIB), 1)]
         plan += [("threads", f"{name} x{n}", *cell_sizes(size), n) for name, size in THREAD_SIZES for n in THREADS]
+        plan = [cell for cell in plan if cell[0] in kinds]
         for rnd in range(rounds):
             for kind, name, lo, hi, threads in plan:
                 for system, d in dirs.items():
@@ -143,7 +162,9 @@ def main() -> int:
                     before = counters(mnt) if system == "alignfs" else None
                     files = [d / "main"] if kind != "threads" else [d / f"t{t}" for t in range(threads)]
                     size = file_size if kind != "threads" else file_size // 4
-                    result = fio_write(files, size, io_size if kind != "threads" else thread_io, lo, hi, kind != "full-page")
+                    cell_io = {"threads": thread_io, "fsync-each": io_size // 4}.get(kind, io_size)
+                    fsync = {"partial-fsync": "end", "fsync-each": "each"}.get(kind, "")
+                    result = fio_write(files, size, cell_io, lo, hi, kind != "full-page", fsync)
                     cell = {"round": rnd, "kind": kind, "size": name, "system": system, **result}
                     if before is not None:
                         after = counters(mnt)
@@ -183,7 +204,7 @@ def write_report(cells: list, meta: dict) -> tuple:
         "",
         f"Medians of {meta['rounds']} round(s). Files of {meta['file_bytes'] // MIB} MiB, prefilled; caches dropped before "
         f"every cell; {meta['cell_bytes'] // MIB} MiB written per cell ({meta['thread_cell_bytes'] // MIB} MiB per thread "
-        f"in the thread cells), one fio psync job per thread, no fsync. ext4 is a directory of the host file system on the "
+        f"in the thread cells, a quarter in fsync-each), one fio psync job per thread; an fsync only in the fsync cells. ext4 is a directory of the host file system on the "
         f"same disk as alignfs's SSD image. fs.fuse.max_pages_limit: {meta['fuse_max_pages_limit']}. "
         f"The mount's requests: {meta.get('transport', 'not recorded')}.",
         "",
@@ -204,19 +225,28 @@ def write_report(cells: list, meta: dict) -> tuple:
         )
     peak_bytes = meta["scrap_pages_peak"] * SCRAP_PAGE
     partial = [ratios[("partial-page", s)] for s in ["64KiB", "256KiB", "1MiB", "2MiB", "4MiB"] if ("partial-page", s) in ratios]
-    dram_2m = median(cells, "partial-page", "2MiB", "alignfs", "dram_share")
-    checks = [
-        ("partial-page writes of 64 KiB–4 MiB ≥ 2× ext4", min(partial) >= 2.0, f"lowest {min(partial):.2f}×"),
-        ("≤ 25 % of bytes through DRAM for 2 MiB ±10 % writes", dram_2m <= 0.25, f"{100 * dram_2m:.1f}%"),
-        ("scrap memory never above --scrap-mem", meta["scrap_pages_peak"] <= meta["scrap_pages_total"],
-         f"peak {peak_bytes // MIB} MiB of {meta['scrap_mem_bytes'] // MIB} MiB"),
-    ]
+    small = [ratios[("partial-page", s)] for s in ["4KiB", "64KiB"] if ("partial-page", s) in ratios]
+    checks = []
+    if partial:
+        checks.append(("partial-page writes of 64 KiB–4 MiB ≥ 2× ext4", min(partial) >= 2.0, f"lowest {min(partial):.2f}×"))
+    if small:
+        checks.append(("partial-page writes of 4–64 KiB, no fsync, ≥ 3× ext4", min(small) >= 3.0, f"lowest {min(small):.2f}×"))
+    if ("fsync-each", "4KiB") in ratios:
+        each = ratios[("fsync-each", "4KiB")]
+        checks.append(("4 KiB ±10 % with an fsync after each ≥ 0.8× ext4", each >= 0.8, f"{each:.2f}×"))
+    if ("partial-page", "2MiB") in ratios:
+        dram_2m = median(cells, "partial-page", "2MiB", "alignfs", "dram_share")
+        checks.append(("≤ 25 % of bytes through DRAM for 2 MiB ±10 % writes", dram_2m <= 0.25, f"{100 * dram_2m:.1f}%"))
+    checks.append(("scrap memory never above --scrap-mem", meta["scrap_pages_peak"] <= meta["scrap_pages_total"],
+                   f"peak {peak_bytes // MIB} MiB of {meta['scrap_mem_bytes'] // MIB} MiB"))
     lines += ["", "| target | met | measured |", "| --- | --- | --- |"]
     lines += [f"| {what} | {'yes' if ok else 'no'} | {measured} |" for what, ok, measured in checks]
     counters = meta["counters"]
     lines += ["", "Flushing over the whole run (blocks): "
               + ", ".join(f"{k} {counters.get(k, 0)}" for k in ["migrations_full", "migrations_idle", "migrations_watermark",
-                                                               "migrations_fast_full", "migrations_sync"])
+                                                               "migrations_fast_full", "migrations_sync", "migrations_in_place"])
+              + "; bytes: " + ", ".join(f"{k} {counters.get(k, 0)}" for k in ["migration_read_bytes", "migration_sector_read_bytes",
+                                                                            "migration_write_bytes", "migration_sector_write_bytes"])
               + f"; foreground read-modify-write reads {counters.get('fg_rmw_reads', 0)}.", ""]
     return "\n".join(lines), all(ok for _, ok, _ in checks)
 

@@ -128,37 +128,108 @@ fn overwrites_of_owned_blocks_go_in_place_and_fsync_flushes_them() {
     assert!(volume.check().is_empty());
 }
 
-/// An overwrite whose blocks merges have moved apart would take more IOs in place than a
-/// run of new blocks: it goes out of place, and the range is one run again.
+/// An overwrite whose blocks lie apart on the SSD (two files whose small writes were
+/// merged in turn) would take more IOs in place than a run of new blocks: it goes out of
+/// place, and the range is one run again.
 #[test]
 fn an_overwrite_of_scattered_blocks_takes_a_new_run() {
     let ssd = Arc::new(SimSsd::new(MEMBER));
     // IOs of up to 256 KiB: a run of four blocks is one IO.
     let volume = one_ssd_volume(&ssd, 256 << 10);
     let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let h = volume.create_file(Ino::ROOT, b"h", 0o644, 0, 0).unwrap().ino;
     let counter = |c: Counter| volume.stats().get(c);
     let fill = |byte: u8| vec![byte; 2 << 20];
-    volume.write(f, 0, &fill(1)).unwrap();
-    volume.fsync(f).unwrap();
-    // In order: in place.
-    let in_place = counter(Counter::ssd_overwrites_in_place);
-    volume.write(f, 0, &fill(2)).unwrap();
-    assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32);
-    // A small write to every other block; fsync merges each into a new block elsewhere.
-    for k in (0..32u64).step_by(2) {
-        volume.write(f, k * (64 << 10) + 100, b"moved").unwrap();
+    // Each block of f, then of h, merged in turn: f's blocks end up every other one.
+    for k in 0..32u64 {
+        for ino in [f, h] {
+            volume.write(ino, k * (64 << 10) + 100, b"apart").unwrap();
+            volume.fsync(ino).unwrap();
+        }
     }
-    volume.fsync(f).unwrap();
     let (in_place, ios) = (counter(Counter::ssd_overwrites_in_place), counter(Counter::ssd_write_ios));
     volume.write(f, 0, &fill(3)).unwrap();
     assert_eq!(counter(Counter::ssd_overwrites_in_place), in_place, "scattered blocks are not rewritten in place");
     assert!(counter(Counter::ssd_write_ios) - ios <= 9, "the overwrite went out in long runs");
-    // Now in order again: the next overwrite goes in place.
+    // Now in order: the next overwrite goes in place.
     volume.write(f, 0, &fill(4)).unwrap();
     assert_eq!(counter(Counter::ssd_overwrites_in_place) - in_place, 32);
     volume.fsync(f).unwrap();
     let mut out = vec![0u8; 2 << 20];
     volume.read(f, 0, &mut out).unwrap();
     assert!(out == fill(4));
+    assert!(volume.check().is_empty());
+}
+
+/// fsync writes a block's residue back over the block where the file owns it alone: only
+/// the 4 KiB sectors it touches, reading only those it covers in part, with no new block
+/// and no journal record. A block shared with a clone still goes to a new block, whole.
+#[test]
+fn fsync_writes_residue_back_in_place_by_sector() {
+    let ssd = Arc::new(SimSsd::new(MEMBER));
+    let volume = one_ssd_volume(&ssd, 64 << 10);
+    let f = volume.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let counter = |c: Counter| volume.stats().get(c);
+    let mut model = vec![1u8; 1 << 20];
+    volume.write(f, 0, &model).unwrap();
+    volume.fsync(f).unwrap();
+    let used = volume.stats().usage.ssd_blocks_used;
+
+    let before: Vec<u64> = [
+        Counter::journal_records,
+        Counter::migration_read_bytes,
+        Counter::migration_sector_write_bytes,
+        Counter::migrations_in_place,
+        Counter::ssd_write_bytes,
+    ]
+    .iter()
+    .map(|&c| counter(c))
+    .collect();
+    // Block 1: 4 KiB across a sector boundary (two sectors, both in part). Block 3: one
+    // whole sector. Block 5: two pieces in one sector.
+    for (at, len, byte) in [(65536 + 6000, 4096, 2u8), (3 * 65536 + 8192, 4096, 3), (5 * 65536 + 10, 10, 4), (5 * 65536 + 100, 10, 5)] {
+        volume.write(f, at as u64, &vec![byte; len]).unwrap();
+        model[at..at + len].fill(byte);
+    }
+    volume.fsync(f).unwrap();
+    let delta: Vec<u64> = [
+        Counter::journal_records,
+        Counter::migration_read_bytes,
+        Counter::migration_sector_write_bytes,
+        Counter::migrations_in_place,
+        Counter::ssd_write_bytes,
+    ]
+    .iter()
+    .zip(&before)
+    .map(|(&c, b)| counter(c) - b)
+    .collect();
+    assert_eq!(delta[0], 0, "no journal record: the blocks stayed where they were");
+    assert_eq!(delta[1], 3 * 4096, "only the sectors covered in part were read");
+    assert_eq!(delta[2], 4 * 4096, "only the sectors touched were written");
+    assert_eq!(delta[3], 3, "three blocks merged in place");
+    assert_eq!(delta[4], 4 * 4096);
+    assert_eq!(volume.stats().usage.ssd_blocks_used, used, "no new block");
+    let mut out = vec![0u8; model.len()];
+    volume.read(f, 0, &mut out).unwrap();
+    assert!(out == model);
+
+    // Shared with a clone: out of place, whole.
+    let g = volume.create_file(Ino::ROOT, b"g", 0o644, 0, 0).unwrap().ino;
+    volume.clone_file(f, g).unwrap();
+    let cloned = model.clone();
+    let (records, in_place) = (counter(Counter::journal_records), counter(Counter::migrations_in_place));
+    volume.write(f, 65536 + 100, b"shared").unwrap();
+    model[65536 + 100..65536 + 106].copy_from_slice(b"shared");
+    volume.fsync(f).unwrap();
+    assert_eq!(counter(Counter::migrations_in_place), in_place);
+    assert!(counter(Counter::journal_records) > records, "the new block is journaled");
+    assert!(volume.check().is_empty());
+    volume.simulate_crash();
+
+    let volume = Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options()).unwrap();
+    volume.read(f, 0, &mut out).unwrap();
+    assert!(out == model, "what fsync wrote in place survived a crash");
+    volume.read(g, 0, &mut out).unwrap();
+    assert!(out == cloned, "the clone kept its bytes");
     assert!(volume.check().is_empty());
 }

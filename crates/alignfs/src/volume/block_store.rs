@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use super::clean_pages::CleanPages;
 use crate::device::{AlignedBuf, BlockDevice, BufferPool, IoOp, IoRequest, IoTicket};
 use crate::error::{Error, Result};
-use crate::geometry::Geometry;
+use crate::geometry::{Geometry, IO_ALIGN};
 use crate::layout::{BlockChecksums, BlockRefs};
 use crate::map::{BlockEntry, SsdBlock};
 use crate::stats::{Counter, Stats};
@@ -372,18 +372,9 @@ impl BlockStore {
 
     /// Submit a batch to the SSDs, counting its bytes as in flight until it is waited for.
     ///
-    /// Every data write covers whole blocks (invariant 1: no read-modify-write in the SSD);
-    /// checked in release builds too, as the test costs nothing beside the IO.
+    /// Every data write covers whole blocks (invariant 1: no read-modify-write in the SSD;
+    /// [`BlockStore::submit_sectors`] for a merge's sectors); checked in release builds too, as the test costs nothing beside the IO.
     pub(crate) fn submit(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
-        let mut bytes = vec![0u64; self.in_flight.len()];
-        for request in &batch {
-            bytes[self.member_of(request.offset_bytes)] += request.buf.len() as u64;
-        }
-        for (gauge, n) in self.in_flight.iter().zip(&bytes) {
-            gauge.fetch_add(*n, Ordering::Relaxed);
-        }
-        #[cfg(debug_assertions)]
-        let ranges = (&self.io_ranges, self.io_ranges.enter(&batch));
         let block = self.geometry.block();
         for request in batch.iter().filter(|r| r.op == IoOp::Write) {
             let (at, len) = (request.offset_bytes, request.buf.len() as u64);
@@ -395,6 +386,20 @@ impl BlockStore {
                 clean.wrote(SsdBlock(at / block), &request.buf);
             }
         }
+        self.submit_checked(batch)
+    }
+
+    /// Submit a batch whose writes were checked, counting its bytes as in flight.
+    fn submit_checked(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
+        let mut bytes = vec![0u64; self.in_flight.len()];
+        for request in &batch {
+            bytes[self.member_of(request.offset_bytes)] += request.buf.len() as u64;
+        }
+        for (gauge, n) in self.in_flight.iter().zip(&bytes) {
+            gauge.fetch_add(*n, Ordering::Relaxed);
+        }
+        #[cfg(debug_assertions)]
+        let ranges = (&self.io_ranges, self.io_ranges.enter(&batch));
         InFlight {
             gauges: &self.in_flight,
             bytes,
@@ -402,6 +407,28 @@ impl BlockStore {
             #[cfg(debug_assertions)]
             ranges,
         }
+    }
+
+    /// Submit writes of whole 4 KiB sectors over blocks rewritten in place (a merge that
+    /// writes back only the sectors its residue touched). Sectors are the SSD's own unit,
+    /// so the device still does no read-modify-write; a block's checksum covers the whole
+    /// block, so a volume that keeps them never writes less than one. Each write stays in
+    /// one block.
+    pub(crate) fn submit_sectors(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
+        assert!(self.checksums.is_none(), "sector writes on a volume that checksums whole blocks");
+        let block = self.geometry.block();
+        for request in &batch {
+            let (at, len) = (request.offset_bytes, request.buf.len() as u64);
+            assert!(request.op == IoOp::Write, "submit_sectors takes writes");
+            assert!(
+                at % IO_ALIGN as u64 == 0 && len % IO_ALIGN as u64 == 0 && len > 0 && at / block == (at + len - 1) / block,
+                "SSD sector write of {len} bytes at {at} is not whole sectors of one block"
+            );
+            if let Some(clean) = &self.clean {
+                clean.forget(&[SsdBlock(at / block)]);
+            }
+        }
+        self.submit_checked(batch)
     }
 
     /// Check whole blocks read from `first` on against their checksums, where the profile
@@ -524,7 +551,8 @@ mod tests {
         let second = v.inner.blocks.submit(io(IoOp::Read, (1 << 20) + 4096));
         drop((first, second));
         let _reading = v.inner.blocks.submit(io(IoOp::Read, 1 << 20));
-        let _writing = v.inner.blocks.submit(io(IoOp::Write, (1 << 20) + 4096));
+        // A merge's sector write, whole blocks apart, is checked as any other.
+        let _writing = v.inner.blocks.submit_sectors(io(IoOp::Write, (1 << 20) + 4096));
     }
 
     /// A data write that does not cover whole blocks is refused in every build.

@@ -9,13 +9,15 @@ use std::time::Duration;
 use crate::background::spawn;
 use std::sync::Arc;
 
-use super::block_store::{Placement, Target};
+use super::block_store::{wait_all, Placement, Target};
 use super::Engine;
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
+use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
+use std::ops::Range;
 
 /// Merge one block's residue into its SSD block. The caller holds the block's range
 /// lock. Returns whether anything moved.
@@ -182,11 +184,16 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
     Ok(Some((Staged { inode, lblock, entry }, image)))
 }
 
-/// Write each staged block to a new SSD block (or over its own, where the profile keeps
-/// blocks at home), its residue over its SSD copy where the residue does not cover it
-/// whole: the reads in flight together (WSBuffer's stage 1), then the writes (stage
-/// 2), then one flush, since the journal record that will point at the new blocks must
-/// not point at blocks a power cut could lose. Returns the targets, in order.
+/// Write each staged block back: over its own SSD block where the profile rewrites blocks
+/// in place and the file owns it alone, otherwise to a new block. Then one flush, since
+/// the journal record that follows must not name blocks, or a size over data, that a power
+/// cut could lose. Returns the targets, in order.
+///
+/// A block rewritten in place gets only the 4 KiB sectors its residue touches, and only
+/// those the residue covers in part are read first ([`SectorPlan`]): a 4 KiB write costs
+/// at most two sectors read and two written, not the whole block. A block going to a new
+/// place is written whole, its residue over its SSD copy where the residue does not cover
+/// it: the reads in flight together (WSBuffer's stage 1), then the writes (stage 2).
 ///
 /// A block rewritten in place changes only under its residue, which stays valid until
 /// the merge commits: a crash, or a reader that takes the block meanwhile, sees the
@@ -195,13 +202,44 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
 /// and is left alone.
 fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
     let block = engine.geometry.block();
-    let fills: Vec<usize> = (0..work.len()).filter(|&i| read::needs_fill(engine, &work[i].entry)).collect();
-    let reads: Vec<IoRequest> = fills
+    let may_rewrite = engine.blocks.rewrites_in_place();
+    let placements: Vec<Placement> = work
         .iter()
-        .filter_map(|&i| work[i].entry.ssd_block())
-        .map(|b| IoRequest { op: IoOp::Read, offset_bytes: b.0 * block, buf: engine.blocks.buffers.take(block as usize) })
+        .map(|s| {
+            let in_place = may_rewrite && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
+            engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
+        })
         .collect();
-    let read_bytes = reads.len() as u64 * block;
+    // Sector plans for blocks rewritten where they are (none where blocks carry checksums,
+    // which cover a whole block).
+    let sectors: Vec<Option<SectorPlan>> = work
+        .iter()
+        .zip(&placements)
+        .map(|(s, p)| (matches!(p, Placement::InPlace(_)) && !engine.blocks.verifies_reads()).then(|| SectorPlan::new(engine, &s.entry)))
+        .collect();
+    // Reads: a whole block under residue that leaves part of it uncovered, or the sectors
+    // a block rewritten in place has only partly covered.
+    let mut reads = Vec::new();
+    let mut read_for = Vec::new();
+    for (i, s) in work.iter().enumerate() {
+        let Some(ssd) = s.entry.ssd_block() else { continue };
+        match &sectors[i] {
+            Some(plan) => {
+                for run in &plan.partial {
+                    let buf = engine.blocks.buffers.take(run.len());
+                    reads.push(IoRequest { op: IoOp::Read, offset_bytes: ssd.0 * block + run.start as u64, buf });
+                    read_for.push((i, Some(run.start)));
+                }
+            }
+            None if read::needs_fill(engine, &s.entry) => {
+                reads.push(IoRequest { op: IoOp::Read, offset_bytes: ssd.0 * block, buf: engine.blocks.buffers.take(block as usize) });
+                read_for.push((i, None));
+            }
+            None => {}
+        }
+    }
+    let read_bytes: u64 = reads.iter().map(|r| r.buf.len() as u64).sum();
+    let sector_read_bytes: u64 = read_for.iter().zip(&reads).filter(|((_, at), _)| at.is_some()).map(|(_, r)| r.buf.len() as u64).sum();
     let filled = if reads.is_empty() {
         Vec::new()
     } else {
@@ -215,38 +253,73 @@ fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, p
     };
     engine.stats.add(Counter::ssd_read_bytes, read_bytes);
     engine.stats.add(Counter::migration_read_bytes, read_bytes);
+    engine.stats.add(Counter::migration_sector_read_bytes, sector_read_bytes);
     // A damaged block must not be merged into a new one with a fresh, valid checksum.
-    let checked = fills.iter().zip(&filled).try_for_each(|(&i, disk)| match work[i].entry.ssd_block() {
-        Some(block) => engine.blocks.verify_read(block, disk),
-        None => Ok(()),
+    let checked = read_for.iter().zip(&filled).try_for_each(|(&(i, at), disk)| match (work[i].entry.ssd_block(), at) {
+        (Some(block), None) => engine.blocks.verify_read(block, disk),
+        _ => Ok(()),
     });
     if let Err(e) = checked {
         engine.blocks.buffers.give(filled);
         engine.blocks.buffers.give(images);
         return Err(e);
     }
-    for (&i, mut disk) in fills.iter().zip(filled) {
-        read::residue_pieces(engine, &work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
-        std::mem::swap(&mut images[i], &mut disk);
-        engine.blocks.buffers.give([disk]);
+    for (&(i, at), mut disk) in read_for.iter().zip(filled) {
+        match at {
+            // The residue over the sectors read, back into the image.
+            Some(start) => {
+                let end = start + disk.len();
+                for piece in &sectors[i].as_ref().expect("a sector read has a plan").pieces {
+                    let (s, e) = (piece.start.max(start), piece.end.min(end));
+                    if s < e {
+                        disk[s - start..e - start].copy_from_slice(&images[i][s..e]);
+                    }
+                }
+                images[i][start..end].copy_from_slice(&disk);
+                engine.blocks.buffers.give([disk]);
+            }
+            None => {
+                read::residue_pieces(engine, &work[i].entry, |range, _, _| disk[range.clone()].copy_from_slice(&images[i][range]));
+                std::mem::swap(&mut images[i], &mut disk);
+                engine.blocks.buffers.give([disk]);
+            }
+        }
     }
-    let placements: Vec<Placement> = work
-        .iter()
-        .map(|s| {
-            let in_place = engine.blocks.keeps_blocks_home()
-                && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
-            engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
-        })
-        .collect();
     // Delayed allocation: each new block goes to the SSD least busy at this moment.
     let new = placements.iter().filter(|p| matches!(p, Placement::New { .. })).count();
     let Some(targets) = engine.blocks.place(&placements, &engine.blocks.least_busy_members(new), 0) else {
         engine.blocks.buffers.give(images);
         return Err(Error::NoSpace);
     };
-    let blocks: Vec<SsdBlock> = targets.iter().map(|t| t.block).collect();
-    let writes = coalesce_writes(engine, images, &blocks);
-    match engine.blocks.submit(writes).wait() {
+    // Blocks rewritten sector by sector go out as their runs; the rest whole.
+    let mut sector_writes = Vec::new();
+    let mut whole = Vec::new();
+    for ((image, plan), target) in images.into_iter().zip(&sectors).zip(&targets) {
+        match plan {
+            Some(plan) => {
+                for run in &plan.dirty {
+                    let mut buf = engine.blocks.buffers.take(run.len());
+                    buf.copy_from_slice(&image[run.clone()]);
+                    sector_writes.push(IoRequest { op: IoOp::Write, offset_bytes: target.block.0 * block + run.start as u64, buf });
+                }
+                engine.blocks.buffers.give([image]);
+            }
+            None => whole.push((image, target.block)),
+        }
+    }
+    let in_place_blocks = sectors.iter().filter(|p| p.is_some()).count() as u64;
+    let sector_write_bytes: u64 = sector_writes.iter().map(|w| w.buf.len() as u64).sum();
+    let (whole_images, whole_blocks): (Vec<AlignedBuf>, Vec<SsdBlock>) = whole.into_iter().unzip();
+    let writes = coalesce_writes(engine, whole_images, &whole_blocks);
+    let whole_bytes = block * whole_blocks.len() as u64;
+    let mut batches = Vec::new();
+    if !writes.is_empty() {
+        batches.push(engine.blocks.submit(writes));
+    }
+    if !sector_writes.is_empty() {
+        batches.push(engine.blocks.submit_sectors(sector_writes));
+    }
+    match wait_all(batches) {
         Ok(buffers) => {
             buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
             engine.blocks.buffers.give(buffers);
@@ -257,12 +330,58 @@ fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, p
         }
     }
     engine.blocks.written();
-    engine.stats.add(Counter::migration_write_bytes, block * targets.len() as u64);
+    engine.stats.add(Counter::migration_write_bytes, whole_bytes + sector_write_bytes);
+    engine.stats.add(Counter::migration_sector_write_bytes, sector_write_bytes);
+    engine.stats.add(Counter::migrations_in_place, in_place_blocks);
     if let Err(e) = engine.blocks.flush() {
         engine.blocks.release_new(&targets);
         return Err(e);
     }
     Ok(targets)
+}
+
+/// Which 4 KiB sectors of a block its residue touches (`dirty`, in runs) and which of
+/// those it covers only in part (`partial`, in runs: they must be read before written).
+#[derive(Debug, PartialEq)]
+struct SectorPlan {
+    dirty: Vec<Range<usize>>,
+    partial: Vec<Range<usize>>,
+    /// The bytes of the block the residue covers.
+    pieces: Vec<Range<usize>>,
+}
+
+impl SectorPlan {
+    fn new(engine: &Engine, entry: &BlockEntry) -> SectorPlan {
+        let mut pieces = Vec::new();
+        read::residue_pieces(engine, entry, |range, _, _| pieces.push(range));
+        SectorPlan::of_pieces(pieces, engine.geometry.block() as usize)
+    }
+
+    fn of_pieces(mut pieces: Vec<Range<usize>>, block: usize) -> SectorPlan {
+        pieces.sort_by_key(|r| r.start);
+        let mut covered = vec![0usize; block.div_ceil(IO_ALIGN)];
+        for piece in &pieces {
+            let mut at = piece.start;
+            while at < piece.end {
+                let sector = at / IO_ALIGN;
+                let next = ((sector + 1) * IO_ALIGN).min(piece.end);
+                covered[sector] += next - at;
+                at = next;
+            }
+        }
+        let runs = |keep: &dyn Fn(usize) -> bool| {
+            let mut runs: Vec<Range<usize>> = Vec::new();
+            for sector in (0..covered.len()).filter(|&k| keep(covered[k])) {
+                let (start, end) = (sector * IO_ALIGN, (sector + 1) * IO_ALIGN);
+                match runs.last_mut() {
+                    Some(last) if last.end == start => last.end = end,
+                    _ => runs.push(start..end),
+                }
+            }
+            runs
+        };
+        SectorPlan { dirty: runs(&|c| c > 0), partial: runs(&|c| c > 0 && c < IO_ALIGN), pieces }
+    }
 }
 
 /// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
@@ -455,6 +574,24 @@ mod tests {
         let mut out = vec![0; len];
         assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
         out
+    }
+
+    /// Which sectors a merge in place writes and reads: touched ones written, in runs;
+    /// only those covered in part read.
+    #[test]
+    #[allow(clippy::single_range_in_vec_init)] // lists of byte ranges, one of them
+    fn a_sector_plan_reads_only_sectors_covered_in_part() {
+        let plan = |pieces: &[std::ops::Range<usize>]| super::SectorPlan::of_pieces(pieces.to_vec(), 64 << 10);
+        let p = plan(&[6000..10096]);
+        assert_eq!((p.dirty, p.partial), (vec![4096..12288], vec![4096..12288]));
+        let p = plan(&[8192..12288, 20000..20010, 20100..20110]);
+        assert_eq!((p.dirty, p.partial), (vec![8192..12288, 16384..20480], vec![16384..20480]));
+        // Two pieces that cover a sector between them need no read.
+        let p = plan(&[0..100, 100..4096, 4096..8191]);
+        assert_eq!((p.dirty, p.partial), (vec![0..8192], vec![4096..8192]));
+        let p = plan(&[0..65536]);
+        assert_eq!((p.dirty, p.partial), (vec![0..65536], vec![]));
+        assert_eq!(plan(&[]).dirty, vec![]);
     }
 
     /// A write that lands between a merge's copy and its commit must win; a block nobody
