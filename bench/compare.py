@@ -13,7 +13,9 @@ Each round runs every group once, and within a group every system takes its turn
             (--scrap-mem = the cap less the daemon's own), and without a cap (4 GiB of
             scrap memory); each cell ends with an fsync, and uncapped once more without;
             caches dropped first; a 4 GiB file (--partial-file-size), as bench/scrap.py;
-            each mount's first pass warms its memory (reported once, uncapped)
+            each mount's first pass warms its memory (reported once, uncapped); and
+            4 KiB-4 MiB random writes from 1, 2 and 4 writers, 2 GiB in all, the cap a
+            fifth of that (WSBuffer Fig. 10a), ending with an fsync
   macro     filebench's varmail, fileserver and createfiles (alignfs-macro), and RocksDB's
             fillrandom with every put synchronous (db_bench), on the mounts and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
@@ -68,6 +70,11 @@ DAEMON_BYTES = 96 * MIB
 # pages outgrow its bytes, and with 1 GiB the cell ran at 260–406 MiB/s against 586–889.
 # Memory is backed as it is used (plus the warmer's window), so the size costs nothing until then.
 UNCAPPED_SCRAP_BYTES = 4 * GIB
+# The same with several writers of up to 4 MiB: FUSE's request buffers (8 MiB each with
+# fs.fuse.max_pages_limit 2048), the IO buffer pool (up to 64 MiB) and the writes in flight.
+# With 96 MiB, two writers took the daemon to 208 MiB anonymous memory with 109 MiB of scrap
+# memory, and the cap killed it.
+WRITERS_DAEMON_BYTES = 160 * MIB
 
 # Why a profile has no row in a group: its front end cannot run the workload at all.
 NO_FILES = {
@@ -286,6 +293,7 @@ class Compare:
         self.seconds = 1.0 if q else args.seconds
         self.file_bytes = 64 * MIB if q else args.file_size
         self.cap_written = 128 * MIB if q else 384 * MIB  # bytes one memlimit cell writes
+        self.threads_written = 256 * MIB if q else 2 * GIB  # bytes one memlimit writers cell writes
         self.partial_bytes = 64 * MIB if q else args.partial_file_size  # the file memlimit writes into
         ssd_bytes = max(4 * self.file_bytes, self.file_bytes + GIB)
         self.mounts = Mounts(self.work, self.shm, ssd_bytes, 256 * MIB if q else GIB, 256 * MIB if q else GIB,
@@ -404,7 +412,47 @@ class Compare:
                         self.mounts.umount("scrap")
                     if cap:
                         cap.remove()
+        self.memlimit_writers(file, round_no)
         self.mounts.mount("scrap")
+
+    def memlimit_writers(self, file: str, round_no: int) -> None:
+        """WSBuffer's multi-threaded random writes (Fig. 10a) under a memory cap: 4 KiB–4 MiB
+        at any offset from 1, 2 and 4 writers into one file, an fsync at the end, the cap a
+        fifth of the bytes written (but never below what the daemon needs for itself)."""
+        cap_bytes = max(self.threads_written // 5, WRITERS_DAEMON_BYTES + 32 * MIB)
+        label = f"cap {cap_bytes / self.threads_written:.0%}"
+        for system in self.order(["scrap", "ext4"], round_no):
+            cap = MemoryCap(f"alignfs-compare-{os.getpid()}-{system}", cap_bytes)
+            try:
+                if system == "scrap":
+                    target = self.mounts.mount("scrap", scrap_mem=cap_bytes - WRITERS_DAEMON_BYTES, cap=cap) / file
+                else:
+                    target = self.ext4 / file
+                # One unmeasured writer first, as in the cells above: it warms a fresh mount.
+                for writers, measured in ((1, False), (1, True), (2, True), (4, True)):
+                    fd = os.open(target, os.O_RDONLY)
+                    os.fsync(fd)
+                    os.close(fd)
+                    drop_caches()
+                    before = self.mounts.counters("scrap") if system == "scrap" else None
+                    cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
+                           "--rw=randwrite", "--invalidate=0", "--randrepeat=1", f"--randseed={11 + round_no}",
+                           f"--numjobs={writers}", "--group_reporting", f"--size={self.partial_bytes}",
+                           f"--io_size={self.threads_written // writers}", "--bsrange=4k-4m", "--bs_unaligned=1",
+                           "--end_fsync=1"]
+                    job = json.loads(run(cap.wrap(cmd) if system == "ext4" else cmd))["jobs"][0]["write"]
+                    if not measured:
+                        continue
+                    pct = {float(k): v / 1000 for k, v in job.get("clat_ns", {}).get("percentile", {}).items()}
+                    result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
+                              "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak()}
+                    t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
+                    self.record("memlimit", f"4KiB-4MiB, {writers} writer{'s' if writers > 1 else ''}, {label}", system,
+                                round_no, result, t)
+            finally:
+                if system == "scrap":
+                    self.mounts.umount("scrap")
+                cap.remove()
 
     MACRO_FILES = {"varmail": 1000, "fileserver": 1000, "createfiles": 4000}
 

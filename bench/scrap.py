@@ -19,7 +19,7 @@ DRAM (scrap pages), WSBuffer's Table 4. The scrap memory's peak must stay under
 `--scrap-mem`. The run raises fs.fuse.max_pages_limit to 2048 (restored afterwards) so
 writes of up to 8 MiB reach the engine whole (docs/FUSE.md).
 
-    bench/scrap.py            # 3 rounds, 4 GiB files, 512 MiB per cell (about 10 minutes)
+    bench/scrap.py            # 3 rounds, 4 GiB files, 512 MiB per cell (about 6 minutes)
     bench/scrap.py --quick    # 1 round, small files (smoke run, what CI runs)
     bench/scrap.py --kinds partial-fsync,fsync-each --alignfs OLD   # some cells, another build
 
