@@ -373,7 +373,8 @@ impl BlockStore {
     /// Submit a batch to the SSDs, counting its bytes as in flight until it is waited for.
     ///
     /// Every data write covers whole blocks (invariant 1: no read-modify-write in the SSD;
-    /// [`BlockStore::submit_sectors`] for a merge's sectors); checked in release builds too, as the test costs nothing beside the IO.
+    /// [`BlockStore::submit_sectors`] for a merge's sectors); checked in release builds
+    /// too, as the test costs nothing beside the IO.
     pub(crate) fn submit(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
         let block = self.geometry.block();
         for request in batch.iter().filter(|r| r.op == IoOp::Write) {
@@ -409,13 +410,17 @@ impl BlockStore {
         }
     }
 
+    /// Whether a block may be rewritten by sector ([`BlockStore::submit_sectors`]): not
+    /// where a checksum or a DRAM copy stands for the whole block.
+    pub(crate) fn writes_sectors(&self) -> bool {
+        self.checksums.is_none() && self.clean.is_none()
+    }
+
     /// Submit writes of whole 4 KiB sectors over blocks rewritten in place (a merge that
     /// writes back only the sectors its residue touched). Sectors are the SSD's own unit,
-    /// so the device still does no read-modify-write; a block's checksum covers the whole
-    /// block, so a volume that keeps them never writes less than one. Each write stays in
-    /// one block.
+    /// so the device still does no read-modify-write. Each write stays in one block.
     pub(crate) fn submit_sectors(&self, batch: Vec<IoRequest>) -> InFlight<'_> {
-        assert!(self.checksums.is_none(), "sector writes on a volume that checksums whole blocks");
+        assert!(self.writes_sectors(), "sector writes on a volume that keeps whole-block checksums or copies");
         let block = self.geometry.block();
         for request in &batch {
             let (at, len) = (request.offset_bytes, request.buf.len() as u64);
@@ -424,9 +429,6 @@ impl BlockStore {
                 at % IO_ALIGN as u64 == 0 && len % IO_ALIGN as u64 == 0 && len > 0 && at / block == (at + len - 1) / block,
                 "SSD sector write of {len} bytes at {at} is not whole sectors of one block"
             );
-            if let Some(clean) = &self.clean {
-                clean.forget(&[SsdBlock(at / block)]);
-            }
         }
         self.submit_checked(batch)
     }

@@ -210,12 +210,12 @@ fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, p
             engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
         })
         .collect();
-    // Sector plans for blocks rewritten where they are (none where blocks carry checksums,
-    // which cover a whole block).
+    // Sector plans for blocks rewritten where they are.
+    let by_sector = engine.blocks.writes_sectors();
     let sectors: Vec<Option<SectorPlan>> = work
         .iter()
         .zip(&placements)
-        .map(|(s, p)| (matches!(p, Placement::InPlace(_)) && !engine.blocks.verifies_reads()).then(|| SectorPlan::new(engine, &s.entry)))
+        .map(|(s, p)| (by_sector && matches!(p, Placement::InPlace(_))).then(|| SectorPlan::new(engine, &s.entry)))
         .collect();
     // Reads: a whole block under residue that leaves part of it uncovered, or the sectors
     // a block rewritten in place has only partly covered.
