@@ -34,6 +34,7 @@ pub fn render(report: &VolumeReport) -> String {
     }
     if let Some(daemon) = &report.daemon {
         out.gauge("alignfs_daemon_uptime_seconds", "seconds since the serving daemon started", daemon.uptime_s);
+        out.gauge("alignfs_daemon_resident_bytes", "the serving daemon's resident memory", daemon.resident_bytes as f64);
         out.family("alignfs_requests_total", "counter", "requests the daemon served, by kind");
         for (kind, n) in &daemon.requests_by_kind {
             out.sample("alignfs_requests_total", &format!("kind=\"{}\"", escape_label(kind)), *n as f64);
@@ -159,6 +160,7 @@ pub fn render_server(
         uptime_s: started.elapsed().as_secs_f64(),
         front_end: front_end.into(),
         request_latency,
+        resident_bytes: alignfs::stats::resident_bytes(),
         ..Default::default()
     });
     render(&report)

@@ -11,6 +11,22 @@ fn percent(used: u64, total: u64) -> f64 {
     }
 }
 
+/// `bytes` in the largest binary unit that keeps it at 1 or more, e.g. "3.0 MiB".
+fn bytes(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < units.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
 pub fn print_report(r: &VolumeReport) {
     let meta = if r.metadata_store == "in place" { ", metadata in place" } else { "" };
     println!("volume {} (profile {}, format version {}{meta})", r.uuid, r.profile, r.format_version);
@@ -19,11 +35,14 @@ pub fn print_report(r: &VolumeReport) {
     }
     println!("  fast tier: {}\n  SSD:       {}", r.fast_device, r.ssd_device);
     let residue = &r.residue_name;
+    let page = r.usage.fast_page_bytes;
     println!(
-        "  {residue}: {} of {} pages used ({:.1}%), at most {} at once",
+        "  {residue}: {} of {} pages used ({:.1}%, {} of {}), at most {} at once",
         r.usage.fast_pages_used,
         r.usage.fast_pages_total,
         percent(r.usage.fast_pages_used, r.usage.fast_pages_total),
+        bytes(r.usage.fast_pages_used * page),
+        bytes(r.usage.fast_pages_total * page),
         r.usage.fast_pages_peak
     );
     println!(
@@ -44,6 +63,9 @@ pub fn print_report(r: &VolumeReport) {
 /// What the daemon serving a mounted volume reports of itself.
 fn print_daemon(d: &alignfs::stats::DaemonInfo) {
     println!("  mounted:   {} by pid {}, up {:.0} s", d.mountpoint, d.pid, d.uptime_s);
+    if d.resident_bytes > 0 {
+        println!("  memory:    {} resident", bytes(d.resident_bytes));
+    }
     if !d.front_end.is_empty() {
         println!("  front end: {}", d.front_end);
     }
@@ -119,5 +141,16 @@ fn print_counters(r: &VolumeReport) {
             table.add_row([c.name.clone(), c.value.to_string(), c.meaning.clone()]);
         }
         println!("{table}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sizes_read_in_the_largest_unit() {
+        assert_eq!(super::bytes(0), "0 B");
+        assert_eq!(super::bytes(1023), "1023 B");
+        assert_eq!(super::bytes(3 << 20), "3.0 MiB");
+        assert_eq!(super::bytes(4 << 30), "4.0 GiB");
     }
 }

@@ -111,6 +111,7 @@ impl ReportSource {
             dev_fuse_requests: transport.map_or(0, |t| t.dev_fuse_requests()),
             requests_by_kind: transport.map(|t| t.requests_by_kind()).unwrap_or_default(),
             request_latency: transport.map(|t| request_latency(t)).unwrap_or_default(),
+            resident_bytes: alignfs::stats::resident_bytes(),
         });
         Some(report)
     }

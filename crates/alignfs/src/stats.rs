@@ -246,6 +246,21 @@ pub struct DaemonInfo {
     /// Each kind's service times, from the request's arrival to its reply.
     #[serde(default)]
     pub request_latency: Vec<RequestLatency>,
+    /// The daemon's resident memory: the residue store's pages in use and everything the
+    /// daemon holds beside them (request and IO buffers, maps, code).
+    #[serde(default)]
+    pub resident_bytes: u64,
+}
+
+/// The calling process's resident memory (`/proc/self/statm`); 0 where it cannot be read.
+pub fn resident_bytes() -> u64 {
+    let pages = std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
 }
 
 /// Upper bounds, in seconds, of the buckets request service times are counted in (a last
