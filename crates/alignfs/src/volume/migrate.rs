@@ -185,7 +185,8 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
 }
 
 /// Write each staged block back: over its own SSD block where the profile rewrites blocks
-/// in place and the file owns it alone, otherwise to a new block. Then one flush, since
+/// in place and the file owns it alone (see below for watched merges), otherwise to a new
+/// block. Then one flush, since
 /// the journal record that follows must not name blocks, or a size over data, that a power
 /// cut could lose. Returns the targets, in order.
 ///
@@ -202,7 +203,12 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
 /// and is left alone.
 fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
     let block = engine.geometry.block();
-    let may_rewrite = engine.blocks.rewrites_in_place();
+    // A merge that holds its blocks' locks (fsync, a writer's own) rewrites a block in
+    // place unless another merge has it pinned (and may be reading it). A watched merge
+    // does so only where blocks are kept at home: it writes after dropping the lock, and a
+    // merge that takes the lock meanwhile and finds the block pinned would read it while
+    // it is being written.
+    let may_rewrite = engine.blocks.rewrites_in_place() && (!pinned_here || engine.blocks.keeps_blocks_home());
     let placements: Vec<Placement> = work
         .iter()
         .map(|s| {
