@@ -175,16 +175,18 @@ fn fsync_writes_residue_back_in_place_by_sector() {
     volume.fsync(f).unwrap();
     let used = volume.stats().usage.ssd_blocks_used;
 
-    let before: Vec<u64> = [
-        Counter::journal_records,
-        Counter::migration_read_bytes,
-        Counter::migration_sector_write_bytes,
-        Counter::migrations_in_place,
-        Counter::ssd_write_bytes,
-    ]
-    .iter()
-    .map(|&c| counter(c))
-    .collect();
+    let watched = || -> Vec<u64> {
+        [
+            Counter::journal_records,
+            Counter::migration_read_bytes,
+            Counter::migration_sector_write_bytes,
+            Counter::migrations_in_place,
+            Counter::ssd_write_bytes,
+        ]
+        .map(counter)
+        .to_vec()
+    };
+    let before = watched();
     // Block 1: 4 KiB across a sector boundary (two sectors, both in part). Block 3: one
     // whole sector. Block 5: two pieces in one sector.
     for (at, len, byte) in [(65536 + 6000, 4096, 2u8), (3 * 65536 + 8192, 4096, 3), (5 * 65536 + 10, 10, 4), (5 * 65536 + 100, 10, 5)] {
@@ -192,17 +194,7 @@ fn fsync_writes_residue_back_in_place_by_sector() {
         model[at..at + len].fill(byte);
     }
     volume.fsync(f).unwrap();
-    let delta: Vec<u64> = [
-        Counter::journal_records,
-        Counter::migration_read_bytes,
-        Counter::migration_sector_write_bytes,
-        Counter::migrations_in_place,
-        Counter::ssd_write_bytes,
-    ]
-    .iter()
-    .zip(&before)
-    .map(|(&c, b)| counter(c) - b)
-    .collect();
+    let delta: Vec<u64> = watched().iter().zip(&before).map(|(after, b)| after - b).collect();
     assert_eq!(delta[0], 0, "no journal record: the blocks stayed where they were");
     assert_eq!(delta[1], 3 * 4096, "only the sectors covered in part were read");
     assert_eq!(delta[2], 4 * 4096, "only the sectors touched were written");
