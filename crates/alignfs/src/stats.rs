@@ -72,7 +72,7 @@ counters! {
     page_cache_fill_bytes: "bytes read back after a file's last close to put in the kernel's page cache (mount --fill-on-close)",
     meta_lines_stored: "64-byte lines of in-place metadata a commit changed (byte: stored through the byte interface; block-only: written in the 4 KiB sectors that hold them, to the redo area and in place)",
     meta_transactions: "device transactions (byte interface) or redo writes (block-only) committed by the in-place metadata (byte)",
-    migrations_in_place: "blocks merged over their own SSD block, only the 4 KiB sectors their residue touched written (scrap: fsync and a writer's own merges; uhs: at home)",
+    migrations_in_place: "blocks merged over their own SSD block, only the 4 KiB sectors their residue touched written (scrap: fsync, a writer's own merges and the flushers; uhs: at home)",
     migration_sector_read_bytes: "bytes of sectors a merge in place read because its residue covered them only in part (included in migration_read_bytes)",
     migration_sector_write_bytes: "bytes of sectors a merge in place wrote (included in migration_write_bytes)",
 }

@@ -44,7 +44,7 @@ pub(crate) fn merge_blocks_locked(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)
     if work.is_empty() {
         return Ok(0);
     }
-    let targets = write_staged(engine, &work, images, false)?;
+    let targets = write_staged(engine, &work, images)?;
     commit_merged(engine, work, targets, cause)
 }
 
@@ -62,7 +62,8 @@ pub(crate) fn merge_file_locked(engine: &Engine, inode: &Arc<Inode>, cause: Coun
 /// locked only while its residue is copied out and while its merge is committed, so
 /// writers are not held up by the IO and the flush in between. A block a writer holds
 /// at either moment, or locks in between, keeps its residue (its new SSD block is freed
-/// unused): those blocks are returned with the count of blocks that moved.
+/// unused; a block to be merged in place is not written): those blocks are returned with
+/// the count of blocks that moved.
 pub(crate) fn merge_blocks_watched(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
     engine.migrator.merge_started();
     let result = start_watched_merge(engine, blocks).and_then(|merging| finish_watched_merge(engine, merging, cause));
@@ -70,7 +71,8 @@ pub(crate) fn merge_blocks_watched(engine: &Engine, blocks: Vec<(Arc<Inode>, u64
     result
 }
 
-/// The first half of [`merge_blocks_watched`]: copy out, write, flush.
+/// The first half of [`merge_blocks_watched`]: copy out, read what the residue leaves
+/// uncovered, write the blocks going to new places and flush.
 fn start_watched_merge(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Result<WatchedMerge> {
     let mut merging = WatchedMerge::default();
     let mut images = Vec::new();
@@ -101,17 +103,41 @@ fn start_watched_merge(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Resul
         }
         drop(guard);
     }
-    let written = match failed {
+    let planned = match failed {
         Some(e) => {
             engine.blocks.buffers.give(images);
             Err(e)
         }
         None if merging.work.is_empty() => return Ok(merging),
-        None => write_staged(engine, &merging.work, images, true),
+        None => plan_writes(engine, &merging.work, images, true).and_then(|(targets, writes)| {
+            // Writes to new blocks go out now, unlocked. A write over a block where it is
+            // waits until the finish holds the block's lock again and knows nobody took
+            // it meanwhile: then no reader, fsync or writer is in the block while it changes.
+            let (mut now, mut later) = (Vec::new(), Vec::new());
+            for (write, target) in writes.into_iter().zip(&targets) {
+                if target.new {
+                    now.push((write, target.block));
+                    later.push(None);
+                } else {
+                    later.push(Some(write));
+                }
+            }
+            match write_out(engine, now) {
+                Ok(()) => Ok((targets, later)),
+                Err(e) => {
+                    engine.blocks.release_new(&targets);
+                    engine.blocks.buffers.give(later.into_iter().flatten().flat_map(BlockWrite::buffers));
+                    Err(e)
+                }
+            }
+        }),
     };
     engine.blocks.refs.unpin(merging.work.iter().filter_map(|s| s.entry.ssd_block()).map(|b| b.0));
-    match written {
-        Ok(targets) => merging.targets = targets,
+    match planned {
+        Ok((targets, in_place)) => {
+            merging.targets = targets;
+            merging.in_place = in_place;
+        }
         Err(e) => {
             for staged in &merging.work {
                 staged.inode.range.unwatch(staged.lblock);
@@ -122,33 +148,37 @@ fn start_watched_merge(engine: &Engine, blocks: Vec<(Arc<Inode>, u64)>) -> Resul
     Ok(merging)
 }
 
-/// The second half: commit the blocks nobody wrote meanwhile.
+/// The second half: write the blocks merged in place and commit those nobody wrote
+/// meanwhile, a few at a time, holding their locks.
 fn finish_watched_merge(engine: &Engine, merging: WatchedMerge, cause: Counter) -> Result<(u64, Vec<(Ino, u64)>)> {
-    let WatchedMerge { work, targets, mut left } = merging;
+    let WatchedMerge { work, targets, in_place, mut left } = merging;
     // How many blocks one record commits is the profile's: with a cheap journal, a few
     // at a time, so writers wait for the journal, and for these blocks, only as long as
-    // one small record takes.
+    // one small record (or a few sectors' writes and a flush) takes.
     let chunk = engine.policy.merge_commit_batch();
-    let mut rest = work.into_iter().zip(targets);
+    let mut rest = work.into_iter().zip(targets).zip(in_place);
     let mut moved = 0;
     loop {
-        let part: Vec<(Staged, Target)> = rest.by_ref().take(chunk).collect();
+        let part: Vec<((Staged, Target), Option<BlockWrite>)> = rest.by_ref().take(chunk).collect();
         if part.is_empty() {
             return Ok((moved, left));
         }
-        let inodes: Vec<Arc<Inode>> = part.iter().map(|(s, _)| Arc::clone(&s.inode)).collect();
+        let inodes: Vec<Arc<Inode>> = part.iter().map(|((s, _), _)| Arc::clone(&s.inode)).collect();
         let mut guards = Vec::with_capacity(part.len());
-        let (mut kept, mut kept_targets) = (Vec::new(), Vec::new());
-        for ((staged, target), inode) in part.into_iter().zip(&inodes) {
+        let (mut kept, mut kept_targets, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+        for (((staged, target), write), inode) in part.into_iter().zip(&inodes) {
             match inode.range.try_write_watched(staged.lblock) {
                 Some((guard, false)) => {
                     guards.push(guard);
+                    writes.extend(write.map(|w| (w, target.block)));
                     kept.push(staged);
                     kept_targets.push(target);
                 }
                 _ => {
-                    // Never journaled, so free at once.
+                    // Never journaled, so free at once; a block to be written in place
+                    // was not touched.
                     engine.blocks.release_new(&[target]);
+                    engine.blocks.buffers.give(write.into_iter().flat_map(BlockWrite::buffers));
                     engine.stats.add(Counter::migrations_dropped, 1);
                     left.push((staged.inode.ino, staged.lblock));
                 }
@@ -157,13 +187,21 @@ fn finish_watched_merge(engine: &Engine, merging: WatchedMerge, cause: Counter) 
         if kept.is_empty() {
             continue;
         }
-        match commit_merged(engine, kept, kept_targets, cause) {
+        let committed = match write_out(engine, writes) {
+            Ok(()) => commit_merged(engine, kept, kept_targets, cause),
+            Err(e) => {
+                engine.blocks.release_new(&kept_targets);
+                Err(e)
+            }
+        };
+        match committed {
             Ok(n) => moved += n,
             Err(e) => {
                 drop(guards);
-                for (staged, target) in rest {
+                for ((staged, target), write) in rest {
                     staged.inode.range.unwatch(staged.lblock);
                     engine.blocks.release_new(&[target]);
+                    engine.blocks.buffers.give(write.into_iter().flat_map(BlockWrite::buffers));
                 }
                 return Err(e);
             }
@@ -184,11 +222,39 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
     Ok(Some((Staged { inode, lblock, entry }, image)))
 }
 
-/// Write each staged block back: over its own SSD block where the profile rewrites blocks
-/// in place and the file owns it alone (see below for watched merges), otherwise to a new
-/// block. Then one flush, since
-/// the journal record that follows must not name blocks, or a size over data, that a power
-/// cut could lose. Returns the targets, in order.
+/// Write each staged block back ([`plan_writes`], then [`write_out`]): over its own SSD
+/// block where the profile rewrites blocks in place and the file owns it alone, otherwise
+/// to a new block. The caller holds every block's lock. Returns the targets, in order.
+fn write_staged(engine: &Engine, work: &[Staged], images: Vec<AlignedBuf>) -> Result<Vec<Target>> {
+    let (targets, writes) = plan_writes(engine, work, images, false)?;
+    if let Err(e) = write_out(engine, writes.into_iter().zip(&targets).map(|(w, t)| (w, t.block)).collect()) {
+        engine.blocks.release_new(&targets);
+        return Err(e);
+    }
+    Ok(targets)
+}
+
+/// What a merge writes for one block.
+enum BlockWrite {
+    /// The whole image, to its target (a new block, or its own where the volume does not
+    /// write by sector).
+    Whole(AlignedBuf),
+    /// Runs of whole 4 KiB sectors of the image, over the block where it is.
+    Sectors(Vec<IoRequest>),
+}
+
+impl BlockWrite {
+    fn buffers(self) -> Vec<AlignedBuf> {
+        match self {
+            BlockWrite::Whole(image) => vec![image],
+            BlockWrite::Sectors(runs) => runs.into_iter().map(|r| r.buf).collect(),
+        }
+    }
+}
+
+/// Read what the staged blocks' residue leaves uncovered, lay the residue over it and
+/// place each block. Returns the targets and what to write to each, in order; nothing is
+/// written yet.
 ///
 /// A block rewritten in place gets only the 4 KiB sectors its residue touches, and only
 /// those the residue covers in part are read first ([`SectorPlan`]): a 4 KiB write costs
@@ -199,20 +265,16 @@ fn stage(engine: &Engine, inode: Arc<Inode>, lblock: u64) -> Result<Option<(Stag
 /// A block rewritten in place changes only under its residue, which stays valid until
 /// the merge commits: a crash, or a reader that takes the block meanwhile, sees the
 /// residue over whatever of the write landed. `pinned_here`: the caller pinned the
-/// blocks' SSD copies (a watched merge); otherwise a pinned copy is another merge's
-/// and is left alone.
-fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<Vec<Target>> {
+/// blocks' SSD copies (a watched merge, which writes blocks in place only once it holds
+/// their locks again); otherwise a pinned copy is another merge's, which may be reading it
+/// unlocked, and the block goes to a new one.
+fn plan_writes(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<(Vec<Target>, Vec<BlockWrite>)> {
     let block = engine.geometry.block();
-    // A merge that holds its blocks' locks (fsync, a writer's own) rewrites a block in
-    // place unless another merge has it pinned (and may be reading it). A watched merge
-    // does so only where blocks are kept at home: it writes after dropping the lock, and a
-    // merge that takes the lock meanwhile and finds the block pinned would read it while
-    // it is being written.
-    let may_rewrite = engine.blocks.rewrites_in_place() && (!pinned_here || engine.blocks.keeps_blocks_home());
     let placements: Vec<Placement> = work
         .iter()
         .map(|s| {
-            let in_place = may_rewrite && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
+            let in_place = engine.blocks.rewrites_in_place()
+                && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
             engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
         })
         .collect();
@@ -297,27 +359,56 @@ fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, p
         engine.blocks.buffers.give(images);
         return Err(Error::NoSpace);
     };
-    // Blocks rewritten sector by sector go out as their runs; the rest whole.
-    let mut sector_writes = Vec::new();
-    let mut whole = Vec::new();
-    for ((image, plan), target) in images.into_iter().zip(&sectors).zip(&targets) {
-        match plan {
+    let writes = images
+        .into_iter()
+        .zip(&sectors)
+        .zip(&targets)
+        .map(|((image, plan), target)| match plan {
             Some(plan) => {
-                for run in &plan.dirty {
-                    let mut buf = engine.blocks.buffers.take(run.len());
-                    buf.copy_from_slice(&image[run.clone()]);
-                    sector_writes.push(IoRequest { op: IoOp::Write, offset_bytes: target.block.0 * block + run.start as u64, buf });
-                }
+                let runs = plan
+                    .dirty
+                    .iter()
+                    .map(|run| {
+                        let mut buf = engine.blocks.buffers.take(run.len());
+                        buf.copy_from_slice(&image[run.clone()]);
+                        IoRequest { op: IoOp::Write, offset_bytes: target.block.0 * block + run.start as u64, buf }
+                    })
+                    .collect();
                 engine.blocks.buffers.give([image]);
+                BlockWrite::Sectors(runs)
             }
-            None => whole.push((image, target.block)),
+            None => BlockWrite::Whole(image),
+        })
+        .collect();
+    Ok((targets, writes))
+}
+
+/// Submit blocks' writes (whole images to `SsdBlock`s, coalesced into runs; sector runs as
+/// they are), wait for all, then flush: the journal record that follows must not name
+/// blocks, or a size over data, that a power cut could lose. On error the caller frees
+/// any new blocks.
+fn write_out(engine: &Engine, writes: Vec<(BlockWrite, SsdBlock)>) -> Result<()> {
+    if writes.is_empty() {
+        return Ok(());
+    }
+    let block = engine.geometry.block();
+    let (mut whole_images, mut whole_blocks, mut sector_writes) = (Vec::new(), Vec::new(), Vec::new());
+    let mut in_place_blocks = 0;
+    for (write, target) in writes {
+        match write {
+            BlockWrite::Whole(image) => {
+                whole_images.push(image);
+                whole_blocks.push(target);
+            }
+            BlockWrite::Sectors(runs) => {
+                in_place_blocks += 1;
+                sector_writes.extend(runs);
+            }
         }
     }
-    let in_place_blocks = sectors.iter().filter(|p| p.is_some()).count() as u64;
     let sector_write_bytes: u64 = sector_writes.iter().map(|w| w.buf.len() as u64).sum();
-    let (whole_images, whole_blocks): (Vec<AlignedBuf>, Vec<SsdBlock>) = whole.into_iter().unzip();
-    let writes = coalesce_writes(engine, whole_images, &whole_blocks);
     let whole_bytes = block * whole_blocks.len() as u64;
+    let writes = coalesce_writes(engine, whole_images, &whole_blocks);
     let mut batches = Vec::new();
     if !writes.is_empty() {
         batches.push(engine.blocks.submit(writes));
@@ -325,25 +416,14 @@ fn write_staged(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, p
     if !sector_writes.is_empty() {
         batches.push(engine.blocks.submit_sectors(sector_writes));
     }
-    match wait_all(batches) {
-        Ok(buffers) => {
-            buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
-            engine.blocks.buffers.give(buffers);
-        }
-        Err(e) => {
-            engine.blocks.release_new(&targets);
-            return Err(e);
-        }
-    }
+    let buffers = wait_all(batches)?;
+    buffers.iter().for_each(|buf| engine.stats.ssd_write(buf.len() as u64));
+    engine.blocks.buffers.give(buffers);
     engine.blocks.written();
     engine.stats.add(Counter::migration_write_bytes, whole_bytes + sector_write_bytes);
     engine.stats.add(Counter::migration_sector_write_bytes, sector_write_bytes);
     engine.stats.add(Counter::migrations_in_place, in_place_blocks);
-    if let Err(e) = engine.blocks.flush() {
-        engine.blocks.release_new(&targets);
-        return Err(e);
-    }
-    Ok(targets)
+    engine.blocks.flush()
 }
 
 /// Which 4 KiB sectors of a block its residue touches (`dirty`, in runs) and which of
@@ -515,12 +595,13 @@ struct Staged {
     entry: BlockEntry,
 }
 
-/// Blocks written to new SSD blocks and watched until their merge is committed, and the
-/// blocks left out.
+/// Blocks being merged, watched until their merge is committed: where each goes, the
+/// write still to make over those merged in place, and the blocks left out.
 #[derive(Default)]
 struct WatchedMerge {
     work: Vec<Staged>,
     targets: Vec<Target>,
+    in_place: Vec<Option<BlockWrite>>,
     left: Vec<(Ino, u64)>,
 }
 
@@ -633,6 +714,51 @@ mod tests {
         v.migrate_all().unwrap();
         assert_eq!(read_all(&v, f, expect.len()), expect);
         assert_eq!(v.check(), []);
+    }
+
+    /// A watched merge (the flushers') on a volume that rewrites blocks in place writes
+    /// them only once it holds their locks again, and then only the sectors touched:
+    /// nothing before that, and nothing at all over a block a writer took meanwhile.
+    #[test]
+    fn a_watched_merge_writes_in_place_only_under_the_lock() {
+        use crate::device::{BlockDevice, SimSsd};
+        use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
+        let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+        Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
+            .unwrap();
+        let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
+        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+        let counter = |c: Counter| v.inner.stats.get(c);
+        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let block = v.inner.geometry.block() as usize;
+        let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
+        v.write(f, 0, &expect).unwrap();
+        v.fsync(f).unwrap();
+        for at in [block + 100, 2 * block + 100] {
+            v.write(f, at as u64, b"residue").unwrap();
+            expect[at..at + 7].copy_from_slice(b"residue");
+        }
+        let inode = v.inner.file(f).unwrap();
+        let written = counter(Counter::ssd_write_bytes);
+        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+        assert_eq!(merging.work.len(), 2);
+        assert_eq!(counter(Counter::ssd_write_bytes), written, "nothing written while the blocks are unlocked");
+        // Block 1 is written meanwhile.
+        v.write(f, block as u64, &vec![9; block]).unwrap();
+        expect[block..2 * block].fill(9);
+        let used = v.inner.blocks.refs.used_count();
+        let sectors = counter(Counter::migration_sector_write_bytes);
+        let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
+        assert_eq!((moved, left), (1, vec![(f, 1)]));
+        assert_eq!(counter(Counter::migration_sector_write_bytes) - sectors, 4096, "block 2's one sector, block 1 untouched");
+        assert_eq!(v.inner.blocks.refs.used_count(), used, "no new block");
+        assert_eq!(read_all(&v, f, expect.len()), expect);
+        v.fsync(f).unwrap();
+        assert_eq!(v.check(), []);
+        v.simulate_crash();
+        let v = Volume::open(Devices::ssd_only(ssd), options).unwrap();
+        assert_eq!(read_all(&v, f, expect.len()), expect, "what the merge and fsync wrote in place survived a crash");
     }
 
     /// Where the profile keeps blocks at home (`uhs`), writes and merges rewrite each
