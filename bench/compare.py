@@ -158,6 +158,7 @@ class MemoryCap:
             raise SystemExit("bench/compare.py: no memory cgroup controller (v2 or v1) to cap memory with")
         self.dir.mkdir(exist_ok=True)
         (self.dir / limit_file).write_text(f"{limit}\n")
+        self.limit = limit
 
     def wrap(self, cmd: list) -> list:
         return ["sh", "-c", f'echo $$ > {self.dir / "cgroup.procs"} && exec "$@"', "sh", *map(str, cmd)]
@@ -386,25 +387,11 @@ class Compare:
                     for pass_no, (size_name, size) in enumerate([("64KiB", 64 * KIB), ("64KiB", 64 * KIB), ("1MiB", MIB)]):
                         first_pass = pass_no == 0
                         lo, hi = int(size * 0.9), int(size * 1.1)
-                        fd = os.open(target, os.O_RDONLY)
-                        os.fsync(fd)
-                        os.close(fd)
-                        drop_caches()
-                        before = self.mounts.counters("scrap") if system == "scrap" else None
-                        cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
-                               "--rw=randwrite", "--invalidate=0", "--randrepeat=1",
-                               f"--randseed={7 + round_no + (1000 if first_pass else 0)}",
-                               f"--size={self.partial_bytes}", f"--io_size={self.cap_written}", f"--bsrange={lo}-{hi}",
-                               "--bs_unaligned=1", f"--end_fsync={int(durable)}"]
-                        # The cap holds what keeps the written data in memory: ext4's writer
-                        # (its page cache is charged to it), scrap's daemon (its scrap pages).
-                        job = json.loads(run(cap.wrap(cmd) if cap and system == "ext4" else cmd))["jobs"][0]["write"]
+                        result, t = self.capped_write(system, target, cap, [
+                            f"--randseed={7 + round_no + (1000 if first_pass else 0)}", f"--io_size={self.cap_written}",
+                            f"--bsrange={lo}-{hi}", f"--end_fsync={int(durable)}"])
                         if first_pass and (share or durable):
                             continue
-                        pct = {float(k): v / 1000 for k, v in job.get("clat_ns", {}).get("percentile", {}).items()}
-                        result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
-                                  "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak() if cap else None}
-                        t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
                         workload = f"{size_name}±10% partial, {label}" + (", first pass after mounting" if first_pass else "")
                         self.record("memlimit", workload, system, round_no, result, t)
                 finally:
@@ -430,29 +417,36 @@ class Compare:
                     target = self.ext4 / file
                 # One unmeasured writer first, as in the cells above: it warms a fresh mount.
                 for writers, measured in ((1, False), (1, True), (2, True), (4, True)):
-                    fd = os.open(target, os.O_RDONLY)
-                    os.fsync(fd)
-                    os.close(fd)
-                    drop_caches()
-                    before = self.mounts.counters("scrap") if system == "scrap" else None
-                    cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync",
-                           "--rw=randwrite", "--invalidate=0", "--randrepeat=1", f"--randseed={11 + round_no}",
-                           f"--numjobs={writers}", "--group_reporting", f"--size={self.partial_bytes}",
-                           f"--io_size={self.threads_written // writers}", "--bsrange=4k-4m", "--bs_unaligned=1",
-                           "--end_fsync=1"]
-                    job = json.loads(run(cap.wrap(cmd) if system == "ext4" else cmd))["jobs"][0]["write"]
+                    result, t = self.capped_write(system, target, cap, [
+                        f"--randseed={11 + round_no}", f"--numjobs={writers}", "--group_reporting",
+                        f"--io_size={self.threads_written // writers}", "--bsrange=4k-4m", "--end_fsync=1"])
                     if not measured:
                         continue
-                    pct = {float(k): v / 1000 for k, v in job.get("clat_ns", {}).get("percentile", {}).items()}
-                    result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
-                              "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak()}
-                    t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
                     self.record("memlimit", f"4KiB-4MiB, {writers} writer{'s' if writers > 1 else ''}, {label}", system,
                                 round_no, result, t)
             finally:
                 if system == "scrap":
                     self.mounts.umount("scrap")
                 cap.remove()
+
+    def capped_write(self, system: str, target: Path, cap: MemoryCap | None, fio_args: list) -> tuple:
+        """One fio job of random writes at any byte into `target`, after making the file
+        durable and dropping the kernel's caches. The cap holds what keeps the written data
+        in memory: ext4's writer (its page cache is charged to it) here, scrap's daemon
+        (its scrap pages) where it was mounted. Returns the result to record and scrap's
+        traffic (None for ext4)."""
+        fd = os.open(target, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        drop_caches()
+        before = self.mounts.counters("scrap") if system == "scrap" else None
+        cmd = ["fio", "--name=w", f"--filename={target}", "--output-format=json", "--ioengine=psync", "--rw=randwrite",
+               "--invalidate=0", "--randrepeat=1", f"--size={self.partial_bytes}", "--bs_unaligned=1", *fio_args]
+        job = json.loads(run(cap.wrap(cmd) if cap and system == "ext4" else cmd))["jobs"][0]["write"]
+        pct = {float(k): v / 1000 for k, v in job.get("clat_ns", {}).get("percentile", {}).items()}
+        result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
+                  "cap_bytes": cap.limit if cap else None, "cap_peak_bytes": cap.peak() if cap else None}
+        return result, traffic(before, self.mounts.counters("scrap")) if before is not None else None
 
     MACRO_FILES = {"varmail": 1000, "fileserver": 1000, "createfiles": 4000}
 
