@@ -15,7 +15,11 @@ Each round runs every group once, and within a group every system takes its turn
             caches dropped first; a 4 GiB file (--partial-file-size), as bench/scrap.py;
             each mount's first pass warms its memory (reported once, uncapped); and
             4 KiB-4 MiB random writes from 1, 2 and 4 writers, 2 GiB in all, the cap a
-            fifth of that (WSBuffer Fig. 10a), ending with an fsync
+            fifth of that (WSBuffer Fig. 10a), ending with an fsync; and filebench's
+            fileserver, webproxy (2 MiB files) and varmail (1 MiB) on 1 GiB file sets
+            under a cap of 10, 20 and 50 % of the set (WSBuffer Fig. 12): ext4's
+            workload, or scrap's workload and daemon together, in one cgroup of that
+            share plus what the daemon needs besides its scrap memory
   macro     filebench's varmail, fileserver and createfiles (alignfs-macro), and RocksDB's
             fillrandom with every put synchronous (db_bench), on the mounts and ext4
   block     uhs over NBD against qemu-nbd (bench/uhs.py): 4 KiB and mixed writes, flushed
@@ -400,6 +404,7 @@ class Compare:
                     if cap:
                         cap.remove()
         self.memlimit_writers(file, round_no)
+        self.memlimit_macro(round_no)
         self.mounts.mount("scrap")
 
     def memlimit_writers(self, file: str, round_no: int) -> None:
@@ -447,6 +452,49 @@ class Compare:
         result = {"value": job["bw_bytes"] / MIB, "unit": "MiB/s", "p99_us": pct.get(99.0, 0.0),
                   "cap_bytes": cap.limit if cap else None, "cap_peak_bytes": cap.peak() if cap else None}
         return result, traffic(before, self.mounts.counters("scrap")) if before is not None else None
+
+    # WSBuffer's Table 1 shapes for Fig. 12, scaled down from 10,000 files: files, mean
+    # file size, write IO (reads are 1 MiB).
+    CAPPED_MACRO = {"fileserver": (512, 2 * MIB, MIB), "webproxy": (512, 2 * MIB, MIB), "varmail": (1024, MIB, 64 * KIB)}
+
+    def memlimit_macro(self, round_no: int) -> None:
+        """Filebench under a memory cap of 10, 20 and 50 % of the file set (WSBuffer Fig. 12).
+        Both systems get the same cap: ext4's workload runs in it (its page cache is charged
+        to it); on scrap the workload and the daemon share it, the daemon's scrap memory
+        being the share of the file set and the rest what the daemon needs besides."""
+        scale = 16 if self.args.quick else 1
+        for workload, (files, mean_file, write_io) in self.CAPPED_MACRO.items():
+            files //= scale
+            data_set = files * mean_file
+            for system in self.order(["scrap", "ext4"], round_no):
+                base = self.mounts.mount("scrap") if system == "scrap" else self.ext4
+                d = base / f"capped-{workload}"
+                common = ["--workload", workload, "--dir", d, "--files", str(files), "--seed", str(7 + round_no),
+                          "--mean-file", str(mean_file), "--write-io", str(write_io)]
+                run([MACRO, "prepare", *common])
+                for share in (0.1, 0.2, 0.5):
+                    cap_bytes = int(share * data_set) + WRITERS_DAEMON_BYTES
+                    cap = MemoryCap(f"alignfs-compare-{os.getpid()}-{system}", cap_bytes)
+                    try:
+                        if system == "scrap":
+                            self.mounts.umount("scrap")
+                            self.mounts.mount("scrap", scrap_mem=int(share * data_set), cap=cap)
+                        drop_caches()
+                        before = self.mounts.counters("scrap") if system == "scrap" else None
+                        r = json.loads(run(cap.wrap([MACRO, "run", *common, "--seconds", str(self.seconds * 2)])))
+                        t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
+                        self.record("memlimit", f"{workload}, cap {share:.0%} of {data_set // MIB} MiB", system, round_no,
+                                    {"value": r["mib_per_s"], "unit": "MiB/s", "p99_us": r["flow_p99_us"],
+                                     "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak()}, t)
+                    finally:
+                        if system == "scrap":
+                            self.mounts.umount("scrap")
+                        cap.remove()
+                if system == "scrap":
+                    self.mounts.mount("scrap")
+                shutil.rmtree(d)
+                if system == "scrap":
+                    self.mounts.umount("scrap")
 
     MACRO_FILES = {"varmail": 1000, "fileserver": 1000, "createfiles": 4000}
 
