@@ -276,11 +276,11 @@ impl BlockWrite {
 /// unlocked, and the block goes to a new one.
 fn plan_writes(engine: &Engine, work: &[Staged], mut images: Vec<AlignedBuf>, pinned_here: bool) -> Result<(Vec<Target>, Vec<BlockWrite>)> {
     let block = engine.geometry.block();
+    let may_rewrite = engine.blocks.rewrites_in_place();
     let placements: Vec<Placement> = work
         .iter()
         .map(|s| {
-            let in_place = engine.blocks.rewrites_in_place()
-                && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
+            let in_place = may_rewrite && (pinned_here || s.entry.ssd_block().is_none_or(|b| !engine.blocks.refs.is_pinned(b.0)));
             engine.blocks.placement(s.lblock, Some(&s.entry), in_place)
         })
         .collect();
