@@ -467,33 +467,35 @@ class Compare:
             files //= scale
             data_set = files * mean_file
             for system in self.order(["scrap", "ext4"], round_no):
-                base = self.mounts.mount("scrap") if system == "scrap" else self.ext4
-                d = base / f"capped-{workload}"
+                # scrap is mounted uncapped to prepare and clean up, and within each cap to run.
+                scrap = system == "scrap"
+                d = (self.mounts.mount("scrap") if scrap else self.ext4) / f"capped-{workload}"
                 common = ["--workload", workload, "--dir", d, "--files", str(files), "--seed", str(7 + round_no),
                           "--mean-file", str(mean_file), "--write-io", str(write_io)]
                 run([MACRO, "prepare", *common])
+                if scrap:
+                    self.mounts.umount("scrap")
                 for share in (0.1, 0.2, 0.5):
                     cap_bytes = int(share * data_set) + WRITERS_DAEMON_BYTES
                     cap = MemoryCap(f"alignfs-compare-{os.getpid()}-{system}", cap_bytes)
                     try:
-                        if system == "scrap":
-                            self.mounts.umount("scrap")
+                        if scrap:
                             self.mounts.mount("scrap", scrap_mem=int(share * data_set), cap=cap)
                         drop_caches()
-                        before = self.mounts.counters("scrap") if system == "scrap" else None
+                        before = self.mounts.counters("scrap") if scrap else None
                         r = json.loads(run(cap.wrap([MACRO, "run", *common, "--seconds", str(self.seconds * 2)])))
                         t = traffic(before, self.mounts.counters("scrap")) if before is not None else None
                         self.record("memlimit", f"{workload}, cap {share:.0%} of {data_set // MIB} MiB", system, round_no,
                                     {"value": r["mib_per_s"], "unit": "MiB/s", "p99_us": r["flow_p99_us"],
                                      "cap_bytes": cap_bytes, "cap_peak_bytes": cap.peak()}, t)
                     finally:
-                        if system == "scrap":
+                        if scrap:
                             self.mounts.umount("scrap")
                         cap.remove()
-                if system == "scrap":
+                if scrap:
                     self.mounts.mount("scrap")
                 shutil.rmtree(d)
-                if system == "scrap":
+                if scrap:
                     self.mounts.umount("scrap")
 
     MACRO_FILES = {"varmail": 1000, "fileserver": 1000, "createfiles": 4000}
