@@ -1,23 +1,19 @@
-//! Migration: merge blocks' residue into whole SSD blocks, new ones (out of place) or, where
-//! the profile keeps blocks at home, their own; in batches, either holding the blocks (a
-//! writer's own merges) or watching them (background work).
+//! Migration: merge blocks' residue into whole SSD blocks, new ones (out of place) or their
+//! own (in place, by sector where the volume allows: `sector_plan`); in batches, either
+//! holding the blocks (a writer's own merges) or watching them (background work).
 
-use super::read;
-use std::thread::JoinHandle;
-use std::time::Duration;
-
-use crate::background::spawn;
 use std::sync::Arc;
 
 use super::block_store::{wait_all, Placement, Target};
-use super::Engine;
+use super::{read, Engine};
 use crate::device::{AlignedBuf, IoOp, IoRequest};
 use crate::error::{Error, Result};
-use crate::geometry::IO_ALIGN;
 use crate::map::{BlockEntry, SsdBlock};
 use crate::meta::{DataOp, FileKind, Ino, Inode, Op};
 use crate::stats::Counter;
-use std::ops::Range;
+
+mod sector_plan;
+use sector_plan::SectorPlan;
 
 /// Merge one block's residue into its SSD block. The caller holds the block's range
 /// lock. Returns whether anything moved.
@@ -432,50 +428,6 @@ fn write_out(engine: &Engine, writes: Vec<(BlockWrite, SsdBlock)>) -> Result<()>
     engine.blocks.flush()
 }
 
-/// Which 4 KiB sectors of a block its residue touches (`dirty`, in runs) and which of
-/// those it covers only in part (`partial`, in runs: they must be read before written).
-#[derive(Debug, PartialEq)]
-struct SectorPlan {
-    dirty: Vec<Range<usize>>,
-    partial: Vec<Range<usize>>,
-    /// The bytes of the block the residue covers.
-    pieces: Vec<Range<usize>>,
-}
-
-impl SectorPlan {
-    fn new(engine: &Engine, entry: &BlockEntry) -> SectorPlan {
-        let mut pieces = Vec::new();
-        read::residue_pieces(engine, entry, |range, _, _| pieces.push(range));
-        SectorPlan::of_pieces(pieces, engine.geometry.block() as usize)
-    }
-
-    fn of_pieces(mut pieces: Vec<Range<usize>>, block: usize) -> SectorPlan {
-        pieces.sort_by_key(|r| r.start);
-        let mut covered = vec![0usize; block.div_ceil(IO_ALIGN)];
-        for piece in &pieces {
-            let mut at = piece.start;
-            while at < piece.end {
-                let sector = at / IO_ALIGN;
-                let next = ((sector + 1) * IO_ALIGN).min(piece.end);
-                covered[sector] += next - at;
-                at = next;
-            }
-        }
-        let runs = |keep: &dyn Fn(usize) -> bool| {
-            let mut runs: Vec<Range<usize>> = Vec::new();
-            for sector in (0..covered.len()).filter(|&k| keep(covered[k])) {
-                let (start, end) = (sector * IO_ALIGN, (sector + 1) * IO_ALIGN);
-                match runs.last_mut() {
-                    Some(last) if last.end == start => last.end = end,
-                    _ => runs.push(start..end),
-                }
-            }
-            runs
-        };
-        SectorPlan { dirty: runs(&|c| c > 0), partial: runs(&|c| c > 0 && c < IO_ALIGN), pieces }
-    }
-}
-
 /// One write per run of consecutive new blocks (`images[i]` goes to `targets[i]`): the
 /// allocator hands a batch long free runs, so a batch of small blocks goes out in a
 /// few large IOs rather than one IO per block.
@@ -611,235 +563,5 @@ struct WatchedMerge {
     left: Vec<(Ino, u64)>,
 }
 
-/// Start the maintenance thread: migration past the high watermark, and a checkpoint
-/// when the journal is half full.
-pub(crate) fn start_maintenance(engine: &Arc<Engine>) -> Result<JoinHandle<()>> {
-    let worker = Arc::clone(engine);
-    spawn("alignfs-maint".into(), move || {
-        lower_priority();
-        maintenance_loop(&worker)
-    })
-}
-
-fn maintenance_loop(engine: &Engine) {
-    while !engine.shutting_down() {
-        engine.migrator.wait(Duration::from_millis(200));
-        if engine.shutting_down() {
-            break;
-        }
-        let capacity = engine.residue.capacity_units();
-        let used = engine.residue.used_units();
-        if used as f64 > engine.options.migrate_high * capacity as f64 {
-            let target_free = capacity - (engine.options.migrate_low * capacity as f64) as u64;
-            if let Err(e) = merge_some(engine, target_free, Counter::migrations_watermark) {
-                tracing::warn!("background migration: {e}");
-            }
-        }
-        let half_full = engine.committer.wants_checkpoint();
-        if half_full {
-            if let Err(e) = engine.checkpoint() {
-                tracing::error!("background checkpoint: {e}");
-            }
-        }
-    }
-}
-
-/// Background merging gives way to the application's threads when CPUs are short (nice
-/// 10, this thread only): if it falls behind, writers that find the fast tier full merge
-/// for themselves, so it cannot starve.
-fn lower_priority() {
-    // SAFETY: plain syscalls on the calling thread; failure only leaves the priority as is.
-    unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use crate::stats::Counter;
-    use crate::volume::test_volume as volume;
-    use crate::{Ino, Volume};
-
-    fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
-        let mut out = vec![0; len];
-        assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
-        out
-    }
-
-    /// Which sectors a merge in place writes and reads: touched ones written, in runs;
-    /// only those covered in part read.
-    #[test]
-    #[allow(clippy::single_range_in_vec_init)] // lists of byte ranges, one of them
-    fn a_sector_plan_reads_only_sectors_covered_in_part() {
-        let plan = |pieces: &[std::ops::Range<usize>]| super::SectorPlan::of_pieces(pieces.to_vec(), 64 << 10);
-        let p = plan(&[6000..10096]);
-        assert_eq!((p.dirty, p.partial), (vec![4096..12288], vec![4096..12288]));
-        let p = plan(&[8192..12288, 20000..20010, 20100..20110]);
-        assert_eq!((p.dirty, p.partial), (vec![8192..12288, 16384..20480], vec![16384..20480]));
-        // Two pieces that cover a sector between them need no read.
-        let p = plan(&[0..100, 100..4096, 4096..8191]);
-        assert_eq!((p.dirty, p.partial), (vec![0..8192], vec![4096..8192]));
-        let p = plan(&[0..65536]);
-        assert_eq!((p.dirty, p.partial), (vec![0..65536], vec![]));
-        assert_eq!(plan(&[]).dirty, vec![]);
-    }
-
-    /// A write that lands between a merge's copy and its commit must win; a block nobody
-    /// touched must move.
-    #[test]
-    fn a_write_during_a_watched_merge_is_kept() {
-        let v = volume();
-        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
-        let block = v.inner.geometry.block() as usize;
-        let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
-        v.write(f, 0, &expect).unwrap();
-        v.migrate_all().unwrap();
-        // Residue in blocks 1 and 2: upage chunks over SSD blocks.
-        for at in [block + 100, 2 * block + 100] {
-            v.write(f, at as u64, b"before").unwrap();
-            expect[at..at + 6].copy_from_slice(b"before");
-        }
-        let inode = v.inner.file(f).unwrap();
-        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
-        assert_eq!(merging.work.len(), 2);
-        // Block 1 is written meanwhile, in place in the same upage.
-        v.write(f, (block + 102) as u64, b"AFTER").unwrap();
-        expect[block + 102..block + 107].copy_from_slice(b"AFTER");
-        let used_before = v.inner.blocks.refs.used_count();
-        let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
-        assert_eq!((moved, left), (1, vec![(f, 1)]));
-        assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
-        // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
-        assert_eq!(v.inner.blocks.refs.used_count(), used_before - 2);
-        assert!(inode.map.lock()[&1].fast_page_count() > 0);
-        assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-        v.migrate_all().unwrap();
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-        assert_eq!(v.check(), []);
-    }
-
-    /// A watched merge (the flushers') on a volume that rewrites blocks in place writes
-    /// them only once it holds their locks again, and then only the sectors touched:
-    /// nothing before that, and nothing at all over a block a writer took meanwhile.
-    #[test]
-    fn a_watched_merge_writes_in_place_only_under_the_lock() {
-        use crate::device::{BlockDevice, SimSsd};
-        use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
-        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
-        let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-        Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
-            .unwrap();
-        let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
-        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
-        let counter = |c: Counter| v.inner.stats.get(c);
-        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
-        let block = v.inner.geometry.block() as usize;
-        let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
-        v.write(f, 0, &expect).unwrap();
-        v.fsync(f).unwrap();
-        for at in [block + 100, 2 * block + 100] {
-            v.write(f, at as u64, b"residue").unwrap();
-            expect[at..at + 7].copy_from_slice(b"residue");
-        }
-        let inode = v.inner.file(f).unwrap();
-        let written = counter(Counter::ssd_write_bytes);
-        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
-        assert_eq!(merging.work.len(), 2);
-        assert_eq!(counter(Counter::ssd_write_bytes), written, "nothing written while the blocks are unlocked");
-        // Block 1 is written meanwhile.
-        v.write(f, block as u64, &vec![9; block]).unwrap();
-        expect[block..2 * block].fill(9);
-        let used = v.inner.blocks.refs.used_count();
-        let sectors = counter(Counter::migration_sector_write_bytes);
-        let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
-        assert_eq!((moved, left), (1, vec![(f, 1)]));
-        assert_eq!(counter(Counter::migration_sector_write_bytes) - sectors, 4096, "block 2's one sector, block 1 untouched");
-        assert_eq!(v.inner.blocks.refs.used_count(), used, "no new block");
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-        v.fsync(f).unwrap();
-        assert_eq!(v.check(), []);
-        v.simulate_crash();
-        let v = Volume::open(Devices::ssd_only(ssd), options).unwrap();
-        assert_eq!(read_all(&v, f, expect.len()), expect, "what the merge and fsync wrote in place survived a crash");
-    }
-
-    /// Where the profile keeps blocks at home (`uhs`), writes and merges rewrite each
-    /// block where its first write put it, at its home, so a large write after any history
-    /// of small ones is as few IOs as on a fresh volume. A block a merge has pinned is
-    /// written elsewhere, and goes home again at its next write once the merge is done.
-    #[test]
-    fn blocks_kept_home_stay_there_through_writes_and_merges() {
-        let fast = Arc::new(crate::device::PmemRegion::anonymous(8 << 20).unwrap());
-        let devices = crate::Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
-        let profile = crate::Profile::UHS;
-        Volume::format(
-            &devices,
-            &crate::FormatOptions { geometry: profile.default_geometry(), profile, force: false, ..Default::default() },
-        )
-        .unwrap();
-        let v = Volume::open(devices, crate::VolumeOptions { background: false, ..crate::VolumeOptions::default() }).unwrap();
-        let f = v.create_file(Ino::ROOT, b"volume", 0o644, 0, 0).unwrap().ino;
-        let inode = v.inner.file(f).unwrap();
-        let block = v.inner.geometry.block() as usize;
-        let blocks = 1024usize;
-        let mut expect = vec![0u8; blocks * block];
-        fn write(v: &Volume, f: Ino, expect: &mut [u8], at: usize, data: &[u8]) {
-            v.write(f, at as u64, data).unwrap();
-            expect[at..at + data.len()].copy_from_slice(data);
-        }
-        let home = |lblock: u64| v.inner.blocks.home_of(lblock).unwrap();
-        let at_home = |lblock: u64| inode.map.lock()[&lblock].ssd_block().map(|b| b.0) == Some(home(lblock));
-        // Small writes first (buffered, merged to their homes), then large ones over them.
-        let mut random = 7u64;
-        let mut next = move |bound: usize| {
-            random ^= random << 13;
-            random ^= random >> 7;
-            random ^= random << 17;
-            random as usize % bound
-        };
-        for k in 0..600 {
-            write(&v, f, &mut expect, next(blocks) * block, &[(k % 250) as u8 + 1; 4096]);
-            if k % 100 == 99 {
-                v.migrate_all().unwrap();
-            }
-        }
-        v.migrate_all().unwrap();
-        let large = 256 * block;
-        for k in 0..8u8 {
-            let start = next(blocks - 256) * block;
-            let before = v.inner.stats.get(Counter::ssd_write_ios);
-            write(&v, f, &mut expect, start, &vec![0xA0 + k; large]);
-            let ios = v.inner.stats.get(Counter::ssd_write_ios) - before;
-            assert!(ios <= v.inner.blocks.runs_when_consecutive(256) as u64, "a 1 MiB write took {ios} IOs");
-            for _ in 0..20 {
-                write(&v, f, &mut expect, next(blocks) * block + next(4000), b"residue");
-            }
-            v.migrate_all().unwrap();
-        }
-        let mapped: Vec<u64> = inode.map.lock().keys().copied().collect();
-        assert!(mapped.len() > 600);
-        assert!(mapped.iter().all(|&lb| at_home(lb)), "a block left its home");
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-
-        // Block 5 is rewritten in place by a watched merge while a writer replaces it whole:
-        // the writer takes another block, the merge is dropped, the data is the writer's.
-        write(&v, f, &mut expect, 5 * block + 10, b"residue");
-        let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 5)]).unwrap();
-        v.inner.blocks.refs.pin(home(5));
-        write(&v, f, &mut expect, 4 * block, &vec![0x55; 128 * block]);
-        v.inner.blocks.refs.unpin([home(5)]);
-        assert!(!at_home(5) && at_home(4) && at_home(6));
-        assert_eq!(super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-        assert_eq!(v.check(), []);
-        // Its home is free again: the next write of the block takes it back.
-        write(&v, f, &mut expect, 4 * block, &vec![0x66; 128 * block]);
-        assert!(at_home(5));
-        assert_eq!(read_all(&v, f, expect.len()), expect);
-        assert_eq!(v.check(), []);
-    }
-}
+mod tests;

@@ -10,7 +10,7 @@ use super::clean_pages::CleanPages;
 use super::committer::Committer;
 use super::engine::{Engine, EngineParts};
 use super::recover::{recover_metadata, windows, MetaDevice, Recovered};
-use super::{migrate, write, Devices, FormatOptions, Volume, VolumeOptions};
+use super::{maintenance, write, Devices, FormatOptions, Volume, VolumeOptions};
 use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, ByteTier, IoOp, IoRequest};
 use crate::error::{DeviceProblem, Error, Result};
@@ -265,7 +265,7 @@ fn start(inner: Arc<Engine>) -> Result<Volume> {
     let background = inner.options.background && !inner.options.read_only;
     let workers = if background {
         let engine: Arc<dyn crate::profile::EngineApi> = Arc::clone(&inner) as _;
-        let mut workers = vec![migrate::start_maintenance(&inner)?];
+        let mut workers = vec![maintenance::start(&inner)?];
         workers.extend(inner.policy.start_workers(&engine)?);
         workers
     } else {

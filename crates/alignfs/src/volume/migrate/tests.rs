@@ -1,0 +1,164 @@
+use std::sync::Arc;
+
+use crate::stats::Counter;
+use crate::volume::test_volume as volume;
+use crate::{Ino, Volume};
+
+fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
+    let mut out = vec![0; len];
+    assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
+    out
+}
+
+/// A write that lands between a merge's copy and its commit must win; a block nobody
+/// touched must move.
+#[test]
+fn a_write_during_a_watched_merge_is_kept() {
+    let v = volume();
+    let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let block = v.inner.geometry.block() as usize;
+    let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
+    v.write(f, 0, &expect).unwrap();
+    v.migrate_all().unwrap();
+    // Residue in blocks 1 and 2: upage chunks over SSD blocks.
+    for at in [block + 100, 2 * block + 100] {
+        v.write(f, at as u64, b"before").unwrap();
+        expect[at..at + 6].copy_from_slice(b"before");
+    }
+    let inode = v.inner.file(f).unwrap();
+    let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+    assert_eq!(merging.work.len(), 2);
+    // Block 1 is written meanwhile, in place in the same upage.
+    v.write(f, (block + 102) as u64, b"AFTER").unwrap();
+    expect[block + 102..block + 107].copy_from_slice(b"AFTER");
+    let used_before = v.inner.blocks.refs.used_count();
+    let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
+    assert_eq!((moved, left), (1, vec![(f, 1)]));
+    assert_eq!(v.inner.stats.get(Counter::migrations_dropped), 1);
+    // Block 2 moved (its old SSD block freed), block 1's unused new block was freed.
+    assert_eq!(v.inner.blocks.refs.used_count(), used_before - 2);
+    assert!(inode.map.lock()[&1].fast_page_count() > 0);
+    assert_eq!(inode.map.lock()[&2].fast_page_count(), 0);
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+    v.migrate_all().unwrap();
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+    assert_eq!(v.check(), []);
+}
+
+/// A watched merge (the flushers') on a volume that rewrites blocks in place writes
+/// them only once it holds their locks again, and then only the sectors touched:
+/// nothing before that, and nothing at all over a block a writer took meanwhile.
+#[test]
+fn a_watched_merge_writes_in_place_only_under_the_lock() {
+    use crate::device::{BlockDevice, SimSsd};
+    use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+    let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+    Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
+        .unwrap();
+    let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
+    let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+    let counter = |c: Counter| v.inner.stats.get(c);
+    let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let block = v.inner.geometry.block() as usize;
+    let mut expect: Vec<u8> = (0..4 * block).map(|i| (i % 251) as u8).collect();
+    v.write(f, 0, &expect).unwrap();
+    v.fsync(f).unwrap();
+    for at in [block + 100, 2 * block + 100] {
+        v.write(f, at as u64, b"residue").unwrap();
+        expect[at..at + 7].copy_from_slice(b"residue");
+    }
+    let inode = v.inner.file(f).unwrap();
+    let written = counter(Counter::ssd_write_bytes);
+    let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 1), (Arc::clone(&inode), 2)]).unwrap();
+    assert_eq!(merging.work.len(), 2);
+    assert_eq!(counter(Counter::ssd_write_bytes), written, "nothing written while the blocks are unlocked");
+    // Block 1 is written meanwhile.
+    v.write(f, block as u64, &vec![9; block]).unwrap();
+    expect[block..2 * block].fill(9);
+    let used = v.inner.blocks.refs.used_count();
+    let sectors = counter(Counter::migration_sector_write_bytes);
+    let (moved, left) = super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap();
+    assert_eq!((moved, left), (1, vec![(f, 1)]));
+    assert_eq!(counter(Counter::migration_sector_write_bytes) - sectors, 4096, "block 2's one sector, block 1 untouched");
+    assert_eq!(v.inner.blocks.refs.used_count(), used, "no new block");
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+    v.fsync(f).unwrap();
+    assert_eq!(v.check(), []);
+    v.simulate_crash();
+    let v = Volume::open(Devices::ssd_only(ssd), options).unwrap();
+    assert_eq!(read_all(&v, f, expect.len()), expect, "what the merge and fsync wrote in place survived a crash");
+}
+
+/// Where the profile keeps blocks at home (`uhs`), writes and merges rewrite each
+/// block where its first write put it, at its home, so a large write after any history
+/// of small ones is as few IOs as on a fresh volume. A block a merge has pinned is
+/// written elsewhere, and goes home again at its next write once the merge is done.
+#[test]
+fn blocks_kept_home_stay_there_through_writes_and_merges() {
+    let fast = Arc::new(crate::device::PmemRegion::anonymous(8 << 20).unwrap());
+    let devices = crate::Devices::new(fast, Arc::new(crate::device::SimSsd::new(32 << 20)));
+    let profile = crate::Profile::UHS;
+    Volume::format(&devices, &crate::FormatOptions { geometry: profile.default_geometry(), profile, force: false, ..Default::default() })
+        .unwrap();
+    let v = Volume::open(devices, crate::VolumeOptions { background: false, ..crate::VolumeOptions::default() }).unwrap();
+    let f = v.create_file(Ino::ROOT, b"volume", 0o644, 0, 0).unwrap().ino;
+    let inode = v.inner.file(f).unwrap();
+    let block = v.inner.geometry.block() as usize;
+    let blocks = 1024usize;
+    let mut expect = vec![0u8; blocks * block];
+    fn write(v: &Volume, f: Ino, expect: &mut [u8], at: usize, data: &[u8]) {
+        v.write(f, at as u64, data).unwrap();
+        expect[at..at + data.len()].copy_from_slice(data);
+    }
+    let home = |lblock: u64| v.inner.blocks.home_of(lblock).unwrap();
+    let at_home = |lblock: u64| inode.map.lock()[&lblock].ssd_block().map(|b| b.0) == Some(home(lblock));
+    // Small writes first (buffered, merged to their homes), then large ones over them.
+    let mut random = 7u64;
+    let mut next = move |bound: usize| {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        random as usize % bound
+    };
+    for k in 0..600 {
+        write(&v, f, &mut expect, next(blocks) * block, &[(k % 250) as u8 + 1; 4096]);
+        if k % 100 == 99 {
+            v.migrate_all().unwrap();
+        }
+    }
+    v.migrate_all().unwrap();
+    let large = 256 * block;
+    for k in 0..8u8 {
+        let start = next(blocks - 256) * block;
+        let before = v.inner.stats.get(Counter::ssd_write_ios);
+        write(&v, f, &mut expect, start, &vec![0xA0 + k; large]);
+        let ios = v.inner.stats.get(Counter::ssd_write_ios) - before;
+        assert!(ios <= v.inner.blocks.runs_when_consecutive(256) as u64, "a 1 MiB write took {ios} IOs");
+        for _ in 0..20 {
+            write(&v, f, &mut expect, next(blocks) * block + next(4000), b"residue");
+        }
+        v.migrate_all().unwrap();
+    }
+    let mapped: Vec<u64> = inode.map.lock().keys().copied().collect();
+    assert!(mapped.len() > 600);
+    assert!(mapped.iter().all(|&lb| at_home(lb)), "a block left its home");
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+
+    // Block 5 is rewritten in place by a watched merge while a writer replaces it whole:
+    // the writer takes another block, the merge is dropped, the data is the writer's.
+    write(&v, f, &mut expect, 5 * block + 10, b"residue");
+    let merging = super::start_watched_merge(&v.inner, vec![(Arc::clone(&inode), 5)]).unwrap();
+    v.inner.blocks.refs.pin(home(5));
+    write(&v, f, &mut expect, 4 * block, &vec![0x55; 128 * block]);
+    v.inner.blocks.refs.unpin([home(5)]);
+    assert!(!at_home(5) && at_home(4) && at_home(6));
+    assert_eq!(super::finish_watched_merge(&v.inner, merging, Counter::migrations_watermark).unwrap(), (0, vec![(f, 5)]));
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+    assert_eq!(v.check(), []);
+    // Its home is free again: the next write of the block takes it back.
+    write(&v, f, &mut expect, 4 * block, &vec![0x66; 128 * block]);
+    assert!(at_home(5));
+    assert_eq!(read_all(&v, f, expect.len()), expect);
+    assert_eq!(v.check(), []);
+}
