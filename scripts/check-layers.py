@@ -34,7 +34,7 @@ VOLUME_LAYERS = [
     ["committer"],
     ["engine"],
     ["read", "write", "resize", "migrate", "clone", "namespace", "check"],
-    ["engine_api"],
+    ["engine_api", "maintenance"],
     ["open", "recover"],
     ["mod"],
 ]
