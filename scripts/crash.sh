@@ -47,6 +47,7 @@ profile_rounds() {
         done_rounds=$(grep -o '^  [0-9]* rounds' "$out" | tail -1 | awk '{print $1}')
         passed=$((passed + ${done_rounds:-0}))
         failed=$((failed + 1))
+        status=1
     fi
 }
 # `scrap` (DRAM scrap pages, 8 MiB of them): every fsynced byte must survive, and unsynced

@@ -193,9 +193,9 @@ grep -q "clean-cache has no effect: profile orch" "$work/out"
 # As an operator runs it: mount -t fuse.alignfs, an fstab line, umount(8), and the
 # Prometheus text of `alignfs stat` through Prometheus's parser (docs/OPERATING.md).
 stage "operating"
-scripts/operate.sh
+scripts/operate.sh || suites=1
 stage "crash loops"
-scripts/crash.sh
+scripts/crash.sh || suites=1
 # The uhs profile over NBD: nbdinfo, qemu-img/qemu-io, nbdcopy, fio verify, ext4 through
 # nbdfuse + loop, a read-only export, and a kill -9 loop (docs/UHS.md).
 stage "NBD"
