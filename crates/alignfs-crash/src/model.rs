@@ -40,6 +40,65 @@ pub struct Model {
     pending: Option<Pending>,
     /// `scrap`: what each file may hold after a crash (`None`: every acknowledged byte).
     unsynced: Option<BTreeMap<String, Unsynced>>,
+    /// Every operation so far, for the report of a failure.
+    history: History,
+}
+
+/// What ran, kept to explain a failure: a line per operation and crash, and the bytes of
+/// recent small writes, so that bytes found where nobody wrote them can be traced to the
+/// write that made them.
+#[derive(Default)]
+struct History {
+    lines: Vec<String>,
+    small_writes: std::collections::VecDeque<(usize, String, u64, Vec<u8>)>,
+}
+
+/// Small writes whose bytes the history keeps.
+const KEPT_WRITES: usize = 20_000;
+
+impl History {
+    fn note(&mut self, line: String) {
+        self.lines.push(line);
+    }
+
+    fn wrote(&mut self, name: &str, offset: u64, data: &[u8]) {
+        if data.len() <= 4096 {
+            if self.small_writes.len() == KEPT_WRITES {
+                self.small_writes.pop_front();
+            }
+            self.small_writes.push_back((self.lines.len(), name.to_string(), offset, data.to_vec()));
+        }
+    }
+
+    /// Where the bytes `found` (read from `file`) came from, and what happened to the
+    /// files involved since.
+    fn explain(&self, file: &str, found: &[u8]) -> String {
+        let mut out = String::new();
+        let mut names = vec![file.to_string()];
+        let mut since = self.lines.len().saturating_sub(40);
+        if found.len() >= 8 {
+            for (op, name, offset, data) in &self.small_writes {
+                if let Some(pos) = data.windows(found.len()).position(|w| w == found) {
+                    let into = *offset as usize + pos;
+                    out += &format!("\n  those bytes were written to {name} at {into} by operation {op} (of {})", self.lines.len());
+                    if !names.contains(name) {
+                        names.push(name.clone());
+                    }
+                    since = since.min(*op);
+                }
+            }
+            if out.is_empty() {
+                out += &format!("\n  no small write of the last {} held those bytes", self.small_writes.len());
+            }
+        }
+        out += &format!("\n  operations since {since} on {} and crashes:", names.join(", "));
+        for (i, line) in self.lines.iter().enumerate().skip(since) {
+            if line.starts_with("crash") || names.iter().any(|n| line.split_whitespace().any(|w| w == n)) {
+                out += &format!("\n    {i}: {line}");
+            }
+        }
+        out
+    }
 }
 
 pub struct Outcome {
@@ -238,6 +297,7 @@ impl Model {
     /// one in flight may have landed), file data within what a crash may leave.
     fn verify_volatile(&mut self, root: &Path) -> Result<Outcome> {
         let actual = snapshot(root)?;
+        self.history.note(format!("crash (in flight: {:?})", self.pending.as_ref().map(describe_op)));
         let names = |s: &Snapshot| (s.dirs.clone(), s.files.keys().cloned().collect::<BTreeSet<_>>());
         let landed = if names(&self.state()) == names(&actual) {
             false
@@ -256,7 +316,9 @@ impl Model {
             files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
             let history = unsynced.entry(name.clone()).or_default();
             if let Err(problem) = history.check(got) {
-                bail!("file {name}: {problem} (in flight: {:?})", self.pending.as_ref().map(describe_op));
+                let at = problem.split_whitespace().nth(1).and_then(|w| w.parse::<usize>().ok()).filter(|_| problem.starts_with("byte "));
+                let explained = at.map(|at| self.history.explain(name, &got[at..got.len().min(at + 16)])).unwrap_or_default();
+                bail!("file {name}: {problem} (in flight: {:?}){explained}", self.pending.as_ref().map(describe_op));
             }
             *history = Unsynced::synced(got);
         }
@@ -278,8 +340,20 @@ impl Model {
             let Some(op) = self.next_op(&mut rng) else { continue };
             self.pending = Some(op.clone());
             self.record(&op);
+            if let Pending::Write { name, offset, data } = &op {
+                self.history.wrote(name, *offset, data);
+            }
             match self.execute(root, &op, &mut rng) {
                 Ok(synced) => {
+                    let sized = |name: &str| self.files.get(name).map_or(0, Vec::len);
+                    let line = match &op {
+                        Pending::Write { name, .. } => {
+                            format!("{} (size {} before){}", describe_op(&op), sized(name), if synced { ", fdatasync" } else { "" })
+                        }
+                        Pending::Truncate { name, size } => format!("truncate {name} {} -> {size}", sized(name)),
+                        other => describe_op(other).replace(['{', '}', '"', ','], " "),
+                    };
+                    self.history.note(line);
                     if let Some(after) = self.with_pending() {
                         self.files = after.files;
                         self.dirs = after.dirs;
@@ -389,6 +463,20 @@ mod tests {
         let result = model_with_pending_write().verify(&dir);
         fs::remove_dir_all(&dir)?;
         result
+    }
+
+    #[test]
+    fn a_failure_names_the_write_that_made_the_stray_bytes() {
+        let mut history = History::default();
+        history.note("create f1".into());
+        history.wrote("f2", 100, b"0123456789abcdef");
+        history.note("write f2 100+16".into());
+        history.note("truncate f1 0 -> 50".into());
+        history.note("crash (in flight: None)".into());
+        let report = history.explain("f1", b"456789ab");
+        assert!(report.contains("written to f2 at 104 by operation 1"), "{report}");
+        assert!(report.contains("2: truncate f1") && report.contains("1: write f2") && report.contains("3: crash"), "{report}");
+        assert!(history.explain("f1", b"zzzzzzzz").contains("no small write"));
     }
 
     #[test]
