@@ -316,7 +316,8 @@ impl Model {
             files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
             let history = unsynced.entry(name.clone()).or_default();
             if let Err(problem) = history.check(got) {
-                let at = problem.split_whitespace().nth(1).and_then(|w| w.parse::<usize>().ok()).filter(|_| problem.starts_with("byte "));
+                // "byte N = …" or "synced byte N changed …".
+                let at = problem.split_whitespace().skip_while(|w| *w != "byte").nth(1).and_then(|w| w.parse::<usize>().ok());
                 let explained = at.map(|at| self.history.explain(name, &got[at..got.len().min(at + 16)])).unwrap_or_default();
                 bail!("file {name}: {problem} (in flight: {:?}){explained}", self.pending.as_ref().map(describe_op));
             }
