@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::index::{covers, merge, Chunk};
 use super::layout::{EntryHeader, EntryKind, Layout, ENTRY_HEADER};
@@ -24,10 +24,18 @@ impl Inner {
     /// `switch`: commits during the cleaning go to the other TxLog. Recovery cleans
     /// without switching (nothing commits meanwhile, and after a crash in a cleaning
     /// both TxLogs may hold TxIDs that must stay until the log is written back).
+    ///
+    /// The head follows the cleaning in steps of an eighth of the log, so that a store
+    /// waiting for room waits for one step rather than the whole log. A step writes back
+    /// every page with an entry below the step's end, and with it all of that page's
+    /// entries below the cut: a page is still written once per cleaning, however many
+    /// steps its entries span, and recovery skips the entries its flash page holds.
     pub(super) fn clean_log(&self, switch: bool) -> Result<()> {
         let _one = self.cleaning.lock();
+        let started = Instant::now();
         let (cut, old) = {
             let mut st = self.log.lock();
+            st.cleaning = true;
             let old = st.active;
             if switch {
                 debug_assert!(st.txlogs[old ^ 1].is_empty(), "the TxLog cleaning switches to is empty");
@@ -36,28 +44,45 @@ impl Inner {
             }
             (st.tail, old)
         };
-        let pages = self.index.pages();
+        let cleaned = self.clean_steps(cut, old);
+        let mut st = self.log.lock();
+        st.cleaning = false;
+        self.room.notify_all();
+        drop(st);
+        self.counters.log_cleaning_us.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        cleaned
+    }
+
+    fn clean_steps(&self, cut: u64, old: usize) -> Result<()> {
         // A batch's new pages need free flash until the flush that releases the pages
         // they replace; on a small device the spare flash bounds the batch.
         let batch_pages = CLEAN_BATCH.min(self.ftl.spare_pages() as usize / 2).max(1);
-        for batch in pages.chunks(batch_pages) {
-            self.clean_batch(batch, cut)?;
+        let step = (self.layout.log_bytes / CLEAN_STEPS).max(LINE);
+        loop {
+            let head = self.log.lock().head;
+            let step_end = cut.min(head + step);
+            for batch in self.index.pages_before(step_end).chunks(batch_pages) {
+                self.clean_batch(batch, cut)?;
+            }
+            let _media = self.media.write();
+            let mut st = self.log.lock();
+            self.ftl.flush(&mut self.ftl.state.lock())?;
+            st.head = step_end;
+            self.dram.write_persist(Layout::head_at(), &step_end.to_le_bytes());
+            self.room.notify_all();
+            if step_end == cut {
+                let (at, _) = self.layout.txlog_range(old);
+                let used = st.txlogs[old].len() * 4;
+                self.dram.zero(at, used);
+                self.dram.persist(at, used);
+                for txid in std::mem::take(&mut st.txlogs[old]) {
+                    st.committed.remove(&txid);
+                }
+                st.residual = st.used();
+                self.counters.log_cleanings.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
         }
-        let _media = self.media.write();
-        let mut st = self.log.lock();
-        self.ftl.flush(&mut self.ftl.state.lock())?;
-        st.head = cut;
-        self.dram.write_persist(Layout::head_at(), &cut.to_le_bytes());
-        let (at, _) = self.layout.txlog_range(old);
-        let used = st.txlogs[old].len() * 4;
-        self.dram.zero(at, used);
-        self.dram.persist(at, used);
-        for txid in std::mem::take(&mut st.txlogs[old]) {
-            st.committed.remove(&txid);
-        }
-        st.residual = st.used();
-        self.counters.log_cleanings.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     pub(super) fn clean_batch(&self, batch: &[u32], cut: u64) -> Result<()> {

@@ -68,8 +68,9 @@ impl Inner {
         Ok(())
     }
 
-    /// The log, locked, once entries of `sizes` fit below `limit` bytes of use: after
-    /// one cleaning if they do not yet. `check` runs first, each time the lock is taken.
+    /// The log, locked, once entries of `sizes` fit below `limit` bytes of use: waiting
+    /// for a running cleaning's steps, or after one cleaning of its own if they do not
+    /// yet. `check` runs first, each time the lock is taken.
     pub(super) fn log_with_room(
         &self,
         sizes: &[u64],
@@ -77,14 +78,28 @@ impl Inner {
         check: impl Fn(&LogState) -> Result<()>,
     ) -> Result<MutexGuard<'_, LogState>> {
         let mut cleaned = false;
+        let mut waiting: Option<Instant> = None;
+        let waited = |since: Option<Instant>| {
+            if let Some(since) = since {
+                self.counters.log_full_waits.fetch_add(1, Ordering::Relaxed);
+                self.counters.log_full_wait_us.fetch_add(since.elapsed().as_micros() as u64, Ordering::Relaxed);
+            }
+        };
         loop {
-            let st = self.log.lock();
+            let mut st = self.log.lock();
             check(&st)?;
             if self.fits(&st, sizes, limit) {
+                waited(waiting);
                 return Ok(st);
+            }
+            waiting.get_or_insert_with(Instant::now);
+            if st.cleaning {
+                self.room.wait(&mut st);
+                continue;
             }
             drop(st);
             if cleaned {
+                waited(waiting);
                 return Err(Error::NoSpace);
             }
             self.clean()?;

@@ -86,6 +86,9 @@ device_counters! {
     flash_read_bytes: "bytes read from flash",
     flash_flushes: "flushes of the flash image",
     log_cleanings: "write-log cleanings",
+    log_cleaning_us: "microseconds spent cleaning the write log",
+    log_full_waits: "stores (and trims) that found the write log full and waited for cleaning to make room",
+    log_full_wait_us: "microseconds those stores waited",
     log_cleaned_pages: "pages cleaning merged and wrote to flash",
     log_base_reads: "old pages cleaning read for partial updates",
     log_migrated_bytes: "log bytes cleaning moved to the new region (open transactions)",
@@ -130,6 +133,8 @@ pub struct MssdRecovery {
 const RESERVE_DIVISOR: u64 = 16;
 /// Pages cleaning merges and programs per batch (the paper's 16 MiB write buffer).
 const CLEAN_BATCH: usize = 4096;
+/// A cleaning moves the log's head in this many steps.
+const CLEAN_STEPS: u64 = 8;
 
 struct LogState {
     head: u64,
@@ -144,6 +149,9 @@ struct LogState {
     /// The TxIDs in each TxLog, in commit order.
     txlogs: [Vec<u32>; 2],
     active: usize,
+    /// A cleaning is running: a store short of room waits on [`Inner::room`] for its
+    /// next step instead of starting another cleaning behind it.
+    cleaning: bool,
 }
 
 impl LogState {
@@ -168,6 +176,8 @@ struct Inner {
     options: MssdOptions,
     wake: Mutex<bool>,
     woken: Condvar,
+    /// Signalled (with `log` held) when a cleaning moves the head or ends.
+    room: Condvar,
     stop: AtomicBool,
     /// A posted store ([`MemorySemanticSsd::post`]) failed: every later verify reports it.
     posted_failure: Mutex<Option<String>>,
@@ -252,6 +262,7 @@ impl MemorySemanticSsd {
                 committed,
                 txlogs,
                 active,
+                cleaning: false,
             }),
             media: RwLock::new(()),
             cleaning: Mutex::new(()),
@@ -263,6 +274,7 @@ impl MemorySemanticSsd {
             options,
             wake: Mutex::new(false),
             woken: Condvar::new(),
+            room: Condvar::new(),
             stop: AtomicBool::new(false),
             posted_failure: Mutex::new(None),
         });

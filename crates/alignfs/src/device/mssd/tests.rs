@@ -1,3 +1,4 @@
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use rand::rngs::StdRng;
@@ -444,4 +445,71 @@ fn a_flash_image_names_its_device() {
     assert_eq!(flash_label(&[0u8; PAGE as usize]), None);
     let (ssd, _) = MemorySemanticSsd::open(a.flash, a.dram, options()).unwrap();
     assert!(read_all(&ssd)[3 * PAGE as usize..4 * PAGE as usize].iter().all(|&b| b == 7), "its own pair opens with its data");
+}
+
+/// Fill the log with one-line stores (two lines of log each) to pages 1..=`pages`, until
+/// `room` more bytes of log would not fit below the stores' limit.
+fn fill_log(ssd: &MemorySemanticSsd, pages: u64, room: u64) -> u64 {
+    let limit = config().log_bytes - config().log_bytes / RESERVE_DIVISOR;
+    let mut stored = 0;
+    while ssd.log_usage().0 + room <= limit {
+        ssd.store(None, (1 + stored % pages) * PAGE + (stored / pages % 64) * LINE, &[stored as u8; LINE as usize]).unwrap();
+        stored += 1;
+    }
+    stored
+}
+
+/// A store that finds the log full while a cleaning runs waits for that cleaning to make
+/// room instead of starting a second one behind it, and its wait is counted.
+#[test]
+fn a_store_on_a_full_log_waits_for_the_running_cleaning() {
+    let media = media();
+    let options = MssdOptions { clean_at_percent: 100, ..options() };
+    let ssd = Arc::new(MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options).unwrap());
+    // The store below takes 256 bytes of log, which do not fit.
+    fill_log(&ssd, 200, 2 * LINE);
+    // Opening the device cleaned once (recovery).
+    let before = ssd.stats().log_cleanings;
+    // As a cleaning does when it starts, before its first step frees anything.
+    ssd.inner.log.lock().cleaning = true;
+    let done = Arc::new(AtomicBool::new(false));
+    let store = {
+        let (ssd, done) = (Arc::clone(&ssd), Arc::clone(&done));
+        std::thread::spawn(move || {
+            ssd.store(None, 0, &[9u8; 200]).unwrap();
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!done.load(Ordering::SeqCst), "the store went ahead on a full log");
+    ssd.inner.clean_log(false).unwrap();
+    store.join().unwrap();
+    let stats = ssd.stats();
+    assert_eq!(stats.log_cleanings, before + 1, "the waiting store cleaned again");
+    assert_eq!(stats.log_full_waits, 1);
+    assert!(stats.log_full_wait_us >= 100_000, "waited {} µs", stats.log_full_wait_us);
+    let mut out = [0u8; 200];
+    ssd.load(0, &mut out).unwrap();
+    assert_eq!(out, [9u8; 200]);
+}
+
+/// The head moves in steps, but a page whose entries span several steps is written to
+/// flash once per cleaning, with all its entries below the cut.
+#[test]
+fn a_cleaning_in_steps_writes_each_page_once() {
+    let media = media();
+    let options = MssdOptions { clean_at_percent: 100, ..options() };
+    let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options).unwrap();
+    // Page 0 gets a store at the log's start and one at its end.
+    let before = ssd.stats().log_cleanings;
+    ssd.store(None, 0, b"first").unwrap();
+    fill_log(&ssd, 200, 4 * LINE);
+    ssd.store(None, 64, b"last").unwrap();
+    assert_eq!(ssd.stats().log_cleanings, before, "the last store fits");
+    ssd.clean().unwrap();
+    assert_eq!(ssd.stats().log_cleaned_pages, 201, "200 filled pages and page 0, each once");
+    assert_eq!(ssd.log_usage().0, 0);
+    let mut out = [0u8; 68];
+    ssd.load(0, &mut out).unwrap();
+    assert_eq!((&out[..5], &out[64..]), (&b"first"[..], &b"last"[..]));
 }
