@@ -75,6 +75,7 @@ counters! {
     migrations_in_place: "blocks merged over their own SSD block, only the 4 KiB sectors their residue touched written (scrap: fsync, a writer's own merges and the flushers; uhs: at home)",
     migration_sector_read_bytes: "bytes of sectors a merge in place read because its residue covered them only in part (included in migration_read_bytes)",
     migration_sector_write_bytes: "bytes of sectors a merge in place wrote (included in migration_write_bytes)",
+    stale_tails_cleared: "files whose bytes past EOF a crash had left on the SSD were cleared before they grew (scrap)",
 }
 
 /// What opening the volume took.

@@ -114,6 +114,10 @@ pub struct Inode {
     /// Created in the volume's scratch directory and named nowhere else (live only):
     /// a crash may lose any change to it (see `Volume::set_scratch_dir`).
     pub scratch: AtomicBool,
+    /// Its SSD blocks may hold bytes past EOF that a crash cut off (a volume whose residue
+    /// is volatile, opened after a crash: a merge wrote them, the crash kept a smaller
+    /// size). The first change that grows the file clears them (live only).
+    pub stale_tail: AtomicBool,
     /// Holds an SSD block overwritten in place that no flush has covered yet (profiles
     /// durable on sync): the file's next fsync flushes the SSD (live only).
     pub unflushed_overwrite: AtomicBool,
@@ -157,6 +161,7 @@ impl Inode {
             opens: AtomicU32::new(0),
             io: ObjectIo::default(),
             scratch: AtomicBool::new(false),
+            stale_tail: AtomicBool::new(false),
             unflushed_overwrite: AtomicBool::new(false),
         }
     }

@@ -83,6 +83,11 @@ pub(super) fn write_object(engine: &Engine, inode: &Arc<Inode>, offset: u64, dat
         if !extend && end > size {
             return Err(Error::OutOfRange { offset, len: data.len() as u64, size });
         }
+        if end > size && inode.stale_tail.load(Ordering::SeqCst) {
+            let _whole = inode.range.write(0, u64::MAX);
+            super::resize::clear_stale_tail(engine, inode)?;
+            continue;
+        }
         let first = if offset > size { (size / block).min(offset / block) } else { offset / block };
         let _guard = inode.range.write(first, (end - 1) / block);
         if inode.size() != size {

@@ -162,3 +162,53 @@ fn blocks_kept_home_stay_there_through_writes_and_merges() {
     assert_eq!(read_all(&v, f, expect.len()), expect);
     assert_eq!(v.check(), []);
 }
+
+/// A merge in place that a crash cuts between its write and its commit leaves bytes past
+/// the size the crash keeps, in the block holding EOF. When the file grows again (by
+/// truncate, by a write past EOF, by fallocate) those bytes read as zeros, and a crash
+/// after that keeps them zero.
+#[test]
+fn bytes_an_interrupted_merge_left_past_eof_never_show() {
+    use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest, SimSsd};
+    use crate::volume::FallocateMode;
+    use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+    for grow in ["truncate", "write", "fallocate"] {
+        let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
+        let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+        Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
+            .unwrap();
+        let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
+        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+        let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+        let block = v.inner.geometry.block() as usize;
+        v.write(f, 0, &[1; 1000]).unwrap();
+        v.fsync(f).unwrap();
+        let home = v.inner.file(f).unwrap().map.lock()[&0].ssd_block().unwrap();
+        // What the interrupted merge wrote: a sector past EOF, over the file's own block.
+        let mut sector = AlignedBuf::zeroed(4096);
+        sector[1000..1280].fill(0xAF);
+        run_batch(ssd.as_ref(), vec![IoRequest { op: IoOp::Write, offset_bytes: home.0 * block as u64 + 4096, buf: sector }]).unwrap();
+        v.simulate_crash();
+        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+        assert_eq!(v.getattr(f).unwrap().size, 1000);
+        let end = 3 * block;
+        let mut want = vec![0u8; end];
+        want[..1000].fill(1);
+        match grow {
+            "truncate" => v.truncate(f, end as u64).unwrap(),
+            "write" => {
+                assert_eq!(v.write(f, end as u64 - 1, &[2]).unwrap(), 1);
+                want[end - 1] = 2;
+            }
+            _ => v.fallocate(f, 0, end as u64, FallocateMode::Allocate { keep_size: false }).unwrap(),
+        }
+        let differs = |got: Vec<u8>| got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(differs(read_all(&v, f, end)), None, "grown by {grow}");
+        assert_eq!(v.inner.stats.get(Counter::stale_tails_cleared), 1, "{grow}");
+        v.fsync(f).unwrap();
+        assert_eq!(v.check(), []);
+        v.simulate_crash();
+        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options).unwrap();
+        assert_eq!(differs(read_all(&v, f, end)), None, "grown by {grow}, after another crash");
+    }
+}
