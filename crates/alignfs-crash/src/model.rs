@@ -91,6 +91,15 @@ impl History {
                 out += &format!("\n  no small write of the last {} held those bytes", self.small_writes.len());
             }
         }
+        // A name a file was renamed to names its earlier history too.
+        for line in self.lines[since..].iter().rev() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let ["Rename", "from:", from, "to:", to] = words[..] {
+                if names.iter().any(|n| n == to) && !names.iter().any(|n| n == from) {
+                    names.push(from.to_string());
+                }
+            }
+        }
         out += &format!("\n  operations since {since} on {} and crashes:", names.join(", "));
         for (i, line) in self.lines.iter().enumerate().skip(since) {
             if line.starts_with("crash") || names.iter().any(|n| line.split_whitespace().any(|w| w == n)) {
@@ -474,7 +483,9 @@ mod tests {
         history.note("write f2 100+16".into());
         history.note("truncate f1 0 -> 50".into());
         history.note("crash (in flight: None)".into());
+        history.note("Rename   from:  f3   to:  f1   ".into());
         let report = history.explain("f1", b"456789ab");
+        assert!(report.contains("4: Rename"), "{report}");
         assert!(report.contains("written to f2 at 104 by operation 1"), "{report}");
         assert!(report.contains("2: truncate f1") && report.contains("1: write f2") && report.contains("3: crash"), "{report}");
         assert!(history.explain("f1", b"zzzzzzzz").contains("no small write"));
