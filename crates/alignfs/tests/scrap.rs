@@ -225,3 +225,114 @@ fn fsync_writes_residue_back_in_place_by_sector() {
     assert!(out == cloned, "the clone kept its bytes");
     assert!(volume.check().is_empty());
 }
+
+/// The kill -9 loop's workload in process, with the flushers running: files created,
+/// written (small writes to scrap pages, large ones to the SSD), fsynced, truncated,
+/// renamed over each other and unlinked, and crashes in between. After each crash every
+/// name is as acknowledged, and every file holds only what the scrap rule allows: its
+/// synced bytes, bytes written since, or zeros.
+#[test]
+fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
+    use alignfs::test_support::{scaled, Unsynced};
+    use alignfs::volume::RenameFlags;
+    use std::collections::BTreeMap;
+    const MAX_FILE: usize = 4 << 20;
+    let seed = seed("scrap::namespace_churn_with_crashes_keeps_the_scrap_rule");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ssd = Arc::new(SimSsd::new(256 << 20));
+    let format = FormatOptions { geometry: Profile::SCRAP.default_geometry(), profile: Profile::SCRAP, force: false, ..Default::default() };
+    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
+    let options = VolumeOptions { scrap_mem_bytes: 8 << 20, ..VolumeOptions::default() };
+    let open = || Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options.clone()).unwrap();
+    let mut volume = open();
+    let mut files: BTreeMap<String, (Vec<u8>, Unsynced)> = BTreeMap::new();
+    let ino_of = |v: &Volume, name: &str| v.lookup(Ino::ROOT, name.as_bytes()).unwrap().ino;
+    let mut crashes = 0;
+    for step in 0..scaled(3000) {
+        let name = format!("f{}", rng.random_range(0..12));
+        let existing: Vec<String> = files.keys().cloned().collect();
+        let pick = |rng: &mut StdRng| (!existing.is_empty()).then(|| existing[rng.random_range(0..existing.len())].clone());
+        match rng.random_range(0..100) {
+            0..=54 => {
+                let Some(name) = pick(&mut rng) else { continue };
+                let (content, unsynced) = files.get_mut(&name).unwrap();
+                let len = match rng.random_range(0..10) {
+                    0..=4 => rng.random_range(1..=4096),
+                    5..=7 => rng.random_range(4096..=256 << 10),
+                    _ => rng.random_range(256 << 10..=2 << 20),
+                };
+                let offset = rng.random_range(0..=content.len() + (64 << 10)).min(MAX_FILE - len);
+                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                let ino = ino_of(&volume, &name);
+                assert_eq!(volume.write(ino, offset as u64, &data).unwrap(), len);
+                if content.len() < offset + len {
+                    content.resize(offset + len, 0);
+                }
+                content[offset..offset + len].copy_from_slice(&data);
+                unsynced.touch(offset, offset + len, content.len());
+                unsynced.writes.push((offset, data));
+                if rng.random_range(0..4) == 0 {
+                    volume.fsync(ino).unwrap();
+                    *unsynced = Unsynced::synced(content);
+                }
+            }
+            55..=64 => {
+                if files.contains_key(&name) {
+                    continue;
+                }
+                volume.create_file(Ino::ROOT, name.as_bytes(), 0o644, 0, 0).unwrap();
+                files.insert(name, (Vec::new(), Unsynced::default()));
+            }
+            65..=72 => {
+                let Some(name) = pick(&mut rng) else { continue };
+                let (content, unsynced) = files.get_mut(&name).unwrap();
+                let size = rng.random_range(0..=content.len() + (100 << 10)).min(MAX_FILE);
+                volume.truncate(ino_of(&volume, &name), size as u64).unwrap();
+                let old = content.len();
+                content.resize(size, 0);
+                unsynced.touch(old.min(size), old.max(size), size);
+            }
+            73..=79 => {
+                let Some(name) = pick(&mut rng) else { continue };
+                volume.unlink(Ino::ROOT, name.as_bytes()).unwrap();
+                files.remove(&name);
+            }
+            80..=94 => {
+                let Some(from) = pick(&mut rng) else { continue };
+                volume.rename(Ino::ROOT, from.as_bytes(), Ino::ROOT, name.as_bytes(), RenameFlags::default()).unwrap();
+                let moved = files.remove(&from).unwrap();
+                files.insert(name, moved);
+            }
+            _ => {
+                volume.simulate_crash();
+                volume = open();
+                crashes += 1;
+                let mut names: Vec<String> = volume
+                    .readdir(Ino::ROOT)
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| String::from_utf8(e.name).unwrap())
+                    .filter(|n| n != "." && n != "..")
+                    .collect();
+                names.sort();
+                assert_eq!(names, files.keys().cloned().collect::<Vec<_>>(), "seed {seed} step {step}: names after a crash");
+                for (name, (content, unsynced)) in files.iter_mut() {
+                    let ino = ino_of(&volume, name);
+                    let size = volume.getattr(ino).unwrap().size as usize;
+                    let mut after = vec![0u8; size];
+                    assert_eq!(volume.read(ino, 0, &mut after).unwrap(), size);
+                    if let Err(e) = unsynced.check(&after) {
+                        panic!("seed {seed} step {step}: {name} after a crash: {e}");
+                    }
+                    *content = after;
+                    *unsynced = Unsynced::synced(content);
+                }
+            }
+        }
+        if rng.random_range(0..8) == 0 {
+            std::thread::sleep(std::time::Duration::from_micros(rng.random_range(0..2000)));
+        }
+    }
+    assert!(crashes > 50, "{crashes} crashes");
+    assert!(volume.check().is_empty());
+}
