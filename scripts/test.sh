@@ -228,6 +228,9 @@ bench/everyday.py --quick --out "$work/bench-everyday" | sed -n '/^| task/,/^$/p
 # throughput on 1, 2 and 4 simulated SSDs.
 bench/scrap.py --quick --out "$work/bench-scrap" | sed -n '/^| target/,/^$/p' || suites=1
 target/release/alignfs-ssd-scaling --quick || suites=1
+# The emulated memory-semantic SSD's log cleaning under sustained stores (docs/BYTE.md),
+# one short cell so the instrument cannot rot.
+target/release/alignfs-mssd-cleaning --logs 16 --threads 2 --seconds 1 | tail -1 || suites=1
 # The uhs NBD benchmark's smoke run: uhs, UHS-NB and the NBD peers through fio, on the
 # read cell (the comparison below runs its write cells).
 bench/uhs.py --quick --cells randread | sed -n '/^| workload/,/^$/p' || suites=1
