@@ -2,17 +2,15 @@
 
 use super::read;
 use super::write;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
 use super::{Engine, MAP_OPS_PER_RECORD};
-use crate::device::{AlignedBuf, IoOp, IoRequest};
+use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
-use crate::map::{BlockEntry, SsdBlock};
+use crate::map::BlockEntry;
 use crate::meta::{now_ns, DataOp, Ino, Inode, Op};
 use crate::residue::UnitRequest;
-use crate::stats::Counter;
 
 /// `fallocate` modes the volume implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +48,7 @@ pub(super) fn fallocate(engine: &Engine, ino: Ino, offset: u64, len: u64, mode: 
     let size = inode.size();
     match mode {
         FallocateMode::Allocate { keep_size } => {
-            clear_stale_tail(engine, &inode)?;
+            write::clear_stale_tail(engine, &inode)?;
             let holes: Vec<u64> = {
                 let map = inode.map.lock();
                 (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
@@ -110,52 +108,6 @@ pub(super) fn fill_with_zero_blocks(engine: &Engine, inode: &Inode, holes: &[u64
     Ok(())
 }
 
-/// Clear the bytes a crash left past EOF ([`Inode::stale_tail`]) before the file grows
-/// over them: blocks wholly past EOF that hold SSD bytes are unmapped, and a block holding
-/// EOF with bytes past it goes to a new block with them zeroed, both in one record. The
-/// caller holds the whole file's range lock.
-pub(super) fn clear_stale_tail(engine: &Engine, inode: &Arc<Inode>) -> Result<()> {
-    if !inode.stale_tail.load(Ordering::SeqCst) {
-        return Ok(());
-    }
-    let block = engine.geometry.block();
-    let (ino, size) = (inode.ino, inode.size());
-    let (mut ops, tail): (Vec<Op>, Option<BlockEntry>) = {
-        let map = inode.map.lock();
-        let beyond = map
-            .range(size.div_ceil(block)..)
-            .filter(|(_, entry)| !entry.is_zeros())
-            .map(|(&lblock, _)| Op::Data(DataOp::Map { ino, lblock, entry: None }))
-            .collect();
-        let tail = map.get(&(size / block)).filter(|e| size % block != 0 && !e.is_zeros()).cloned();
-        (beyond, tail)
-    };
-    let mut fresh = None;
-    if let Some(entry) = tail {
-        let mut image = AlignedBuf::zeroed(block as usize);
-        read::materialize(engine, Some(&entry), &mut image)?;
-        let within = (size % block) as usize;
-        if image[within..].iter().any(|&b| b != 0) {
-            image[within..].fill(0);
-            let new_block = write_new_block(engine, image)?;
-            fresh = Some(new_block);
-            ops.push(Op::Data(DataOp::Map { ino, lblock: size / block, entry: Some(BlockEntry::whole(new_block)) }));
-        }
-    }
-    if !ops.is_empty() {
-        match engine.commit(&ops) {
-            Ok(freed) => engine.release_freed(freed),
-            Err(e) => {
-                engine.release(&[], &fresh.into_iter().collect::<Vec<_>>());
-                return Err(e);
-            }
-        }
-        engine.stats.add(Counter::stale_tails_cleared, 1);
-    }
-    inode.stale_tail.store(false, Ordering::SeqCst);
-    Ok(())
-}
-
 /// Truncate with the whole file locked. The new last block, if partial, is rewritten
 /// with a zeroed tail into fresh units, in the same journal record as the size.
 pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) -> Result<()> {
@@ -165,7 +117,7 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
     let time = now_ns();
     if size >= old {
         if size > old {
-            clear_stale_tail(engine, inode)?;
+            write::clear_stale_tail(engine, inode)?;
         }
         write::zero_beyond_eof(engine, inode, old);
         return engine.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| engine.release_freed(f));
@@ -197,7 +149,7 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
                 BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
             }
             None => {
-                let new_block = write_new_block(engine, image)?;
+                let new_block = write::write_new_block(engine, image)?;
                 fresh_units.1 = vec![new_block];
                 BlockEntry::whole(new_block)
             }
@@ -212,30 +164,6 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
         }
         Err(e) => {
             engine.release(&fresh_units.0, &fresh_units.1);
-            Err(e)
-        }
-    }
-}
-
-/// Write one block image to a freshly allocated SSD block (not yet referenced by any
-/// map; the allocation is undone if the write fails).
-pub(super) fn write_new_block(engine: &Engine, image: AlignedBuf) -> Result<SsdBlock> {
-    let target = engine.blocks.allocate(&[0], 0).ok_or(Error::NoSpace)?[0];
-    let write = IoRequest { op: IoOp::Write, offset_bytes: target.0 * engine.geometry.block(), buf: image };
-    match engine.blocks.submit(vec![write]).wait() {
-        Ok(buffers) => {
-            engine.blocks.buffers.give(buffers);
-            engine.blocks.written();
-            engine.stats.ssd_write(engine.geometry.block());
-            // The caller journals a map edit pointing here next: flush first.
-            if let Err(e) = engine.blocks.flush() {
-                engine.release(&[], &[target]);
-                return Err(e);
-            }
-            Ok(target)
-        }
-        Err(e) => {
-            engine.release(&[], &[target]);
             Err(e)
         }
     }
