@@ -172,7 +172,7 @@ fn bytes_an_interrupted_merge_left_past_eof_never_show() {
     use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest, SimSsd};
     use crate::volume::FallocateMode;
     use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
-    for grow in ["truncate", "write", "fallocate"] {
+    for grow in ["truncate", "write", "fallocate", "clone"] {
         let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
         let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
         Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
@@ -200,7 +200,16 @@ fn bytes_an_interrupted_merge_left_past_eof_never_show() {
                 assert_eq!(v.write(f, end as u64 - 1, &[2]).unwrap(), 1);
                 want[end - 1] = 2;
             }
-            _ => v.fallocate(f, 0, end as u64, FallocateMode::Allocate { keep_size: false }).unwrap(),
+            "fallocate" => v.fallocate(f, 0, end as u64, FallocateMode::Allocate { keep_size: false }).unwrap(),
+            _ => {
+                // The copy grows instead: it must not carry the bytes past the original's EOF.
+                let copy = v.create_file(Ino::ROOT, b"copy", 0o644, 0, 0).unwrap().ino;
+                v.clone_file(f, copy).unwrap();
+                v.truncate(copy, end as u64).unwrap();
+                v.truncate(f, end as u64).unwrap();
+                let differs = read_all(&v, copy, end).iter().zip(&want).position(|(a, b)| a != b);
+                assert_eq!(differs, None, "the clone, grown");
+            }
         }
         let differs = |got: Vec<u8>| got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(differs(read_all(&v, f, end)), None, "grown by {grow}");
