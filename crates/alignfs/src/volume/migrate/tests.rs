@@ -4,6 +4,17 @@ use crate::stats::Counter;
 use crate::volume::test_volume as volume;
 use crate::{Ino, Volume};
 
+/// A `scrap` volume formatted on `ssd` with 64 KiB blocks, no background work and 2 MiB
+/// of scrap memory, and the options that reopen it.
+fn scrap_volume(ssd: &Arc<dyn crate::device::BlockDevice>) -> (Volume, crate::VolumeOptions) {
+    use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
+    Volume::format(&Devices::ssd_only(Arc::clone(ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
+        .unwrap();
+    let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
+    (Volume::open(Devices::ssd_only(Arc::clone(ssd)), options.clone()).unwrap(), options)
+}
+
 fn read_all(v: &Volume, f: Ino, len: usize) -> Vec<u8> {
     let mut out = vec![0; len];
     assert_eq!(v.read(f, 0, &mut out).unwrap(), len);
@@ -51,13 +62,9 @@ fn a_write_during_a_watched_merge_is_kept() {
 #[test]
 fn a_watched_merge_writes_in_place_only_under_the_lock() {
     use crate::device::{BlockDevice, SimSsd};
-    use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+    use crate::Devices;
     let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
-    let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-    Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
-        .unwrap();
-    let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
-    let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+    let (v, options) = scrap_volume(&ssd);
     let counter = |c: Counter| v.inner.stats.get(c);
     let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
     let block = v.inner.geometry.block() as usize;
@@ -171,14 +178,10 @@ fn blocks_kept_home_stay_there_through_writes_and_merges() {
 fn bytes_an_interrupted_merge_left_past_eof_never_show() {
     use crate::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest, SimSsd};
     use crate::volume::FallocateMode;
-    use crate::{Devices, FormatOptions, Geometry, Profile, VolumeOptions};
+    use crate::Devices;
     for grow in ["truncate", "write", "fallocate", "clone"] {
         let ssd: Arc<dyn BlockDevice> = Arc::new(SimSsd::new(32 << 20));
-        let geometry = Geometry { block_bytes: 64 << 10, page_bytes: 64 << 10, split_bytes: 64 << 10, io_workers: 1 };
-        Volume::format(&Devices::ssd_only(Arc::clone(&ssd)), &FormatOptions { geometry, profile: Profile::SCRAP, ..Default::default() })
-            .unwrap();
-        let options = VolumeOptions { scrap_mem_bytes: 2 << 20, background: false, ..VolumeOptions::default() };
-        let v = Volume::open(Devices::ssd_only(Arc::clone(&ssd)), options.clone()).unwrap();
+        let (v, options) = scrap_volume(&ssd);
         let f = v.create_file(Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
         let block = v.inner.geometry.block() as usize;
         v.write(f, 0, &[1; 1000]).unwrap();
