@@ -259,15 +259,14 @@ fn start(inner: Arc<Engine>) -> Result<Volume> {
     if !inner.options.read_only {
         // Bytes past EOF in fast pages may hold an unacknowledged append: zero them so
         // a later extension exposes zeros (never-acknowledged data stays invisible).
-        for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
-            write::zero_beyond_eof(&inner, inode, inode.size());
-        }
         // Where residue is volatile, a crash can keep a smaller size than blocks merged
         // before it reach: such files clear those bytes before they grow again.
-        if !inner.recovery.clean && inner.superblock.profile.promise() == Promise::OnSync {
-            let block = inner.geometry.block();
-            for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
-                let size = inode.size();
+        let stale_tails = !inner.recovery.clean && inner.superblock.profile.promise() == Promise::OnSync;
+        let block = inner.geometry.block();
+        for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
+            let size = inode.size();
+            write::zero_beyond_eof(&inner, inode, size);
+            if stale_tails {
                 // The block holding EOF, and every block after it, if it has SSD bytes.
                 let past_eof = inode.map.lock().range(size / block..).any(|(_, entry)| !entry.is_zeros());
                 inode.stale_tail.store(past_eof, Ordering::SeqCst);
