@@ -94,7 +94,7 @@ impl History {
         // A name a file was renamed to names its earlier history too.
         for line in self.lines[since..].iter().rev() {
             let words: Vec<&str> = line.split_whitespace().collect();
-            if let ["Rename", "from:", from, "to:", to] = words[..] {
+            if let ["rename", from, "->", to] = words[..] {
                 if names.iter().any(|n| n == to) && !names.iter().any(|n| n == from) {
                     names.push(from.to_string());
                 }
@@ -324,9 +324,7 @@ impl Model {
         for (name, got) in &actual.files {
             files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
             let history = unsynced.entry(name.clone()).or_default();
-            if let Err(problem) = history.check(got) {
-                // "byte N = …" or "synced byte N changed …".
-                let at = problem.split_whitespace().skip_while(|w| *w != "byte").nth(1).and_then(|w| w.parse::<usize>().ok());
+            if let Err((at, problem)) = history.check_at(got) {
                 let explained = at.map(|at| self.history.explain(name, &got[at..got.len().min(at + 16)])).unwrap_or_default();
                 bail!("file {name}: {problem} (in flight: {:?}){explained}", self.pending.as_ref().map(describe_op));
             }
@@ -361,7 +359,11 @@ impl Model {
                             format!("{} (size {} before){}", describe_op(&op), sized(name), if synced { ", fdatasync" } else { "" })
                         }
                         Pending::Truncate { name, size } => format!("truncate {name} {} -> {size}", sized(name)),
-                        other => describe_op(other).replace(['{', '}', '"', ','], " "),
+                        Pending::Create { name } => format!("create {name}"),
+                        Pending::Unlink { name } => format!("unlink {name}"),
+                        Pending::Rename { from, to } => format!("rename {from} -> {to}"),
+                        Pending::Mkdir { name } => format!("mkdir {name}"),
+                        Pending::Rmdir { name } => format!("rmdir {name}"),
                     };
                     self.history.note(line);
                     if let Some(after) = self.with_pending() {
@@ -483,9 +485,9 @@ mod tests {
         history.note("write f2 100+16".into());
         history.note("truncate f1 0 -> 50".into());
         history.note("crash (in flight: None)".into());
-        history.note("Rename   from:  f3   to:  f1   ".into());
+        history.note("rename f3 -> f1".into());
         let report = history.explain("f1", b"456789ab");
-        assert!(report.contains("4: Rename"), "{report}");
+        assert!(report.contains("4: rename f3 -> f1"), "{report}");
         assert!(report.contains("written to f2 at 104 by operation 1"), "{report}");
         assert!(report.contains("2: truncate f1") && report.contains("1: write f2") && report.contains("3: crash"), "{report}");
         assert!(history.explain("f1", b"zzzzzzzz").contains("no small write"));

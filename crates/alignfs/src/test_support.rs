@@ -55,21 +55,27 @@ impl Unsynced {
 
     /// Whether `after` (what a crash left) is something a crash may leave.
     pub fn check(&self, after: &[u8]) -> Result<(), String> {
+        self.check_at(after).map_err(|(_, problem)| problem)
+    }
+
+    /// [`Unsynced::check`], naming the offending byte's offset where one byte is at fault
+    /// (not for a wrong size).
+    pub fn check_at(&self, after: &[u8]) -> Result<(), (Option<usize>, String)> {
         let n = after.len();
         if n < self.min_size.min(self.synced.len()) || n > self.max_size {
-            return Err(format!("size {n} after a crash, expected {}..={}", self.min_size.min(self.synced.len()), self.max_size));
+            return Err((None, format!("size {n} after a crash, expected {}..={}", self.min_size.min(self.synced.len()), self.max_size)));
         }
         for (i, &b) in after.iter().enumerate() {
             let synced = self.synced.get(i).copied();
             if !self.touched.get(i).copied().unwrap_or(true) && i < self.min_size {
                 if Some(b) != synced {
-                    return Err(format!("synced byte {i} changed in a crash"));
+                    return Err((Some(i), format!("synced byte {i} changed in a crash")));
                 }
                 continue;
             }
             let written = || self.writes.iter().any(|(at, data)| i >= *at && i < at + data.len() && data[i - at] == b);
             if b != 0 && Some(b) != synced && !written() {
-                return Err(format!("byte {i} = {b:#04x} after a crash was never written there"));
+                return Err((Some(i), format!("byte {i} = {b:#04x} after a crash was never written there")));
             }
         }
         Ok(())
