@@ -33,7 +33,7 @@ VOLUME_LAYERS = [
     ["block_store"],
     ["committer"],
     ["engine"],
-    ["read", "write", "resize", "migrate", "clone", "namespace", "check"],
+    ["read", "eof", "write", "resize", "migrate", "clone", "namespace", "check"],
     ["engine_api", "maintenance"],
     ["open", "recover"],
     ["mod"],

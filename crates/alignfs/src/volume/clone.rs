@@ -6,7 +6,7 @@
 //! the allocator. No write changes a shared block in place, so either file's next write
 //! to a shared block goes to a new block and drops one reference.
 
-use super::{migrate, resize, write};
+use super::{eof, migrate, resize};
 use std::sync::Arc;
 
 use super::write::MAX_FILE_BYTES;
@@ -67,8 +67,8 @@ pub(super) fn with_both_locked<R>(engine: &Engine, src: Ino, dst: Ino, f: impl F
 pub(super) fn clone_locked(engine: &Engine, source: &Arc<Inode>, target: &Arc<Inode>, offset: u64) -> Result<()> {
     // Bytes a crash left past either file's EOF must not be shared, nor exposed as the
     // target grows.
-    write::clear_stale_tail(engine, source)?;
-    write::clear_stale_tail(engine, target)?;
+    eof::clear_stale_tail(engine, source)?;
+    eof::clear_stale_tail(engine, target)?;
     migrate::merge_file_locked(engine, source, Counter::migrations_sync)?;
     let first_lblock = offset / engine.geometry.block();
     let blocks: Vec<(u64, BlockEntry)> = source.map.lock().iter().map(|(&lb, e)| (lb, e.clone())).collect();

@@ -13,6 +13,7 @@ mod committer;
 mod devices;
 mod engine;
 mod engine_api;
+mod eof;
 mod maintenance;
 mod migrate;
 mod migrator;

@@ -11,7 +11,7 @@ use super::clean_pages::CleanPages;
 use super::committer::Committer;
 use super::engine::{Engine, EngineParts};
 use super::recover::{recover_metadata, windows, MetaDevice, Recovered};
-use super::{maintenance, write, Devices, FormatOptions, Volume, VolumeOptions};
+use super::{eof, maintenance, Devices, FormatOptions, Volume, VolumeOptions};
 use crate::device::power_loss::PowerLog;
 use crate::device::{run_batch, AlignedBuf, BlockDevice, ByteTier, IoOp, IoRequest};
 use crate::error::{DeviceProblem, Error, Result};
@@ -265,7 +265,7 @@ fn start(inner: Arc<Engine>) -> Result<Volume> {
         let block = inner.geometry.block();
         for inode in inner.meta.snapshot().iter().filter(|i| i.kind == FileKind::File) {
             let size = inode.size();
-            write::zero_beyond_eof(&inner, inode, size);
+            eof::zero_beyond_eof(&inner, inode, size);
             if stale_tails {
                 // The block holding EOF, and every block after it, if it has SSD bytes.
                 let past_eof = inode.map.lock().range(size / block..).any(|(_, entry)| !entry.is_zeros());

@@ -1,5 +1,6 @@
 //! Changing a file's size or allocation: truncate, fallocate, hole punching.
 
+use super::eof;
 use super::read;
 use super::write;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ pub(super) fn fallocate(engine: &Engine, ino: Ino, offset: u64, len: u64, mode: 
     let size = inode.size();
     match mode {
         FallocateMode::Allocate { keep_size } => {
-            write::clear_stale_tail(engine, &inode)?;
+            eof::clear_stale_tail(engine, &inode)?;
             let holes: Vec<u64> = {
                 let map = inode.map.lock();
                 (offset / block..=(end - 1) / block).filter(|lb| !map.contains_key(lb)).collect()
@@ -117,9 +118,9 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
     let time = now_ns();
     if size >= old {
         if size > old {
-            write::clear_stale_tail(engine, inode)?;
+            eof::clear_stale_tail(engine, inode)?;
         }
-        write::zero_beyond_eof(engine, inode, old);
+        eof::zero_beyond_eof(engine, inode, old);
         return engine.commit(&[Op::Data(DataOp::SetSize { ino, size, time })]).map(|f| engine.release_freed(f));
     }
     let mut ops: Vec<Op> = {
@@ -149,7 +150,7 @@ pub(super) fn truncate_locked(engine: &Engine, inode: &Arc<Inode>, size: u64) ->
                 BlockEntry::Fast { pages: units.into_iter().enumerate().map(|(i, u)| (i as u8, u)).collect() }
             }
             None => {
-                let new_block = write::write_new_block(engine, image)?;
+                let new_block = eof::write_new_block(engine, image)?;
                 fresh_units.1 = vec![new_block];
                 BlockEntry::whole(new_block)
             }
