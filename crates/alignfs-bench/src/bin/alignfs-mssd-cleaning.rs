@@ -190,7 +190,9 @@ fn tempdir_in(parent: &std::path::Path) -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    anyhow::ensure!(args.working_set * MIB > 1024, "--working-set must be at least 1 MiB");
+    anyhow::ensure!(args.working_set >= 1, "--working-set must be at least 1 MiB");
+    anyhow::ensure!(args.threads.iter().all(|&t| t > 0), "--threads takes counts of at least 1");
+    anyhow::ensure!(args.seconds > 0.0, "--seconds must be more than 0");
     println!(
         "| log MiB | threads | stores/s | payload MiB/s | cleanings | pages cleaned | stores per cleaned page | old pages read | stalls | stalled, % of thread time | longest store ms |"
     );
