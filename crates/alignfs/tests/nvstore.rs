@@ -705,7 +705,11 @@ fn apply_to_store(store: &ObjectStore, op: &ObjectOp) -> alignfs::Result<()> {
 }
 
 fn read_all(store: &ObjectStore) -> Objects {
-    b(store).list(b"", None, usize::MAX).unwrap().into_iter().map(|o| (o.name.clone(), b(store).get(&o.name).unwrap())).collect()
+    try_read_all(store).unwrap()
+}
+
+fn try_read_all(store: &ObjectStore) -> alignfs::Result<Objects> {
+    b(store).list(b"", None, usize::MAX)?.into_iter().map(|o| Ok((o.name.clone(), b(store).get(&o.name)?))).collect()
 }
 
 /// What a crash may leave: the objects as acknowledged (`before`), or with the operation
@@ -838,6 +842,8 @@ const POWER_LOSS_SSD_BYTES: u64 = 8 << 20;
 /// acknowledged operation (`models[k]` = after the first `k`).
 struct ObjectTrace {
     events: Vec<Event>,
+    /// The KV store's files as written at each persistence point (`PowerLog::kv_written_at`).
+    kv_written: BTreeMap<usize, Arc<DirSnapshot>>,
     setup_end: usize,
     ops: Vec<(ObjectOp, usize, usize)>,
     models: Vec<Objects>,
@@ -871,7 +877,9 @@ fn record_objects(rng: &mut StdRng, count: usize) -> ObjectTrace {
         models.push(model.clone());
     }
     store.simulate_crash();
-    ObjectTrace { events: log.events(), setup_end, ops, models }
+    let events = log.events();
+    let kv_written = (0..events.len()).filter_map(|at| Some((at, log.kv_written_at(at)?))).collect();
+    ObjectTrace { events, kv_written, setup_end, ops, models }
 }
 
 /// Crash images of an `nvstore` volume at every persistence point of random object
@@ -879,8 +887,9 @@ fn record_objects(rng: &mut StdRng, count: usize) -> ObjectTrace {
 /// syncs): each opens, passes fsck, reads back with every block's checksum verified, and
 /// holds the acknowledged objects, with the operation in flight landed or not (a
 /// transaction whole). Two images per point: only what was durable; and half of the
-/// unflushed SSD sectors with the KV files torn part of the way to their next sync (a
-/// prefix of what they appended, or any of its sectors).
+/// unflushed SSD sectors with the KV files torn part of the way to what the store had
+/// written to them when the power failed (a prefix of those bytes, or any of their
+/// sectors).
 #[test]
 fn object_workloads_survive_every_power_loss_image() {
     let seed = seed("nvstore::object_workloads_survive_every_power_loss_image");
@@ -889,30 +898,22 @@ fn object_workloads_survive_every_power_loss_image() {
     for round in 0..scaled(3) {
         let trace = record_objects(&mut rng, 40);
         let mut replay = Replay::new(0, POWER_LOSS_SSD_BYTES);
-        let sync_points: Vec<usize> = (0..trace.events.len()).filter(|&i| matches!(trace.events[i], Event::KvSync(_))).collect();
         let crash_points = (0..trace.events.len()).filter(|&i| trace.events[i].is_persistence_point()).chain([trace.events.len()]);
         for point in crash_points.filter(|&p| p >= trace.setup_end) {
             while replay.position() < point {
                 replay.apply(&trace.events[replay.position()]);
             }
             let acked = trace.ops.iter().take_while(|(_, _, end)| *end <= point).count();
-            let next_sync_at = sync_points.iter().find(|&&i| i >= point).copied();
-            let next_sync = next_sync_at.map(|i| match &trace.events[i] {
-                Event::KvSync(snapshot) => snapshot,
-                _ => unreachable!("a sync point"),
-            });
+            // What the KV store had written to its files when the power failed.
+            let written = trace.kv_written.get(&point);
             points += 1;
-            for (survival, fraction) in [(0.0, None), (0.5, next_sync.map(|_| rng.random_range(0.0..1.0)))] {
+            for (survival, fraction) in [(0.0, None), (0.5, written.map(|_| rng.random_range(0.0..1.0)))] {
                 let image = replay.image(Survival { fast_word: 0.0, ssd_sector: survival }, &mut |p| rng.random_bool(p));
                 let synced = image.kv.expect("the format synced the KV store");
-                // Torn as a prefix of the appends, or, at the sync itself, as any of their
-                // sectors. Before the sync, a sector kept could hold a batch appended after
-                // the crash point (appends are not events), which a prefix keeps whole only
-                // when it reaches the sync's end.
-                let by_sectors = fraction.is_some() && next_sync_at == Some(point) && rng.random_bool(0.5);
-                let kv = match (fraction, next_sync) {
-                    (Some(fraction), Some(next)) if by_sectors => synced.torn_by_sectors(next, &mut || rng.random_bool(fraction)),
-                    (Some(fraction), Some(next)) => synced.torn_toward(next, fraction),
+                let by_sectors = fraction.is_some() && rng.random_bool(0.5);
+                let kv = match (fraction, written) {
+                    (Some(fraction), Some(written)) if by_sectors => synced.torn_by_sectors(written, &mut || rng.random_bool(fraction)),
+                    (Some(fraction), Some(written)) => synced.torn_toward(written, fraction),
                     _ => (*synced).clone(),
                 };
                 // The KV store's appends are not events: an operation that starts at
@@ -935,7 +936,7 @@ fn object_workloads_survive_every_power_loss_image() {
                 let store = ObjectStore::open(devices, no_clean_pages()).unwrap_or_else(|e| panic!("{}: recovery failed: {e}", context()));
                 let problems = store.volume().check();
                 assert!(problems.is_empty(), "{}: fsck found {problems:?}", context());
-                let found = read_all(&store);
+                let found = try_read_all(&store).unwrap_or_else(|e| panic!("{}: reading the objects back failed: {e}", context()));
                 let verdict = match in_flight {
                     Some((op, _, _)) => recovered_as_acknowledged(&found, &trace.models[acked], after, op),
                     None if found == trace.models[acked] => Ok(()),
@@ -968,7 +969,7 @@ fn object_workloads_survive_every_power_loss_image() {
     }
     eprintln!(
         "power loss, nvstore objects: {points} crash points, {images} images ({in_flight_images} with an operation in flight, \
-         {torn} with KV files torn part of the way to their next sync, {sector_torn} of them by sectors), all recovered and \
+         {torn} with KV files torn part of the way to what was written to them, {sector_torn} of them by sectors), all recovered and \
          checked"
     );
     assert!(images >= 200, "too few images ({images}) to mean much");

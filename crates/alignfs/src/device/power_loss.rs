@@ -16,12 +16,16 @@
 //!   cut each of its 4 KiB sectors may or may not have reached the flash, independently
 //!   (the device reorders freely within a flush epoch);
 //! - a KV store's directory (`nvstore`): the store records a [`DirSnapshot`] each time one
-//!   of its syncs returns. A power cut keeps the last one; the bytes the store appended
-//!   to its files after it may have reached the disk in part: a prefix of what the next
-//!   sync made durable ([`DirSnapshot::torn_toward`]), or any of its sectors
-//!   ([`DirSnapshot::torn_by_sectors`]). What the KV store does inside
-//!   a sync (its own flushes and compactions) is its business: the images test the
-//!   engine's ordering around the syncs, not the store's.
+//!   of its syncs returns, and the log takes one of the files as written (not synced) at
+//!   every other persistence point ([`PowerLog::kv_written_at`]). A power cut keeps the
+//!   last sync's; of the bytes the store had written to its files since then, when the
+//!   power failed, some may have reached the disk: a prefix
+//!   ([`DirSnapshot::torn_toward`]), or any of their sectors
+//!   ([`DirSnapshot::torn_by_sectors`]). Never bytes written after the cut: an image that
+//!   holds a record the engine wrote only after an SSD flush would blame the engine for an
+//!   order it kept. What the KV store does inside a sync (its own flushes and compactions)
+//!   is its business: the images test the engine's ordering around the syncs, not the
+//!   store's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -68,6 +72,11 @@ impl Event {
 #[derive(Default)]
 pub struct PowerLog {
     events: Mutex<Vec<Event>>,
+    /// The KV store's directory, once one records into this log.
+    kv_dir: Mutex<Option<PathBuf>>,
+    /// The KV store's files as written when each persistence point other than a sync was
+    /// recorded, by the event's position.
+    kv_written: Mutex<BTreeMap<usize, Arc<DirSnapshot>>>,
 }
 
 impl PowerLog {
@@ -75,8 +84,29 @@ impl PowerLog {
         Arc::new(PowerLog::default())
     }
 
+    /// Record `event`. At a persistence point, with a KV directory attached, also take
+    /// the directory as written so far: all that a power cut just before this event can
+    /// find there. A directory that cannot be read records nothing more (the images then
+    /// tear toward the next sync, as before any was taken).
     pub(crate) fn record(&self, event: Event) {
-        self.events.lock().push(event);
+        let mut events = self.events.lock();
+        if event.is_persistence_point() && !matches!(event, Event::KvSync(_)) {
+            let dir = self.kv_dir.lock().clone();
+            if let Some(Ok(written)) = dir.map(|dir| DirSnapshot::take(&dir)) {
+                self.kv_written.lock().insert(events.len(), Arc::new(written));
+            }
+        }
+        events.push(event);
+    }
+
+    /// The KV store's files as written when the event at `position` was recorded: what a
+    /// power cut just before that event may find there, at most. `None` for a position
+    /// that is not a persistence point, or before a KV store was attached.
+    pub fn kv_written_at(&self, position: usize) -> Option<Arc<DirSnapshot>> {
+        if let Some(Event::KvSync(snapshot)) = self.events.lock().get(position) {
+            return Some(Arc::clone(snapshot));
+        }
+        self.kv_written.lock().get(&position).cloned()
     }
 
     /// Events so far; a test notes this after each acknowledged operation.
@@ -281,6 +311,7 @@ pub struct RecordedDir {
 
 impl RecordedDir {
     pub fn new(dir: &Path, log: Arc<PowerLog>) -> RecordedDir {
+        *log.kv_dir.lock() = Some(dir.to_path_buf());
         RecordedDir { dir: dir.to_path_buf(), log }
     }
 
@@ -465,6 +496,26 @@ mod tests {
         assert_eq!(&image.fast[..64], &[0; 64]);
         assert_eq!(&image.fast[64..128], &[1; 64]);
         assert_eq!(&image.fast[128..200], &[0; 72]);
+    }
+
+    #[test]
+    fn a_flush_takes_the_kv_files_as_written_then_and_no_later() {
+        let log = PowerLog::new();
+        let ssd = RecordedSsd::new(Arc::new(SimSsd::new(4096)), Arc::clone(&log));
+        ssd.flush().unwrap();
+        assert!(log.kv_written_at(0).is_none(), "no KV store attached yet");
+        let dir = tempfile::tempdir().unwrap();
+        let recorded = RecordedDir::new(dir.path(), Arc::clone(&log));
+        std::fs::write(dir.path().join("journal"), b"synced;").unwrap();
+        recorded.synced().unwrap();
+        std::fs::write(dir.path().join("journal"), b"synced;before the flush;").unwrap();
+        ssd.flush().unwrap();
+        std::fs::write(dir.path().join("journal"), b"synced;before the flush;after it").unwrap();
+        recorded.synced().unwrap();
+        let file = |at: usize| log.kv_written_at(at).unwrap().files[Path::new("journal")].1.clone();
+        assert_eq!(file(1), b"synced;", "a sync's own snapshot");
+        assert_eq!(file(2), b"synced;before the flush;", "a power cut before the flush finds no later bytes");
+        assert_eq!(file(3), b"synced;before the flush;after it");
     }
 
     #[test]
