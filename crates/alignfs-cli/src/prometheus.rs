@@ -76,6 +76,13 @@ impl Exposition {
         );
         self.sample("alignfs_volume_info", &labels, 1.0);
         self.gauge("alignfs_recovery_seconds", "time the last open of the volume took to recover its metadata", r.recovery_us as f64 / 1e6);
+        if let Some(d) = &r.device_recovery {
+            self.gauge(
+                "alignfs_device_recovery_seconds",
+                "time the memory-semantic SSD took to recover its write log when the volume was last opened",
+                d.total_us as f64 / 1e6,
+            );
+        }
     }
 
     /// The engine's flow counters, except the SSD write sizes (a histogram below).

@@ -211,6 +211,9 @@ pub struct VolumeReport {
     /// The SSD's own counters (a memory-semantic SSD's); empty for other devices.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_counters: Vec<DeviceCounter>,
+    /// What the memory-semantic SSD's own recovery did when the volume was opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_recovery: Option<crate::device::mssd::MssdRecovery>,
     /// Set by a mounted daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon: Option<DaemonInfo>,

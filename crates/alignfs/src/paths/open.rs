@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{default_kv_dir, join_members, ssd_options};
-use crate::device::mssd::{LatencyModel, MemorySemanticSsd, MssdOptions, MssdRecovery};
+use crate::device::mssd::{LatencyModel, MemorySemanticSsd, MssdOptions};
 use crate::device::{BlockDevice, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion};
 use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, SUPERBLOCK_BYTES};
@@ -178,8 +178,20 @@ fn open_memory_semantic(
     if let Some(model) = latency {
         tracing::info!("memory-semantic SSD: latency model on (ByteFS Table 4): {model:?}");
     }
-    if recovery != MssdRecovery::default() {
-        tracing::info!("memory-semantic SSD recovered: {recovery:?}");
+    if recovery.found_entries() {
+        tracing::info!(
+            "memory-semantic SSD recovered in {:.3} s: {:.1} MiB of write log scanned in {:.3} s, {} pages written back \
+             ({} old pages read) in {:.3} s; {} entries replayed, {} uncommitted dropped, {} stale",
+            recovery.total_us as f64 / 1e6,
+            recovery.log_bytes as f64 / (1 << 20) as f64,
+            recovery.scan_us as f64 / 1e6,
+            recovery.pages_written,
+            recovery.base_reads,
+            recovery.clean_us as f64 / 1e6,
+            recovery.replayed,
+            recovery.dropped_uncommitted,
+            recovery.stale
+        );
     }
     Ok(Devices::memory_semantic(Arc::new(device)))
 }

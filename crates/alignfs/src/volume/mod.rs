@@ -211,6 +211,7 @@ impl Volume {
             records_replayed: s.recovery.records_replayed,
             torn_tail_dropped: s.recovery.torn_tail_dropped,
             device_counters: self.device_counters(),
+            device_recovery: self.inner.device.as_ref().map(|device| device.recovery()),
             daemon: None,
         }
     }

@@ -118,8 +118,9 @@ impl Default for MssdOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TxId(u32);
 
-/// What opening the device found in its log.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What opening the device found in its log, and what recovering it took (the paper's
+/// recovery time: scanning the log and TxLogs, then writing the log back to flash).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MssdRecovery {
     /// Committed entries replayed onto flash.
     pub replayed: u64,
@@ -127,6 +128,26 @@ pub struct MssdRecovery {
     pub dropped_uncommitted: u64,
     /// Entries older than the flash page they belong to.
     pub stale: u64,
+    /// Bytes of write log between the head and the first position holding no entry.
+    pub log_bytes: u64,
+    /// Reading the page map, the TxLogs and the log's entry headers.
+    pub scan_us: u64,
+    /// Rebuilding the index and writing every page with log entries back to flash…
+    pub clean_us: u64,
+    /// …of which rebuilding the index.
+    pub index_us: u64,
+    /// Pages the write-back programmed, and old pages it read to merge partial updates.
+    pub pages_written: u64,
+    pub base_reads: u64,
+    /// The whole open, from reading the header to an empty log.
+    pub total_us: u64,
+}
+
+impl MssdRecovery {
+    /// Whether the log held anything to recover.
+    pub fn found_entries(&self) -> bool {
+        self.replayed + self.dropped_uncommitted + self.stale > 0
+    }
 }
 
 /// Stores keep this much of the log free for cleaning's migrations.
@@ -186,6 +207,8 @@ struct Inner {
 pub struct MemorySemanticSsd {
     inner: Arc<Inner>,
     cleaner: Mutex<Option<JoinHandle<()>>>,
+    /// What the open recovered, for the volume's report.
+    recovered: MssdRecovery,
 }
 
 impl MemorySemanticSsd {
@@ -228,6 +251,7 @@ impl MemorySemanticSsd {
     /// Open a formatted device and recover it as its firmware would after a power cut:
     /// replay committed log entries onto flash, drop uncommitted ones, empty the log.
     pub fn open(flash: Arc<dyn BlockDevice>, dram: Arc<dyn ByteTier>, options: MssdOptions) -> Result<(MemorySemanticSsd, MssdRecovery)> {
+        let started = Instant::now();
         let mut header = [0u8; 80];
         dram.read(0, &mut header);
         let layout = Layout::decode_header(&header, dram.len_bytes(), &dram.describe())?;
@@ -278,9 +302,18 @@ impl MemorySemanticSsd {
             stop: AtomicBool::new(false),
             posted_failure: Mutex::new(None),
         });
-        let recovery = inner.recover(entries)?;
+        let scanned = started.elapsed();
+        let recovering = Instant::now();
+        let mut recovery = inner.recover(entries)?;
+        let counters = inner.counters.snapshot();
+        recovery.log_bytes = tail - head;
+        recovery.scan_us = micros(scanned);
+        recovery.clean_us = micros(recovering.elapsed());
+        recovery.pages_written = counters.log_cleaned_pages;
+        recovery.base_reads = counters.log_base_reads;
+        recovery.total_us = micros(started.elapsed());
         let cleaner = options.background_cleaning.then(|| spawn_cleaner(&inner));
-        Ok((MemorySemanticSsd { inner, cleaner: Mutex::new(cleaner) }, recovery))
+        Ok((MemorySemanticSsd { inner, cleaner: Mutex::new(cleaner), recovered: recovery }, recovery))
     }
 
     /// Start a transaction.
@@ -346,6 +379,11 @@ impl MemorySemanticSsd {
         if let Some(cleaner) = self.cleaner.lock().take() {
             let _ = cleaner.join();
         }
+    }
+
+    /// What opening the device recovered and how long it took.
+    pub fn recovery(&self) -> MssdRecovery {
+        self.recovered
     }
 
     /// The device's DRAM (write log, TxLogs, page map), for a volume's report.
@@ -470,3 +508,7 @@ fn check_label(layout: &Layout, flash: &dyn BlockDevice, dram: &dyn ByteTier) ->
 
 #[cfg(test)]
 mod tests;
+
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}

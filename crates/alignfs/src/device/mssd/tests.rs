@@ -209,6 +209,33 @@ fn cleaning_starts_at_85_percent_and_reads_old_pages_only_for_partial_updates() 
 }
 
 #[test]
+fn opening_reports_what_recovery_scanned_and_wrote_back() {
+    let media = media();
+    let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
+    write_block(&ssd, 2, &[9u8; PAGE as usize]);
+    ssd.flush().unwrap();
+    ssd.store(None, 10, &[1u8; 100]).unwrap();
+    ssd.store(None, 2 * PAGE + 64, &[2u8; 64]).unwrap();
+    ssd.store(None, 7 * PAGE, &[3u8; 64]).unwrap();
+    ssd.verify();
+    drop(ssd);
+    let (ssd, recovery) = MemorySemanticSsd::open(media.flash.clone(), media.dram.clone(), options()).unwrap();
+    assert_eq!(recovery.replayed, 3);
+    // Each entry is a 32-byte header and its bytes, in whole 64-byte lines.
+    assert_eq!(recovery.log_bytes, 3 * LINE + 2 * LINE + 2 * LINE);
+    assert_eq!(recovery.pages_written, 3, "one page per page with entries");
+    assert_eq!(recovery.base_reads, 1, "only the page with flash data under a partial update is read");
+    assert!(recovery.total_us >= recovery.clean_us && recovery.total_us >= recovery.scan_us);
+    let mut out = [0u8; 128];
+    ssd.load(2 * PAGE, &mut out).unwrap();
+    assert_eq!(&out[..64], &[9u8; 64]);
+    assert_eq!(&out[64..], &[2u8; 64]);
+    drop(ssd);
+    let (_, again) = MemorySemanticSsd::open(media.flash.clone(), media.dram.clone(), options()).unwrap();
+    assert!(!again.found_entries() && again.log_bytes == 0 && again.pages_written == 0, "{again:?}");
+}
+
+#[test]
 fn an_open_transaction_survives_cleaning_and_stays_atomic() {
     let media = media();
     let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
