@@ -85,6 +85,18 @@ impl Index {
         list.insert(at, chunk);
     }
 
+    /// Add a page's chunks at once (recovery rebuilds the index a page at a time: one
+    /// skip-list insert per page rather than per entry).
+    pub fn insert_page(&self, lpa: u32, mut chunks: Vec<Chunk>) {
+        if chunks.is_empty() {
+            return;
+        }
+        let entry = self.partition(lpa).get_or_insert_with(lpa, || Mutex::new(Vec::new()));
+        let mut list = entry.value().lock();
+        list.append(&mut chunks);
+        list.sort_unstable_by_key(|c| (c.offset, c.seq));
+    }
+
     /// The page's chunks, in store order.
     pub fn chunks(&self, lpa: u32) -> Vec<Chunk> {
         let mut chunks = match self.partition(lpa).get(&lpa) {
