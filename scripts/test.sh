@@ -231,6 +231,9 @@ target/release/alignfs-ssd-scaling --quick || suites=1
 # The emulated memory-semantic SSD's log cleaning under sustained stores (docs/BYTE.md),
 # one short cell so the instrument cannot rot.
 target/release/alignfs-mssd-cleaning --logs 16 --threads 2 --seconds 1 | tail -1 || suites=1
+# Recovery of a byte volume after a power cut with a full device write log (docs/BYTE.md),
+# on a small device without the latency model, so the instrument cannot rot.
+target/release/alignfs-mssd-recovery --log 8 --device 256 --data-set 64 --files 4 --no-latency | tail -1 || suites=1
 # The uhs NBD benchmark's smoke run: uhs, UHS-NB and the NBD peers through fio, on the
 # read cell (the comparison below runs its write cells).
 bench/uhs.py --quick --cells randread | sed -n '/^| workload/,/^$/p' || suites=1
