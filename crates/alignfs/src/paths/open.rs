@@ -180,10 +180,10 @@ fn open_memory_semantic(
     }
     if recovery.found_entries() {
         tracing::info!(
-            "memory-semantic SSD recovered in {:.3} s: {:.1} MiB of write log scanned in {:.3} s, {} pages written back \
+            "memory-semantic SSD recovered in {:.3} s: {} KiB of write log scanned in {:.3} s, {} pages written back \
              ({} old pages read) in {:.3} s; {} entries replayed, {} uncommitted dropped, {} stale",
             recovery.total_us as f64 / 1e6,
-            recovery.log_bytes as f64 / (1 << 20) as f64,
+            recovery.log_bytes.div_ceil(1024),
             recovery.scan_us as f64 / 1e6,
             recovery.pages_written,
             recovery.base_reads,
