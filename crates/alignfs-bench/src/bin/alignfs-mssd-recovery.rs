@@ -108,7 +108,7 @@ impl Round {
 
 fn device_options(args: &Args, latency: bool) -> MssdOptions {
     // Cleaning never starts on its own: only a store that finds the log full cleans.
-    MssdOptions { latency: latency.then(LatencyModel::bytefs_table4), background_cleaning: true, clean_at_percent: 100 }
+    MssdOptions { latency: latency.then(LatencyModel::bytefs_table4), clean_at_percent: 100, ..MssdOptions::default() }
 }
 
 fn run_round(args: &Args, round: u32) -> Result<Round> {
@@ -190,10 +190,7 @@ fn main() -> Result<()> {
     anyhow::ensure!(args.write_min >= 1 && args.write_min <= args.write_max, "--write-min must be at least 1 and at most --write-max");
     anyhow::ensure!((1..=93).contains(&args.fill), "--fill takes 1 to 93 (percent of the log stores may use)");
     anyhow::ensure!(args.rounds >= 1, "--rounds must be at least 1");
-    anyhow::ensure!(
-        (args.write_max as u64) < args.data_set * MIB / args.files,
-        "--write-max must be smaller than a file of the data set"
-    );
+    anyhow::ensure!((args.write_max as u64) < args.data_set * MIB / args.files, "--write-max must be smaller than a file of the data set");
     println!(
         "| round | log MiB | updates | log used MiB | device recovery s | of it scan s | index s | write-back s | pages written | old pages read | volume open s | total s |"
     );

@@ -29,6 +29,18 @@ impl Inner {
 
     pub(super) fn store(&self, txid: u32, addr: u64, data: &[u8]) -> Result<()> {
         let start = Instant::now();
+        let lines = self.log_entries(txid, addr, data)?;
+        self.counters.byte_store_payload.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.counters.byte_store_bytes.fetch_add(lines, Ordering::Relaxed);
+        if let Some(model) = self.options.latency {
+            settle(start, model.store(lines));
+        }
+        Ok(())
+    }
+
+    /// Append `data`'s entries at `addr` (one per page it spans) and index them; wake the
+    /// cleaner when the log is due. Returns the cache lines they span.
+    pub(super) fn log_entries(&self, txid: u32, addr: u64, data: &[u8]) -> Result<u64> {
         self.check_range(addr, data.len() as u64)?;
         let pieces = pieces(addr, data.len());
         let sizes: Vec<u64> = pieces.iter().map(|(_, _, r)| EntryHeader::footprint(r.len())).collect();
@@ -56,16 +68,10 @@ impl Inner {
         }
         let over_threshold = self.over_threshold(&st);
         drop(st);
-        self.counters.byte_store_payload.fetch_add(data.len() as u64, Ordering::Relaxed);
-        let lines: u64 = pieces.iter().map(|(lpa, offset, range)| line_span(u64::from(*lpa) * PAGE + *offset as u64, range.len())).sum();
-        self.counters.byte_store_bytes.fetch_add(lines, Ordering::Relaxed);
         if over_threshold {
             self.wake_cleaner()?;
         }
-        if let Some(model) = self.options.latency {
-            settle(start, model.store(lines));
-        }
-        Ok(())
+        Ok(pieces.iter().map(|(lpa, offset, range)| line_span(u64::from(*lpa) * PAGE + *offset as u64, range.len())).sum())
     }
 
     /// The log, locked, once entries of `sizes` fit below `limit` bytes of use: waiting

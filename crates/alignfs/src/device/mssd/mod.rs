@@ -106,11 +106,17 @@ pub struct MssdOptions {
     pub background_cleaning: bool,
     /// Log use, in percent, that starts a cleaning (the paper's 85).
     pub clean_at_percent: u32,
+    /// Block-interface writes land in the device's DRAM, in the write log, and reach flash
+    /// when cleaning writes the log back; a flush makes them durable as a verify does
+    /// stores (the battery keeps the DRAM). ByteFS's baselines run on the device this way:
+    /// without its log-structured byte interface, with a data cache as large as its log
+    /// (§5.1). Reads merge the cached pages over flash as they do stores.
+    pub block_cache: bool,
 }
 
 impl Default for MssdOptions {
     fn default() -> MssdOptions {
-        MssdOptions { latency: None, background_cleaning: true, clean_at_percent: 85 }
+        MssdOptions { latency: None, background_cleaning: true, clean_at_percent: 85, block_cache: false }
     }
 }
 
