@@ -42,6 +42,10 @@ tiny=$work/tiny
 scrap=$work/scrap
 byte=$work/byte
 cleanup() {
+    # A failed export-device check may leave ext4, its loop device and the exporter behind.
+    mountpoint -q "$work/exported-ext4" && umount -l "$work/exported-ext4"
+    [[ -e $work/exported/disk ]] && losetup -j "$work/exported/disk" | cut -d: -f1 | xargs -r -n1 losetup -d
+    [[ -n ${export_pid:-} ]] && kill "$export_pid" 2>/dev/null
     for m in "$mnt" "$tiny" "$scrap" "$byte"; do mountpoint -q "$m" && { "$bin" umount "$m" >/dev/null 2>&1 || umount -l "$m"; }; done
     [[ ${KEEP:-0} == 1 ]] && echo "kept $work and $shm" || rm -rf "$work" "$shm"
 }
@@ -579,6 +583,43 @@ byte_with_latency() {
 }
 check "byte: remount with the device latency model, fsx seed 7 (2000 ops)" byte_with_latency
 "$bin" umount "$byte" >/dev/null
+
+# --- the device alone, exported as a disk -------------------------------------------------
+# ext4 on a loop device over `alignfs export-device`, as ByteFS's baselines run on its
+# device: a tree copied in, fsck clean, the export stopped and started again (the device
+# recovers the write log its cache left), the tree read back, a discard; and the exporter
+# refuses a byte volume's device.
+exported=$work/exported
+export_start() {
+    "$bin" export-device --ssd "$work/export.img$1" --fast "$shm/export-dram" "$exported" 2>>"$work/export.log" &
+    export_pid=$!
+    for _ in $(seq 100); do [[ -e $exported/disk ]] && return 0; sleep 0.1; done
+    cat "$work/export.log"
+    return 1
+}
+export_stop() { kill -TERM "$export_pid" && wait "$export_pid"; }
+fsck_quiet() { fsck.ext4 -fn "$1" >"$work/fsck.out" 2>&1 || { cat "$work/fsck.out"; return 1; }; }
+ext4_on_exported_device() {
+    local loop sums fs=$work/exported-ext4
+    mkdir -p "$fs"
+    export_start :512M || return 1
+    loop=$(losetup --find --show --direct-io=on "$exported/disk") || return 1
+    mkfs.ext4 -q "$loop" && mount "$loop" "$fs" && cp -r "$repo/crates" "$fs/" && sync || return 1
+    sums=$(cd "$fs" && find . -type f -print0 | sort -z | xargs -0 sha256sum)
+    umount "$fs" && fsck_quiet "$loop" && losetup -d "$loop" && export_stop || return 1
+    export_start "" || return 1
+    grep -q "device recovered in" "$work/export.log" || { echo "no recovery reported"; cat "$work/export.log"; return 1; }
+    loop=$(losetup --find --show --direct-io=on "$exported/disk") && mount "$loop" "$fs" || return 1
+    [[ $(cd "$fs" && find . -type f -print0 | sort -z | xargs -0 sha256sum) == "$sums" ]] || { echo "the tree differs after the restart"; return 1; }
+    rm -rf "$fs/crates" && fstrim "$fs" && umount "$fs" && fsck_quiet "$loop" || return 1
+    losetup -d "$loop" && export_stop || return 1
+    if "$bin" export-device --ssd "$work/byte.img" --fast "$shm/byte-dram" "$exported" 2>"$work/err"; then
+        echo "a byte volume's device was exported"
+        return 1
+    fi
+    grep -q "holds an alignfs volume" "$work/err" || { cat "$work/err"; return 1; }
+}
+check "export-device: ext4 on a loop device over the emulated device, restarted, fsck clean, byte volume refused" ext4_on_exported_device
 
 echo "counters of the main volume after the suites:"
 "$bin" stat "$mnt" | sed -n 1,9p

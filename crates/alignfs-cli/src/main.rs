@@ -3,6 +3,7 @@
 mod bench;
 mod bench_objects;
 mod defaults;
+mod export_device;
 mod exposure;
 mod health;
 mod holder;
@@ -55,6 +56,10 @@ enum Command {
     /// Serve a block volume (`uhs`) over NBD until interrupted: qemu, nbdinfo, nbdcopy,
     /// nbdfuse, fio's nbd engine or the kernel's nbd module can use it.
     Nbd(nbd::NbdArgs),
+    /// Serve an emulated memory-semantic SSD's block interface as the file MOUNTPOINT/disk
+    /// until interrupted, for a loop device and a kernel file system on it (ext4 or F2FS
+    /// on the same device as a `byte` volume: ByteFS's baselines).
+    ExportDevice(export_device::ExportDeviceArgs),
     /// Serve an object store (`nvstore`) over S3 until interrupted: awscli, boto3, s3cmd,
     /// rclone and other S3 clients can use it.
     S3(s3::S3Args),
@@ -485,7 +490,7 @@ fn main() -> ExitCode {
     // head`), as command-line tools do, instead of panicking on EPIPE. A daemon must not:
     // a client that hangs up while a reply is written (writev and TLS alerts raise
     // SIGPIPE) would end it without closing its volume.
-    let daemon = matches!(cli.command, Command::Mount(_) | Command::Nbd(_) | Command::S3(_));
+    let daemon = matches!(cli.command, Command::Mount(_) | Command::Nbd(_) | Command::S3(_) | Command::ExportDevice(_));
     // SAFETY: called before any thread is started; the disposition is a plain constant.
     unsafe {
         libc::signal(libc::SIGPIPE, if daemon { libc::SIG_IGN } else { libc::SIG_DFL });
@@ -501,6 +506,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Nbd(args) => nbd::run(args),
+        Command::ExportDevice(args) => export_device::run(args),
         Command::S3(args) => s3::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchObjects(args) => bench_objects::run(args),

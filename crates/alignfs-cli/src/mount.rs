@@ -454,7 +454,7 @@ fn fuse_config(args: &MountArgs, parsed: &ParsedOptions, profile: Profile) -> Co
 }
 
 /// SIGTERM, SIGINT and SIGHUP unmount, which ends the session and closes the volume.
-fn unmount_on_signals(mut unmounter: fuser::SessionUnmounter, mountpoint: PathBuf) -> Result<()> {
+pub(crate) fn unmount_on_signals(mut unmounter: fuser::SessionUnmounter, mountpoint: PathBuf) -> Result<()> {
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP]).context("install signal handlers")?;
     std::thread::Builder::new().name("alignfs-signals".into()).spawn(move || {

@@ -151,7 +151,7 @@ fn create_devices(
     let kind = options.profile.devices();
     if kind == DeviceKind::MemorySemanticSsd {
         let dram = fast.expect("checked: a memory-semantic SSD has its DRAM named");
-        return create_memory_semantic(dram, &ssds[0], options, backend, created);
+        return Ok(Devices::memory_semantic(Arc::new(create_memory_semantic(dram, &ssds[0], options, backend, created)?)));
     }
     let kv = (kind == DeviceKind::SsdAndKvStore).then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
     if let Some(dir) = &kv {
@@ -191,6 +191,32 @@ fn device_log_bytes(logical_bytes: u64) -> u64 {
     (logical_bytes / 32).clamp(MIB, 256 * MIB) / MIB * MIB
 }
 
+/// A new memory-semantic SSD with no volume on it, for a kernel file system on its block
+/// interface (`alignfs export-device`): its DRAM file (`dram`) and flash image (`ssd`,
+/// whose size names the capacity), created or formatted after the same checks as `mkfs`
+/// (refused if either holds an alignfs structure, unless `force`).
+pub fn format_memory_semantic_ssd(
+    dram: &DeviceSpec,
+    ssd: &DeviceSpec,
+    force: bool,
+    options: MssdOptions,
+    backend: Option<IoBackend>,
+) -> Result<MemorySemanticSsd> {
+    let format = FormatOptions {
+        geometry: crate::Profile::BYTE.default_geometry(),
+        profile: crate::Profile::BYTE,
+        force,
+        ..FormatOptions::default()
+    };
+    formatting(Some(dram), std::slice::from_ref(ssd), None, &format, |created| {
+        let device = create_memory_semantic(dram, ssd, &format, backend, created)?;
+        // Reopened with the caller's runtime options (latency model, block cache).
+        device.halt();
+        drop(device);
+        super::open::open_memory_semantic_ssd(&dram.path, &ssd.path, options, backend).map(|(device, _)| device)
+    })
+}
+
 /// A new memory-semantic SSD: its flash image (`ssd`; the size names the capacity the
 /// block interface offers, the image is created larger by the over-provisioning and a
 /// label page) and its DRAM file (`dram`).
@@ -200,7 +226,7 @@ fn create_memory_semantic(
     options: &FormatOptions,
     backend: Option<IoBackend>,
     created: &mut Created,
-) -> Result<Devices> {
+) -> Result<MemorySemanticSsd> {
     let config = match ssd.size {
         Some(bytes) => MssdConfig { log_bytes: device_log_bytes(bytes), ..MssdConfig::new(bytes / MIB * MIB) },
         None => {
@@ -213,6 +239,5 @@ fn create_memory_semantic(
     let image_len = ssd.size.map(|_| image_bytes);
     let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, image_len, backend, false))?);
     let region = Arc::new(create_region(dram, Some(dram.size.unwrap_or(dram_bytes).max(dram_bytes)), created)?);
-    let device = MemorySemanticSsd::format(flash, region, &config, MssdOptions::default())?;
-    Ok(Devices::memory_semantic(Arc::new(device)))
+    MemorySemanticSsd::format(flash, region, &config, MssdOptions::default())
 }

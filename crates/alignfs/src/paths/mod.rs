@@ -11,8 +11,8 @@ mod tests;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use create::{check_format_devices, format_block_paths, format_object_paths, format_paths};
-pub use open::{open_block_paths, open_object_paths, open_paths, open_paths_with_faults, ssd_superblock};
+pub use create::{check_format_devices, format_block_paths, format_memory_semantic_ssd, format_object_paths, format_paths};
+pub use open::{open_block_paths, open_memory_semantic_ssd, open_object_paths, open_paths, open_paths_with_faults, ssd_superblock};
 
 use crate::device::{BlockDevice, DeviceSet, IoBackend, SsdOptions};
 use crate::error::{Error, Result};

@@ -163,6 +163,24 @@ fn order_members(ssds: &[PathBuf], first: &Superblock) -> Result<Vec<PathBuf>> {
     Ok(ordered.into_iter().map(|p| p.expect("as many distinct places as paths")).collect())
 }
 
+/// A formatted memory-semantic SSD by its DRAM file and flash image, recovered, with the
+/// runtime `options`: the device alone, for a kernel file system on its block interface
+/// (`alignfs export-device`). Refused when the DRAM file holds no such device.
+pub fn open_memory_semantic_ssd(
+    dram: &Path,
+    flash: &Path,
+    options: MssdOptions,
+    backend: Option<IoBackend>,
+) -> Result<(MemorySemanticSsd, crate::device::mssd::MssdRecovery)> {
+    let region = Arc::new(PmemRegion::open(dram, None)?);
+    if !MemorySemanticSsd::is_formatted(region.as_ref()) {
+        return Err(Error::BadPath(dram.into(), "holds no memory-semantic SSD (create one with --ssd PATH:SIZE)".into()));
+    }
+    let geometry = crate::Profile::BYTE.default_geometry();
+    let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(flash, &ssd_options(&geometry, None, backend, false))?);
+    MemorySemanticSsd::open(flash, region, options)
+}
+
 /// A formatted memory-semantic SSD: its DRAM (`dram`) and flash image (`flash`), after the
 /// device's own recovery; with ByteFS's latency model when `options.device_latency`.
 fn open_memory_semantic(
