@@ -9,6 +9,10 @@ interface and into metadata and data, flash programs, and throughput, on
   block-only  the same profile with --no-byte-interface (the paper's block-only baseline)
   ext4        ext4 on a loop device over an image on this disk: its block-layer
               counters give its real host-to-device traffic
+  ext4-mssd   ext4 on the same emulated device as the byte systems, with the same latency
+              model (a loop device over `alignfs export-device`), the device's DRAM given
+              to it as a block cache as large as byte's write log, as ByteFS runs its
+              baselines (§5.1): its throughput and flash programs compare with byte's
 
 for ByteFS's micro workloads (create, mkdir, unlink, rmdir, each durable), the macro ones
 (fileserver, varmail, webproxy from alignfs-macro with ByteFS's file sizes, 128 KiB and
@@ -16,9 +20,10 @@ for ByteFS's micro workloads (create, mkdir, unlink, rmdir, each durable), the m
 12) and RocksDB db_bench fillrandom with sync=1. Every cell runs on a fresh file system, and only the
 workload itself is counted (a macro file set is prepared and synced first).
 
-Both byte systems run with `--device-latency` (ByteFS's Table 4), so their throughput is
-that of the modelled device; ext4's is this machine's disk, so only traffic is compared
-with ext4. They run twice: through the mount, and in the workload's own process through
+The byte systems and ext4-mssd run with `--device-latency` (ByteFS's Table 4), so their
+throughput is that of the modelled device; plain ext4's is this machine's disk, so only
+its traffic compares. Each cell also reports the device's log cleanings and the share of
+the cell's time stores (or cached block writes) waited on a full write log. They run twice: through the mount, and in the workload's own process through
 the LD_PRELOAD shim (no FUSE round trip per request; throughput only). Where the bytes go: for the byte systems, data = whole blocks written
 (ssd_write_bytes) + residue bytes; metadata = the rest of the host-to-device traffic
 (in-place metadata lines, or journal records and checkpoints). For ext4, the journal's logged blocks
@@ -45,6 +50,7 @@ import datetime
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +61,10 @@ from common import ALIGNFS, REPO, enable_fuse_uring, fs_on, log, med, mount_alig
 from run import ensure_tools  # noqa: E402
 
 MACRO = REPO / "target" / "release" / "alignfs-macro"
-SYSTEMS = ["byte", "byte-journal", "block-only", "ext4"]
+SYSTEMS = ["byte", "byte-journal", "block-only", "ext4", "ext4-mssd"]
+# The systems whose metadata is a journal of whole blocks (jbd2) and whose data traffic the
+# counters do not split out.
+EXT4 = ("ext4", "ext4-mssd")
 # The same two byte volumes opened in the workload's own process through the LD_PRELOAD
 # shim, no FUSE: what the device saves, without a kernel round trip per request diluting
 # it. Throughput only (the device's counters live in that process).
@@ -83,6 +92,9 @@ class System:
         self.loop = ""
         # How the mount receives requests (`alignfs stat`); none for ext4 and the shim.
         self.transport = None
+        # ext4-mssd: the exporter serving the device as a file, and where.
+        self.exporter: subprocess.Popen | None = None
+        self.exported = work / f"x-{self.slug}"
 
     def env(self) -> dict:
         """The environment a workload runs in: the shim's, for an in-process system."""
@@ -95,13 +107,28 @@ class System:
     def make(self) -> Path:
         if not self.in_process:
             self.mnt.mkdir(parents=True, exist_ok=True)
+        # Initialise inode tables and the journal now, not in the background during a cell.
+        lazy_init_off = ["-E", "lazy_itable_init=0,lazy_journal_init=0"]
         if self.name == "ext4":
             image = self.work / "ext4.img"
             image.unlink(missing_ok=True)
             run(["fallocate", "-l", self.device, image])
             self.loop = run(["losetup", "-f", "--show", image]).strip()
-            # Initialise inode tables and the journal now, not in the background during a cell.
-            fs_on(self.loop, self.mnt, mkfs_options=["-E", "lazy_itable_init=0,lazy_journal_init=0"])
+            fs_on(self.loop, self.mnt, mkfs_options=lazy_init_off)
+        elif self.name == "ext4-mssd":
+            self.image.unlink(missing_ok=True)
+            self.dram.unlink(missing_ok=True)
+            self.exporter = subprocess.Popen(
+                [str(c) for c in (ALIGNFS, "export-device", "--ssd", f"{self.image}:{self.device}", "--fast", self.dram,
+                                  "--device-latency", self.exported)],
+                stdout=subprocess.DEVNULL, stderr=open(self.work / f"{self.slug}.log", "a"))
+            deadline = time.monotonic() + 30
+            while not (self.exported / "disk").exists():
+                if self.exporter.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"alignfs export-device did not serve: {(self.work / f'{self.slug}.log').read_text()[-2000:]}")
+                time.sleep(0.05)
+            self.loop = run(["losetup", "-f", "--show", "--direct-io=on", self.exported / "disk"]).strip()
+            fs_on(self.loop, self.mnt, mkfs_options=lazy_init_off)
         else:
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
@@ -114,12 +141,18 @@ class System:
         return self.mnt
 
     def remove(self) -> None:
-        if self.name == "ext4":
+        if self.name in EXT4:
             run(["umount", self.mnt], check=False)
             if self.loop:
                 run(["losetup", "-d", self.loop], check=False)
                 self.loop = ""
             (self.work / "ext4.img").unlink(missing_ok=True)
+            if self.exporter:
+                self.exporter.terminate()
+                self.exporter.wait(timeout=60)
+                self.exporter = None
+                self.image.unlink(missing_ok=True)
+                self.dram.unlink(missing_ok=True)
         else:
             if not self.in_process:
                 umount_alignfs(self.mnt)
@@ -135,16 +168,27 @@ class System:
             dev = Path(self.loop).name
             sectors = int(Path(f"/sys/block/{dev}/stat").read_text().split()[6])
             return {"host_write": sectors * 512, "journal": jbd2_logged_bytes(dev)}
+        if self.name == "ext4-mssd":
+            os.sync()
+            device = json.loads((self.exported / "stats").read_text())
+            return {**device_traffic(device), "journal": jbd2_logged_bytes(Path(self.loop).name)}
         report = json.loads(run([ALIGNFS, "stat", self.mnt, "--json"]))
         c = dict(report["counters"])
         device = {d["name"]: d["value"] for d in report["device_counters"]}
-        return {
-            "host_write": device["byte_store_bytes"] + device["block_write_bytes"],
-            "byte_interface": device["byte_store_bytes"],
-            "block_interface": device["block_write_bytes"],
-            "flash_program": device["flash_program_bytes"],
-            "data": c["ssd_write_bytes"] + c["page_write_bytes"] + c["upage_write_bytes"],
-        }
+        return {**device_traffic(device), "data": c["ssd_write_bytes"] + c["page_write_bytes"] + c["upage_write_bytes"]}
+
+
+def device_traffic(device: dict) -> dict:
+    """What the emulated device counted: host traffic per interface, flash programs, and
+    its write log's cleanings and the time stores waited for one."""
+    return {
+        "host_write": device["byte_store_bytes"] + device["block_write_bytes"],
+        "byte_interface": device["byte_store_bytes"],
+        "block_interface": device["block_write_bytes"],
+        "flash_program": device["flash_program_bytes"],
+        "cleanings": device["log_cleanings"],
+        "full_log_wait_us": device["log_full_wait_us"],
+    }
 
 
 def jbd2_logged_bytes(dev: str) -> int:
@@ -260,19 +304,21 @@ def fmt(v, unit: str = "") -> str:
 
 def report(medians: dict, meta: dict) -> str:
     lines = [
-        "# ByteFS's measurements: byte, byte-journal, block-only, ext4",
+        "# ByteFS's measurements: byte, byte-journal, block-only, ext4, ext4 on the emulated device",
         "",
         f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}.",
         "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model,",
         f"its flash image on {meta.get('flash', 'this disk')}, their mounts serving requests over",
         f"{meta.get('transport', 'a transport not recorded')};",
-        "ext4 runs on a loop device over an image on this disk. Traffic is host-to-device write bytes per",
+        "ext4-mssd runs on the same emulated device and model (a loop device over `alignfs export-device`,",
+        "block writes cached in the device's DRAM); ext4 on a loop device over an image on this disk.",
+        "Traffic is host-to-device write bytes per",
         "application operation; 'metadata' is, for byte systems, everything but whole data blocks and residue",
         "bytes, and for ext4 the journal's logged blocks (≈, from jbd2's averages; its checkpoint writes of",
         "the same metadata are in the total).",
         "",
-        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | total traffic ÷ byte's |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | total traffic ÷ byte's | log cleanings | waited on a full log |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload in WORKLOADS:
         base = medians.get((workload, "byte"))
@@ -281,18 +327,33 @@ def report(medians: dict, meta: dict) -> str:
             if not m:
                 continue
             total = per_op(m, "host_write")
-            meta_bytes = per_op(m, "journal") if system == "ext4" else (m["host_write"] - m["data"]) / m["ops"]
-            data = None if system == "ext4" else per_op(m, "data")
+            meta_bytes = per_op(m, "journal") if system in EXT4 else (m["host_write"] - m["data"]) / m["ops"]
+            data = None if system in EXT4 else per_op(m, "data")
             ratio = total / per_op(base, "host_write") if base and per_op(base, "host_write") else None
             lo, hi = m["ops_per_s_range"]
+            waited = f"{m['full_log_wait_us'] / 1e6 / m['seconds'] * 100:.1f} %" if "full_log_wait_us" in m and m["seconds"] else "—"
+            cleanings = fmt(m["cleanings"]) if "cleanings" in m else "—"
             lines.append(
                 f"| {workload} | {system} | {fmt(m['ops_per_s'])} [{fmt(lo)}–{fmt(hi)}] | {fmt(per_op(m, 'app_write'))} | {fmt(total)} | "
                 f"{fmt(per_op(m, 'byte_interface'))} | {fmt(per_op(m, 'block_interface'))} | {fmt(meta_bytes)} | {fmt(data)} | "
-                f"{fmt(per_op(m, 'flash_program'))} | {fmt(ratio, '×')} |"
+                f"{fmt(per_op(m, 'flash_program'))} | {fmt(ratio, '×')} | {cleanings} | {waited} |"
             )
     lines += ["", "## Against the issue's targets", ""]
     for workload in WORKLOADS:
-        b, j, k, e = (medians.get((workload, s)) for s in SYSTEMS)
+        b, j, k, e, d = (medians.get((workload, s)) for s in SYSTEMS)
+        if b and d:
+            flash_b, flash_d = per_op(b, "flash_program"), per_op(d, "flash_program")
+            if flash_b:
+                flash = f"programs {flash_d / flash_b:.1f}× byte's flash bytes"
+            elif flash_d:
+                flash = f"programs {fmt(flash_d)} flash B/op where byte programs none"
+            else:
+                flash = "neither programs flash (their logs never cleaned)"
+            lines.append(
+                f"- {workload}, on the same device: byte runs at {b['ops_per_s'] / d['ops_per_s']:.2f}× ext4-mssd's throughput; "
+                f"ext4-mssd sends {per_op(d, 'host_write') / per_op(b, 'host_write'):.1f}× byte's host→device bytes and {flash} "
+                f"({fmt(d.get('cleanings'))} and {fmt(b.get('cleanings'))} log cleanings)"
+            )
         if not (b and k and e):
             continue
         traffic = per_op(e, "host_write") / per_op(b, "host_write") if per_op(b, "host_write") else float("inf")
@@ -319,7 +380,10 @@ def report(medians: dict, meta: dict) -> str:
         mount = f"{mb['ops_per_s'] / mk['ops_per_s']:.2f}×" if mb and mk else "—"
         lines.append(f"| {workload} | {cells[0]} | {cells[1]} | {b['ops_per_s'] / k['ops_per_s']:.2f}× | {mount} |")
     lines += ["", "Targets (issue 21): metadata traffic ≥ 5× lower than ext4's on the micro workloads; total write",
-              "traffic ≥ 2× lower on the macro ones; throughput with the latency model ≥ 1.5× block-only.", ""]
+              "traffic ≥ 2× lower on the macro ones; throughput with the latency model ≥ 1.5× block-only.",
+              "Targets (issue 67), on the same device: throughput byte ÷ ext4 ≥ 2.0× on micro, ≥ 1.3× on each macro;",
+              "flash write bytes ext4 ÷ byte ≥ 2.0× and host→device bytes ≥ 3× on average; stores waiting on a full log",
+              "< 5 % of a cell's time.", ""]
     return "\n".join(lines)
 
 
@@ -331,17 +395,17 @@ def plot(out: Path, medians: dict) -> None:
 
     workloads = [w for w in WORKLOADS if any((w, s) in medians for s in SYSTEMS)]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
-    width = 0.2
-    colors = {"byte": "#1f77b4", "byte-journal": "#2ca02c", "block-only": "#ff7f0e", "ext4": "#7f7f7f"}
+    width = 0.16
+    colors = {"byte": "#1f77b4", "byte-journal": "#2ca02c", "block-only": "#ff7f0e", "ext4": "#7f7f7f", "ext4-mssd": "#9467bd"}
     for i, system in enumerate(SYSTEMS):
-        xs = [j + (i - 1.5) * width for j in range(len(workloads))]
+        xs = [j + (i - (len(SYSTEMS) - 1) / 2) * width for j in range(len(workloads))]
         cells = [medians.get((w, system)) for w in workloads]
         total = [per_op(m, "host_write") or 0 if m else 0 for m in cells]
         # Metadata on top, hatched: for ext4 its journal, for the byte systems all but data.
-        meta = [(per_op(m, "journal") if system == "ext4" else (m["host_write"] - m["data"]) / m["ops"]) if m else 0 for m in cells]
+        meta = [(per_op(m, "journal") if system in EXT4 else (m["host_write"] - m["data"]) / m["ops"]) if m else 0 for m in cells]
         rest = [t - mt for t, mt in zip(total, meta)]
-        ax1.bar(xs, rest, width, label=f"{system}: data" if system != "ext4" else "ext4: data, checkpointed metadata", color=colors[system])
-        ax1.bar(xs, meta, width, bottom=rest, color=colors[system], alpha=0.45, hatch="//", label=f"{system}: metadata" if system != "ext4" else "ext4: journal")
+        ax1.bar(xs, rest, width, label=f"{system}: data" if system not in EXT4 else f"{system}: data, checkpointed metadata", color=colors[system])
+        ax1.bar(xs, meta, width, bottom=rest, color=colors[system], alpha=0.45, hatch="//", label=f"{system}: metadata" if system not in EXT4 else f"{system}: journal")
         if system != "ext4":
             speed = [medians[(w, system)]["ops_per_s"] if (w, system) in medians else 0 for w in workloads]
             ax2.bar([x + width / 2 for x in xs], speed, width, label=system, color=colors[system])

@@ -8,7 +8,8 @@
 //! device (every open is `FOPEN_DIRECT_IO`, so the kernel keeps no cache of the file
 //! apart from the loop device's and the file system's own); a write that covers pages
 //! only in part reads them first. fsync flushes the device: a loop device turns the file
-//! system's flushes and FUA writes into fsyncs of the file.
+//! system's flushes and FUA writes into fsyncs of the file. `MOUNTPOINT/stats` holds the
+//! device's counters (host traffic per interface, flash programs, cleanings) as JSON.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -60,6 +61,10 @@ pub struct ExportDeviceArgs {
 const ROOT: INodeNo = INodeNo(1);
 const DISK: INodeNo = INodeNo(2);
 const DISK_NAME: &str = "disk";
+/// The device's counters as JSON (name → value), read afresh by every read: what a
+/// benchmark reads before and after a cell.
+const STATS: INodeNo = INodeNo(3);
+const STATS_NAME: &str = "stats";
 const TTL: Duration = Duration::from_secs(1);
 
 struct DeviceFile {
@@ -74,8 +79,11 @@ struct DeviceFile {
 
 impl DeviceFile {
     fn attr(&self, ino: INodeNo) -> FileAttr {
-        let (kind, perm, size, nlink) =
-            if ino == ROOT { (FileType::Directory, 0o755, 0, 2) } else { (FileType::RegularFile, 0o600, self.device.len_bytes(), 1) };
+        let (kind, perm, size, nlink) = match ino {
+            ROOT => (FileType::Directory, 0o755, 0, 2),
+            DISK => (FileType::RegularFile, 0o600, self.device.len_bytes(), 1),
+            _ => (FileType::RegularFile, 0o444, 0, 1),
+        };
         FileAttr {
             ino,
             size,
@@ -138,16 +146,16 @@ fn errno(e: &alignfs::Error) -> Errno {
 
 impl Filesystem for DeviceFile {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if parent == ROOT && name == DISK_NAME {
-            reply.entry(&TTL, &self.attr(DISK), Generation(0));
-        } else {
-            reply.error(Errno::ENOENT);
+        match name.to_str() {
+            Some(DISK_NAME) if parent == ROOT => reply.entry(&TTL, &self.attr(DISK), Generation(0)),
+            Some(STATS_NAME) if parent == ROOT => reply.entry(&TTL, &self.attr(STATS), Generation(0)),
+            _ => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match ino {
-            ROOT | DISK => reply.attr(&TTL, &self.attr(ino)),
+            ROOT | DISK | STATS => reply.attr(&TTL, &self.attr(ino)),
             _ => reply.error(Errno::ENOENT),
         }
     }
@@ -180,18 +188,21 @@ impl Filesystem for DeviceFile {
         reply.attr(&TTL, &self.attr(ino));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        if ino != DISK {
-            reply.error(Errno::EISDIR);
-            return;
+    /// Direct, so that the disk is read and written as the device holds it, and the stats
+    /// are read whole whatever size they are.
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match ino {
+            DISK => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            STATS if flags.0 & libc::O_ACCMODE == libc::O_RDONLY => reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO),
+            STATS => reply.error(Errno::EACCES),
+            _ => reply.error(Errno::EISDIR),
         }
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_DIRECT_IO);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         size: u32,
@@ -199,6 +210,15 @@ impl Filesystem for DeviceFile {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if ino == STATS {
+            let stats = self.device.stats();
+            let counters: serde_json::Map<String, serde_json::Value> =
+                stats.named().into_iter().map(|(name, value, _)| (name.to_string(), value.into())).collect();
+            let text = serde_json::Value::Object(counters).to_string() + "\n";
+            let start = (offset as usize).min(text.len());
+            reply.data(&text.as_bytes()[start..(start + size as usize).min(text.len())]);
+            return;
+        }
         let len = self.device.len_bytes().saturating_sub(offset).min(u64::from(size));
         let mut buf = vec![0u8; len as usize];
         match self.device.read_buffered(offset, &mut buf) {
@@ -213,7 +233,7 @@ impl Filesystem for DeviceFile {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -222,6 +242,10 @@ impl Filesystem for DeviceFile {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if ino != DISK {
+            reply.error(Errno::EBADF);
+            return;
+        }
         if offset.checked_add(data.len() as u64).is_none_or(|end| end > self.device.len_bytes()) {
             reply.error(Errno::ENOSPC);
             return;
@@ -267,7 +291,12 @@ impl Filesystem for DeviceFile {
             reply.error(Errno::ENOTDIR);
             return;
         }
-        let entries = [(ROOT, FileType::Directory, "."), (ROOT, FileType::Directory, ".."), (DISK, FileType::RegularFile, DISK_NAME)];
+        let entries = [
+            (ROOT, FileType::Directory, "."),
+            (ROOT, FileType::Directory, ".."),
+            (DISK, FileType::RegularFile, DISK_NAME),
+            (STATS, FileType::RegularFile, STATS_NAME),
+        ];
         for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(*ino, i as u64 + 1, *kind, name) {
                 break;
