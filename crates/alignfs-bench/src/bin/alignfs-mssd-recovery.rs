@@ -106,7 +106,7 @@ impl Round {
     }
 }
 
-fn device_options(args: &Args, latency: bool) -> MssdOptions {
+fn device_options(latency: bool) -> MssdOptions {
     // Cleaning never starts on its own: only a store that finds the log full cleans.
     MssdOptions { latency: latency.then(LatencyModel::bytefs_table4), clean_at_percent: 100, ..MssdOptions::default() }
 }
@@ -122,7 +122,7 @@ fn run_round(args: &Args, round: u32) -> Result<Round> {
 fn measure(args: &Args, round: u32, dir: &Path) -> Result<Round> {
     let config = MssdConfig { log_bytes: args.log * MIB, ..MssdConfig::new(args.device * MIB) };
     let media = Media::open(dir, &config)?;
-    let device = Arc::new(MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config, device_options(args, false))?);
+    let device = Arc::new(MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config, device_options(false))?);
     let format = FormatOptions { geometry: Profile::BYTE.default_geometry(), profile: Profile::BYTE, ..FormatOptions::default() };
     Volume::format(&Devices::memory_semantic(Arc::clone(&device)), &format)?;
     let volume = Volume::open(Devices::memory_semantic(Arc::clone(&device)), VolumeOptions::default())?;
@@ -167,7 +167,7 @@ fn measure(args: &Args, round: u32, dir: &Path) -> Result<Round> {
     drop(media);
 
     let media = Media::open(dir, &config)?;
-    let (device, recovery) = MemorySemanticSsd::open(media.flash.clone(), media.dram.clone(), device_options(args, !args.no_latency))?;
+    let (device, recovery) = MemorySemanticSsd::open(media.flash.clone(), media.dram.clone(), device_options(!args.no_latency))?;
     let device = Arc::new(device);
     let opening = Instant::now();
     let volume = Volume::open(Devices::memory_semantic(Arc::clone(&device)), VolumeOptions::default())?;
