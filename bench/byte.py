@@ -425,6 +425,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--systems", default=",".join(SYSTEMS + IN_PROCESS), help="which systems to run (default: all)")
     p.add_argument("--ops", type=int, default=1000, help="micro: operations of each kind")
     p.add_argument("--files", type=int, default=2000, help="macro: files in the set")
     p.add_argument("--flows", type=int, default=2000, help="macro: flows run")
@@ -451,6 +452,10 @@ def main() -> int:
     unknown = set(workloads) - set(WORKLOADS)
     if unknown:
         raise SystemExit(f"unknown workload(s) {', '.join(sorted(unknown))}: one of {', '.join(WORKLOADS)}")
+    chosen = [x for x in args.systems.split(",") if x]
+    unknown = set(chosen) - set(SYSTEMS + IN_PROCESS)
+    if unknown:
+        raise SystemExit(f"unknown system(s) {', '.join(sorted(unknown))}: one of {', '.join(SYSTEMS + IN_PROCESS)}")
     ensure_tools()
     enable_fuse_uring()
     run(["cargo", "build", "--release", "--locked", "-q", "--workspace"],
@@ -468,7 +473,7 @@ def main() -> int:
     cells = []
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="alignfs-byte-") as tmp:
         work = Path(tmp)
-        systems = [System(name, work, args.device, args.flash_on_disk) for name in SYSTEMS + IN_PROCESS]
+        systems = [System(name, work, args.device, args.flash_on_disk) for name in SYSTEMS + IN_PROCESS if name in chosen]
         for round_no in range(args.rounds):
             for workload in workloads:
                 # The first system rotates each round, so no system always runs first.

@@ -598,7 +598,8 @@ class Compare:
     def device(self, round_no: int) -> None:
         out = self.work / f"device-{round_no}"
         args = ["--quick"] if self.args.quick else ["--rounds", "1"]
-        run([PY, REPO / "bench" / "byte.py", "--workloads", ",".join(DEVICE_WORKLOADS), "--out", out, *args])
+        run([PY, REPO / "bench" / "byte.py", "--workloads", ",".join(DEVICE_WORKLOADS), "--systems", "byte,block-only,ext4",
+             "--out", out, *args])
         for c in json.loads((out / "results.json").read_text())["cells"]:
             if c["system"] not in ("byte", "block-only", "ext4") or not c.get("ops"):
                 continue
