@@ -246,9 +246,13 @@ bench/uhs.py --quick --cells randread | sed -n '/^| workload/,/^$/p' || suites=1
 # The TLS cost benchmark's smoke run: NBD (X.509, PSK) and S3 (HTTPS) against plaintext.
 /usr/bin/python3 bench/tls.py --quick | grep '^|' || suites=1
 # The byte profile's benchmark smoke run: host-to-device traffic and throughput of byte,
-# its block-only baseline and ext4 on a loop device, on the workloads the comparison
+# its block-only baseline, ext4 on a loop device and ext4 on the same emulated device, on
+# the workloads the comparison
 # below does not run (it runs micro, varmail and RocksDB through this script).
 bench/byte.py --quick --workloads fileserver,webproxy --out "$work/bench-byte" | sed -n '/^| workload/,/^$/p' || suites=1
+# Recovery after a power cut with a full device log, byte beside ext4 on the same emulated
+# device (bench/byte-recovery.py), on a 512 MiB device: a few seconds.
+bench/byte-recovery.py --quick --out "$work/bench-byte-recovery" | sed -n '/^| system/,/^$/p' || suites=1
 # The five-profile comparison's smoke run: every group, 1 s cells, the report and the
 # decision guide written (docs/COMPARE.md comes from a full run).
 /usr/bin/python3 bench/compare.py --quick --out "$work/bench-compare" --doc "$work/COMPARE.md" \

@@ -9,7 +9,8 @@
 //! apart from the loop device's and the file system's own); a write that covers pages
 //! only in part reads them first. fsync flushes the device: a loop device turns the file
 //! system's flushes and FUA writes into fsyncs of the file. `MOUNTPOINT/stats` holds the
-//! device's counters (host traffic per interface, flash programs, cleanings) as JSON.
+//! device's counters (host traffic per interface, flash programs, cleanings) and its write
+//! log's use as JSON.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -47,6 +48,10 @@ pub struct ExportDeviceArgs {
     /// The device takes the times of ByteFS's Table 4 (as `alignfs mount --device-latency`).
     #[arg(long)]
     device_latency: bool,
+    /// Start cleaning the write log when it is this full, percent (the paper's 85; 100
+    /// cleans only when a write finds no room, which lets a benchmark fill it).
+    #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u32).range(1..=100))]
+    clean_at: u32,
     /// Make a new device even where the paths hold an alignfs structure (a volume, or
     /// another device), destroying it.
     #[arg(long)]
@@ -212,8 +217,11 @@ impl Filesystem for DeviceFile {
     ) {
         if ino == STATS {
             let stats = self.device.stats();
-            let counters: serde_json::Map<String, serde_json::Value> =
+            let mut counters: serde_json::Map<String, serde_json::Value> =
                 stats.named().into_iter().map(|(name, value, _)| (name.to_string(), value.into())).collect();
+            let (used, capacity) = self.device.log_usage();
+            counters.insert("log_used_bytes".into(), used.into());
+            counters.insert("log_capacity_bytes".into(), capacity.into());
             let text = serde_json::Value::Object(counters).to_string() + "\n";
             let start = (offset as usize).min(text.len());
             reply.data(&text.as_bytes()[start..(start + size as usize).min(text.len())]);
@@ -382,6 +390,7 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
     let options = MssdOptions {
         latency: args.device_latency.then(LatencyModel::bytefs_table4),
         block_cache: !args.no_block_cache,
+        clean_at_percent: args.clean_at,
         ..MssdOptions::default()
     };
     let device = Arc::new(open_device(args, options)?);
