@@ -78,6 +78,39 @@ counters! {
     stale_tails_cleared: "files whose bytes past EOF a crash had left on the SSD were cleared before they grew (scrap)",
 }
 
+/// What opening a memory-semantic SSD found in its write log, and what recovering it
+/// took (the paper's recovery time: scanning the log and TxLogs, then writing the log
+/// back to flash).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MssdRecovery {
+    /// Committed entries replayed onto flash.
+    pub replayed: u64,
+    /// Entries of transactions that never committed, dropped.
+    pub dropped_uncommitted: u64,
+    /// Entries older than the flash page they belong to.
+    pub stale: u64,
+    /// Bytes of write log between the head and the first position holding no entry.
+    pub log_bytes: u64,
+    /// Reading the page map, the TxLogs and the log's entry headers.
+    pub scan_us: u64,
+    /// Rebuilding the index and writing every page with log entries back to flash…
+    pub clean_us: u64,
+    /// …of which rebuilding the index.
+    pub index_us: u64,
+    /// Pages the write-back programmed, and old pages it read to merge partial updates.
+    pub pages_written: u64,
+    pub base_reads: u64,
+    /// The whole open, from reading the header to an empty log.
+    pub total_us: u64,
+}
+
+impl MssdRecovery {
+    /// Whether the log held anything to recover.
+    pub fn found_entries(&self) -> bool {
+        self.replayed + self.dropped_uncommitted + self.stale > 0
+    }
+}
+
 /// What opening the volume took.
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {
@@ -213,7 +246,7 @@ pub struct VolumeReport {
     pub device_counters: Vec<DeviceCounter>,
     /// What the memory-semantic SSD's own recovery did when the volume was opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device_recovery: Option<crate::device::mssd::MssdRecovery>,
+    pub device_recovery: Option<MssdRecovery>,
     /// Set by a mounted daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon: Option<DaemonInfo>,

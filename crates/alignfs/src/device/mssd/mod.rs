@@ -124,37 +124,8 @@ impl Default for MssdOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TxId(u32);
 
-/// What opening the device found in its log, and what recovering it took (the paper's
-/// recovery time: scanning the log and TxLogs, then writing the log back to flash).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MssdRecovery {
-    /// Committed entries replayed onto flash.
-    pub replayed: u64,
-    /// Entries of transactions that never committed, dropped.
-    pub dropped_uncommitted: u64,
-    /// Entries older than the flash page they belong to.
-    pub stale: u64,
-    /// Bytes of write log between the head and the first position holding no entry.
-    pub log_bytes: u64,
-    /// Reading the page map, the TxLogs and the log's entry headers.
-    pub scan_us: u64,
-    /// Rebuilding the index and writing every page with log entries back to flash…
-    pub clean_us: u64,
-    /// …of which rebuilding the index.
-    pub index_us: u64,
-    /// Pages the write-back programmed, and old pages it read to merge partial updates.
-    pub pages_written: u64,
-    pub base_reads: u64,
-    /// The whole open, from reading the header to an empty log.
-    pub total_us: u64,
-}
-
-impl MssdRecovery {
-    /// Whether the log held anything to recover.
-    pub fn found_entries(&self) -> bool {
-        self.replayed + self.dropped_uncommitted + self.stale > 0
-    }
-}
+/// What opening the device recovered; the type lives with the volume's other reports.
+pub use crate::stats::MssdRecovery;
 
 /// Stores keep this much of the log free for cleaning's migrations.
 const RESERVE_DIVISOR: u64 = 16;
