@@ -364,12 +364,7 @@ fn open_device(args: &ExportDeviceArgs, options: MssdOptions) -> Result<MemorySe
         }
         let (device, recovery) = open_memory_semantic_ssd(&dram.path, &ssd.path, options, None)?;
         if recovery.found_entries() {
-            eprintln!(
-                "device recovered in {:.3} s: {} KiB of write log, {} pages written back",
-                recovery.total_us as f64 / 1e6,
-                recovery.log_bytes.div_ceil(1024),
-                recovery.pages_written
-            );
+            eprintln!("device {recovery}");
         }
         return Ok(device);
     }
@@ -395,8 +390,8 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
     };
     let device = Arc::new(open_device(args, options)?);
     // A byte volume's device exported as a disk would be formatted over by the first mkfs.
-    let mut head = AlignedBuf::zeroed(PAGE as usize);
-    head = run_batch(device.as_ref(), vec![IoRequest { op: IoOp::Read, offset_bytes: 0, buf: head }])?.remove(0);
+    let mut head = vec![0u8; PAGE as usize];
+    device.read_buffered(0, &mut head)?;
     if Superblock::has_magic(&head) {
         device.halt();
         bail!(
@@ -407,8 +402,7 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
         );
     }
     std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("create {}", args.mountpoint.display()))?;
-    // SAFETY: getuid and getgid cannot fail and touch no memory.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
     let fs = DeviceFile { device: Arc::clone(&device), merging: RwLock::new(()), uid, gid, since: SystemTime::now() };
     let mut config = Config::default();
     config.mount_options = vec![MountOption::FSName("alignfs-device".into()), MountOption::DefaultPermissions];

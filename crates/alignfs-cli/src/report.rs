@@ -100,14 +100,7 @@ fn print_metadata(r: &VolumeReport) {
             if r.records_replayed > 0 { " (a block-only commit was replayed from the redo area)" } else { "" }
         );
         if let Some(d) = &r.device_recovery {
-            println!(
-                "  device:    recovered in {:.3} s: {} of write log scanned in {:.3} s, {} pages written back in {:.3} s",
-                d.total_us as f64 / 1e6,
-                bytesize::ByteSize(d.log_bytes),
-                d.scan_us as f64 / 1e6,
-                d.pages_written,
-                d.clean_us as f64 / 1e6
-            );
+            println!("  device:    {d}");
         }
     } else {
         println!(

@@ -111,6 +111,28 @@ impl MssdRecovery {
     }
 }
 
+/// "recovered in … s: …", as the mount log, `alignfs stat` and `alignfs export-device`
+/// report it.
+impl std::fmt::Display for MssdRecovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let seconds = |us: u64| us as f64 / 1e6;
+        write!(
+            f,
+            "recovered in {:.3} s: {} KiB of write log scanned in {:.3} s, {} pages written back ({} old pages read) in \
+             {:.3} s; {} entries replayed, {} uncommitted dropped, {} stale",
+            seconds(self.total_us),
+            self.log_bytes.div_ceil(1024),
+            seconds(self.scan_us),
+            self.pages_written,
+            self.base_reads,
+            seconds(self.clean_us),
+            self.replayed,
+            self.dropped_uncommitted,
+            self.stale
+        )
+    }
+}
+
 /// What opening the volume took.
 #[derive(Clone, Debug, Default)]
 pub struct RecoveryReport {

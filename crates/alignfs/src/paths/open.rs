@@ -197,19 +197,7 @@ fn open_memory_semantic(
         tracing::info!("memory-semantic SSD: latency model on (ByteFS Table 4): {model:?}");
     }
     if recovery.found_entries() {
-        tracing::info!(
-            "memory-semantic SSD recovered in {:.3} s: {} KiB of write log scanned in {:.3} s, {} pages written back \
-             ({} old pages read) in {:.3} s; {} entries replayed, {} uncommitted dropped, {} stale",
-            recovery.total_us as f64 / 1e6,
-            recovery.log_bytes.div_ceil(1024),
-            recovery.scan_us as f64 / 1e6,
-            recovery.pages_written,
-            recovery.base_reads,
-            recovery.clean_us as f64 / 1e6,
-            recovery.replayed,
-            recovery.dropped_uncommitted,
-            recovery.stale
-        );
+        tracing::info!("memory-semantic SSD {recovery}");
     }
     Ok(Devices::memory_semantic(Arc::new(device)))
 }
