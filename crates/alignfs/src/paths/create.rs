@@ -151,7 +151,8 @@ fn create_devices(
     let kind = options.profile.devices();
     if kind == DeviceKind::MemorySemanticSsd {
         let dram = fast.expect("checked: a memory-semantic SSD has its DRAM named");
-        return Ok(Devices::memory_semantic(Arc::new(create_memory_semantic(dram, &ssds[0], options, backend, created)?)));
+        let device = create_memory_semantic(dram, &ssds[0], options, MssdOptions::default(), backend, created)?;
+        return Ok(Devices::memory_semantic(Arc::new(device)));
     }
     let kv = (kind == DeviceKind::SsdAndKvStore).then(|| kv.map_or_else(|| default_kv_dir(&ssds[0].path), Path::to_path_buf));
     if let Some(dir) = &kv {
@@ -209,21 +210,18 @@ pub fn format_memory_semantic_ssd(
         ..FormatOptions::default()
     };
     formatting(Some(dram), std::slice::from_ref(ssd), None, &format, |created| {
-        let device = create_memory_semantic(dram, ssd, &format, backend, created)?;
-        // Reopened with the caller's runtime options (latency model, block cache).
-        device.halt();
-        drop(device);
-        super::open::open_memory_semantic_ssd(&dram.path, &ssd.path, options, backend).map(|(device, _)| device)
+        create_memory_semantic(dram, ssd, &format, options, backend, created)
     })
 }
 
 /// A new memory-semantic SSD: its flash image (`ssd`; the size names the capacity the
 /// block interface offers, the image is created larger by the over-provisioning and a
-/// label page) and its DRAM file (`dram`).
+/// label page) and its DRAM file (`dram`), opened with the runtime `device` options.
 fn create_memory_semantic(
     dram: &DeviceSpec,
     ssd: &DeviceSpec,
     options: &FormatOptions,
+    device: MssdOptions,
     backend: Option<IoBackend>,
     created: &mut Created,
 ) -> Result<MemorySemanticSsd> {
@@ -239,5 +237,5 @@ fn create_memory_semantic(
     let image_len = ssd.size.map(|_| image_bytes);
     let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(&ssd.path, &ssd_options(&options.geometry, image_len, backend, false))?);
     let region = Arc::new(create_region(dram, Some(dram.size.unwrap_or(dram_bytes).max(dram_bytes)), created)?);
-    MemorySemanticSsd::format(flash, region, &config, MssdOptions::default())
+    MemorySemanticSsd::format(flash, region, &config, device)
 }
