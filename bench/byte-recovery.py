@@ -32,8 +32,6 @@ import datetime
 import json
 import os
 import random
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ALIGNFS, REPO, log, med, run  # noqa: E402
+from common import REPO, Exporter, log, med, run  # noqa: E402
 
 RECOVERY_BIN = REPO / "target" / "release" / "alignfs-mssd-recovery"
 MIB = 1 << 20
@@ -59,47 +57,9 @@ def byte_round(args) -> dict:
             "total_s": d["total_us"] / 1e6 + r["volume_open_seconds"]}
 
 
-class Exporter:
-    """`alignfs export-device` of the device at `image`/`dram`, serving in `mnt`."""
-
-    def __init__(self, image: Path, dram: Path, mnt: Path, logfile: Path):
-        self.image, self.dram, self.mnt, self.logfile = image, dram, mnt, logfile
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, size: str | None) -> float:
-        """Start serving; returns the device's recovery time it reported (0 if none)."""
-        spec = f"{self.image}:{size}" if size else str(self.image)
-        before = self.logfile.read_text() if self.logfile.exists() else ""
-        self.proc = subprocess.Popen([str(ALIGNFS), "export-device", "--ssd", spec, "--fast", str(self.dram),
-                                      "--device-latency", "--clean-at", "100", str(self.mnt)],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.logfile, "a"))
-        deadline = time.monotonic() + 600
-        while not (self.mnt / "disk").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"alignfs export-device did not serve: {self.logfile.read_text()[-2000:]}")
-            time.sleep(0.02)
-        new = self.logfile.read_text()[len(before):]
-        m = re.search(r"device recovered in ([0-9.]+) s", new)
-        return float(m.group(1)) if m else 0.0
-
-    def stats(self) -> dict:
-        return json.loads((self.mnt / "stats").read_text())
-
-    def kill(self) -> None:
-        """The power cut: SIGKILL, the DRAM file left as it is."""
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-        run(["umount", "-l", self.mnt], check=False)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=120)
-
-
 def ext4_round(args, work: Path, rng: random.Random) -> dict:
     image, dram = Path("/dev/shm") / f"{work.name}.img", Path("/dev/shm") / f"{work.name}-dram"
-    exporter = Exporter(image, dram, work / "exported", work / "export.log")
+    exporter = Exporter(image, dram, work / "exported", work / "export.log", ["--device-latency", "--clean-at", "100"])
     fs = work / "ext4"
     fs.mkdir(exist_ok=True)
     loop = ""

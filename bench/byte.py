@@ -50,14 +50,13 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ALIGNFS, REPO, enable_fuse_uring, fs_on, log, med, mount_alignfs, mount_transport, run, umount_alignfs  # noqa: E402
+from common import ALIGNFS, REPO, Exporter, enable_fuse_uring, fs_on, log, med, mount_alignfs, mount_transport, run, umount_alignfs  # noqa: E402
 from run import ensure_tools  # noqa: E402
 
 MACRO = REPO / "target" / "release" / "alignfs-macro"
@@ -92,9 +91,8 @@ class System:
         self.loop = ""
         # How the mount receives requests (`alignfs stat`); none for ext4 and the shim.
         self.transport = None
-        # ext4-mssd: the exporter serving the device as a file, and where.
-        self.exporter: subprocess.Popen | None = None
-        self.exported = work / f"x-{self.slug}"
+        # ext4-mssd: the exporter serving the device as a file.
+        self.exporter = Exporter(self.image, self.dram, work / f"x-{self.slug}", work / f"{self.slug}.log", ["--device-latency"])
 
     def env(self) -> dict:
         """The environment a workload runs in: the shim's, for an in-process system."""
@@ -118,16 +116,8 @@ class System:
         elif self.name == "ext4-mssd":
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
-            self.exporter = subprocess.Popen(
-                [str(c) for c in (ALIGNFS, "export-device", "--ssd", f"{self.image}:{self.device}", "--fast", self.dram,
-                                  "--device-latency", self.exported)],
-                stdout=subprocess.DEVNULL, stderr=open(self.work / f"{self.slug}.log", "a"))
-            deadline = time.monotonic() + 30
-            while not (self.exported / "disk").exists():
-                if self.exporter.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"alignfs export-device did not serve: {(self.work / f'{self.slug}.log').read_text()[-2000:]}")
-                time.sleep(0.05)
-            self.loop = run(["losetup", "-f", "--show", "--direct-io=on", self.exported / "disk"]).strip()
+            self.exporter.start(self.device)
+            self.loop = run(["losetup", "-f", "--show", "--direct-io=on", self.exporter.mnt / "disk"]).strip()
             fs_on(self.loop, self.mnt, mkfs_options=lazy_init_off)
         else:
             self.image.unlink(missing_ok=True)
@@ -147,10 +137,8 @@ class System:
                 run(["losetup", "-d", self.loop], check=False)
                 self.loop = ""
             (self.work / "ext4.img").unlink(missing_ok=True)
-            if self.exporter:
-                self.exporter.terminate()
-                self.exporter.wait(timeout=60)
-                self.exporter = None
+            if self.name == "ext4-mssd":
+                self.exporter.stop()
                 self.image.unlink(missing_ok=True)
                 self.dram.unlink(missing_ok=True)
         else:
@@ -170,7 +158,7 @@ class System:
             return {"host_write": sectors * 512, "journal": jbd2_logged_bytes(dev)}
         if self.name == "ext4-mssd":
             os.sync()
-            device = json.loads((self.exported / "stats").read_text())
+            device = self.exporter.stats()
             return {**device_traffic(device), "journal": jbd2_logged_bytes(Path(self.loop).name)}
         report = json.loads(run([ALIGNFS, "stat", self.mnt, "--json"]))
         c = dict(report["counters"])

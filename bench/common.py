@@ -10,7 +10,9 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -137,6 +139,47 @@ def detach(*loops) -> None:
     for loop in loops:
         if loop:
             loop.detach()
+
+
+class Exporter:
+    """`alignfs export-device` of the emulated device at `image`/`dram` (with `options`),
+    serving it as `mnt`/disk, its counters in `mnt`/stats, its messages in `logfile`."""
+
+    def __init__(self, image: Path, dram: Path, mnt: Path, logfile: Path, options: list):
+        self.image, self.dram, self.mnt, self.logfile, self.options = image, dram, mnt, logfile, options
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, size: str | None) -> float:
+        """Start serving (a new device of `size`, or the one there); returns the recovery
+        time the device reported (0 if it had nothing to recover)."""
+        spec = f"{self.image}:{size}" if size else str(self.image)
+        before = self.logfile.read_text() if self.logfile.exists() else ""
+        with open(self.logfile, "a") as err:
+            self.proc = subprocess.Popen([str(ALIGNFS), "export-device", "--ssd", spec, "--fast", str(self.dram), *self.options,
+                                          str(self.mnt)], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 600
+        while not (self.mnt / "disk").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"alignfs export-device did not serve: {self.logfile.read_text()[-2000:]}")
+            time.sleep(0.02)
+        m = re.search(r"device recovered in ([0-9.]+) s", self.logfile.read_text()[len(before):])
+        return float(m.group(1)) if m else 0.0
+
+    def stats(self) -> dict:
+        return json.loads((self.mnt / "stats").read_text())
+
+    def kill(self) -> None:
+        """The power cut: SIGKILL, the DRAM file left as it is."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        run(["umount", "-l", self.mnt], check=False)
+
+    def stop(self) -> None:
+        """A clean stop: the exporter flushes the device and exits."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=120)
+        self.proc = None
 
 
 def fs_on(dev: str, mnt, fs: str = "ext4", mkfs_options: list | None = None):
