@@ -40,14 +40,18 @@ pub struct ExportDeviceArgs {
     /// The device's DRAM: a file on tmpfs (sized by the device when created).
     #[arg(long, value_name = "PATH")]
     fast: String,
+    /// The write log of a new device, 1M–4G (default 1/32 of its capacity, 1M–256M).
+    #[arg(long, value_name = "SIZE")]
+    device_log: Option<String>,
     /// Send block writes straight to flash. By default they land in the device's DRAM, in
     /// its write log, and reach flash when it is cleaned: the data cache ByteFS gives its
     /// baselines (as large as `byte`'s write log).
     #[arg(long)]
     no_block_cache: bool,
-    /// The device takes the times of ByteFS's Table 4 (as `alignfs mount --device-latency`).
-    #[arg(long)]
-    device_latency: bool,
+    /// The device takes the times of ByteFS's Table 4 (as `alignfs mount --device-latency`);
+    /// `--device-latency=SCALE` multiplies its flash latencies.
+    #[arg(long, value_name = "SCALE", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    device_latency: Option<f64>,
     /// Start cleaning the write log when it is this full, percent (the paper's 85; 100
     /// cleans only when a write finds no room, which lets a benchmark fill it).
     #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -362,6 +366,12 @@ fn open_device(args: &ExportDeviceArgs, options: MssdOptions) -> Result<MemorySe
                 ssd.path.display()
             );
         }
+        if args.device_log.is_some() {
+            bail!(
+                "{} already holds a memory-semantic SSD, whose write log was sized when it was made; drop --device-log",
+                ssd.path.display()
+            );
+        }
         let (device, recovery) = open_memory_semantic_ssd(&dram.path, &ssd.path, options, None)?;
         if recovery.found_entries() {
             eprintln!("device {recovery}");
@@ -375,7 +385,12 @@ fn open_device(args: &ExportDeviceArgs, options: MssdOptions) -> Result<MemorySe
             dram.path.display()
         );
     }
-    Ok(format_memory_semantic_ssd(&dram, &ssd, args.force, options, None)?)
+    let log_bytes = args
+        .device_log
+        .as_deref()
+        .map(|text| alignfs::geometry::parse_size(text).with_context(|| format!("--device-log {text}")))
+        .transpose()?;
+    Ok(format_memory_semantic_ssd(&dram, &ssd, args.force, log_bytes, options, None)?)
 }
 
 pub fn run(args: &ExportDeviceArgs) -> Result<()> {
@@ -383,7 +398,7 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
         bail!("--threads must be between 1 and 64");
     }
     let options = MssdOptions {
-        latency: args.device_latency.then(LatencyModel::bytefs_table4),
+        latency: args.device_latency.map(LatencyModel::bytefs_table4_flash_scaled).transpose().context("--device-latency")?,
         block_cache: !args.no_block_cache,
         clean_at_percent: args.clean_at,
         ..MssdOptions::default()

@@ -184,6 +184,11 @@ struct MkfsArgs {
     /// default) or in the `journal` and checkpoints the other profiles use.
     #[arg(long, value_name = "STORE", value_parser = ["in-place", "journal"])]
     meta_store: Option<String>,
+    /// `byte`: the memory-semantic SSD's write log, 1M–4G (default 1/32 of the device,
+    /// 1M–256M); a smaller log is cleaned to flash more often (ByteFS's sensitivity runs
+    /// use 16M, 64M and 256M).
+    #[arg(long, value_name = "SIZE")]
+    device_log: Option<String>,
 }
 
 /// Commands that only read a volume name its devices without sizes.
@@ -243,7 +248,14 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
     };
     // Refused before any device file is created.
     let store = profile.metadata_store(meta_store)?;
-    let options = FormatOptions { geometry, profile, force: args.force, meta_store };
+    let device_log_bytes = match &args.device_log {
+        None => None,
+        Some(_) if kind != DeviceKind::MemorySemanticSsd => {
+            anyhow::bail!("profile {} has no memory-semantic SSD; drop --device-log", profile.name())
+        }
+        Some(text) => Some(alignfs::geometry::parse_size(text).with_context(|| format!("--device-log {text}"))?),
+    };
+    let options = FormatOptions { geometry, profile, force: args.force, meta_store, device_log_bytes };
     // Before anything reads a device to size the volume.
     check_format_devices(fast.as_ref(), &ssds, args.devices.kv.as_deref(), &options).map_err(|e| named_defaults(e, &args.devices))?;
     let block_layout = block_layout(args, profile)?;

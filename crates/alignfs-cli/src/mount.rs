@@ -12,6 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use alignfs::device::mssd::LatencyModel;
 use alignfs::device::FaultPlan;
 use alignfs::paths::{format_paths, open_paths_with_faults, ssd_superblock, DeviceSpec};
 use alignfs::{Error, FormatOptions, VolumeOptions};
@@ -105,9 +106,10 @@ pub struct MountArgs {
     /// `byte` volumes: the emulated device takes at least the time ByteFS's Table 4 gives
     /// each operation (flash 40/60 µs read/write over 8 channels, cache-line loads 4.8 µs,
     /// stores 0.6 µs); the IO on the flash image counts toward it, so flash on a disk slower
-    /// than the model takes the disk's time (docs/BYTE.md).
-    #[arg(long)]
-    device_latency: bool,
+    /// than the model takes the disk's time (docs/BYTE.md). `--device-latency=SCALE`
+    /// multiplies the flash latencies (ByteFS's sensitivity runs use 0.5 and 2).
+    #[arg(long, value_name = "SCALE", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
+    device_latency: Option<f64>,
     /// `byte` volumes: DRAM for copies of the device's blocks that reads find without the
     /// device, the host's cache of it (default 256M; 0 keeps none), and as much again, at
     /// most the residue zone, for copies of residue units.
@@ -432,7 +434,7 @@ fn volume_options(args: &MountArgs, parsed: &ParsedOptions) -> Result<VolumeOpti
             .transpose()?,
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
         byte_interface: !args.no_byte_interface,
-        device_latency: args.device_latency,
+        device_latency: args.device_latency.map(LatencyModel::bytefs_table4_flash_scaled).transpose().context("--device-latency")?,
         clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
         ..defaults
     };
@@ -539,7 +541,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.request_threshold.is_some(), Tunable::RequestThreshold, "--request-threshold"),
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
         (args.no_byte_interface, Tunable::ByteInterface, "--no-byte-interface"),
-        (args.device_latency, Tunable::DeviceLatency, "--device-latency"),
+        (args.device_latency.is_some(), Tunable::DeviceLatency, "--device-latency"),
         (args.clean_cache.is_some(), Tunable::CleanCache, "--clean-cache"),
     ];
     for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {

@@ -5,6 +5,7 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
+use alignfs::device::mssd::LatencyModel;
 use alignfs::paths::{default_data_dir, DEFAULT_FAST_PATH};
 use alignfs::VolumeOptions;
 use alignfs_c::{Session, FD_BASE};
@@ -58,7 +59,7 @@ fn load_config() -> Option<Config> {
     };
     let options = VolumeOptions {
         byte_interface: !switch("ALIGNFS_NO_BYTE_INTERFACE")?,
-        device_latency: switch("ALIGNFS_DEVICE_LATENCY")?,
+        device_latency: device_latency()?,
         clean_cache_bytes,
         ..defaults
     };
@@ -72,14 +73,35 @@ fn load_config() -> Option<Config> {
     Some(Config { prefix, fast, ssd, options })
 }
 
-/// A `byte` volume's switch, as `alignfs mount` has it (`--no-byte-interface`,
-/// `--device-latency`): unset or `0` is off, `1` is on; anything else turns the shim off.
+/// A `byte` volume's switch, as `alignfs mount` has it (`--no-byte-interface`): unset or `0` is off, `1` is on; anything else turns the shim off.
 fn switch(name: &str) -> Option<bool> {
     match std::env::var(name).as_deref() {
         Err(_) | Ok("0") => Some(false),
         Ok("1") => Some(true),
         Ok(other) => {
             say(&format!("{name}={other}: use 1 or 0; the shim is off"));
+            None
+        }
+    }
+}
+
+/// `ALIGNFS_DEVICE_LATENCY`, as `alignfs mount --device-latency[=SCALE]`: unset or `0`
+/// runs the device at the image's speed, `1` takes ByteFS's Table 4 times, another
+/// number scales Table 4's flash latencies by it; anything else turns the shim off.
+fn device_latency() -> Option<Option<LatencyModel>> {
+    let text = match std::env::var("ALIGNFS_DEVICE_LATENCY") {
+        Err(_) => return Some(None),
+        Ok(text) if text == "0" => return Some(None),
+        Ok(text) => text,
+    };
+    let scaled = text
+        .parse::<f64>()
+        .map_err(|e| e.to_string())
+        .and_then(|scale| LatencyModel::bytefs_table4_flash_scaled(scale).map_err(|e| e.to_string()));
+    match scaled {
+        Ok(model) => Some(Some(model)),
+        Err(e) => {
+            say(&format!("ALIGNFS_DEVICE_LATENCY={text}: {e}; use 0, 1 or a flash latency scale; the shim is off"));
             None
         }
     }

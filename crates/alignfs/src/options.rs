@@ -1,6 +1,7 @@
 //! How a volume is formatted and opened: the choices its callers make, shared by the
 //! engine and the profiles that read them.
 
+use crate::device::mssd::LatencyModel;
 use crate::geometry::Geometry;
 use crate::layout::Profile;
 
@@ -45,10 +46,11 @@ pub struct VolumeOptions {
     /// block-only baseline): metadata written in whole sectors, partly written blocks
     /// read, merged and rewritten.
     pub byte_interface: bool,
-    /// `byte`: the memory-semantic SSD takes at least the time ByteFS's Table 4 gives
-    /// each operation (flash 40/60 µs, 8 channels, cache-line loads 4.8 µs, stores
-    /// 0.6 µs), so that throughput reflects that device rather than the image's disk.
-    pub device_latency: bool,
+    /// `byte`: the memory-semantic SSD takes at least the time this model gives each
+    /// operation (ByteFS's Table 4: flash 40/60 µs, 8 channels, cache-line loads 4.8 µs,
+    /// stores 0.6 µs), so that throughput reflects that device rather than the image's
+    /// disk; `None` lets it run at the image's speed.
+    pub device_latency: Option<LatencyModel>,
 }
 
 impl Default for VolumeOptions {
@@ -66,7 +68,7 @@ impl Default for VolumeOptions {
             segment_bytes: 4 << 20,
             nvm_buffer: true,
             byte_interface: true,
-            device_latency: false,
+            device_latency: None,
         }
     }
 }
@@ -78,11 +80,20 @@ pub struct FormatOptions {
     /// Overwrite devices that already hold a volume.
     pub force: bool,
     pub meta_store: MetaStoreChoice,
+    /// `byte`: the memory-semantic SSD's write log in bytes (1 MiB–4 GiB in 64-byte lines);
+    /// `None` makes it 1/32 of the capacity, 1–256 MiB.
+    pub device_log_bytes: Option<u64>,
 }
 
 impl Default for FormatOptions {
     fn default() -> Self {
-        FormatOptions { geometry: Geometry::default(), profile: Profile::ORCH, force: false, meta_store: MetaStoreChoice::default() }
+        FormatOptions {
+            geometry: Geometry::default(),
+            profile: Profile::ORCH,
+            force: false,
+            meta_store: MetaStoreChoice::default(),
+            device_log_bytes: None,
+        }
     }
 }
 

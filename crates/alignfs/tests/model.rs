@@ -98,7 +98,13 @@ fn run(case: &Case, operations: u64, rng: &mut StdRng) {
     } else {
         Devices::new(case.fast_bytes, 96 << 20)
     };
-    devices.format_with(FormatOptions { geometry: g, profile: case.profile, meta_store: case.meta_store, force: false });
+    devices.format_with(FormatOptions {
+        geometry: g,
+        profile: case.profile,
+        meta_store: case.meta_store,
+        force: false,
+        ..FormatOptions::default()
+    });
     let options = VolumeOptions {
         read_mode: case.read_mode,
         scrap_mem_bytes: case.fast_bytes,

@@ -195,11 +195,13 @@ fn device_log_bytes(logical_bytes: u64) -> u64 {
 /// A new memory-semantic SSD with no volume on it, for a kernel file system on its block
 /// interface (`alignfs export-device`): its DRAM file (`dram`) and flash image (`ssd`,
 /// whose size names the capacity), created or formatted after the same checks as `mkfs`
-/// (refused if either holds an alignfs structure, unless `force`).
+/// (refused if either holds an alignfs structure, unless `force`), its write log
+/// `log_bytes` long (`None`: 1/32 of the capacity, 1–256 MiB).
 pub fn format_memory_semantic_ssd(
     dram: &DeviceSpec,
     ssd: &DeviceSpec,
     force: bool,
+    log_bytes: Option<u64>,
     options: MssdOptions,
     backend: Option<IoBackend>,
 ) -> Result<MemorySemanticSsd> {
@@ -207,6 +209,7 @@ pub fn format_memory_semantic_ssd(
         geometry: crate::Profile::BYTE.default_geometry(),
         profile: crate::Profile::BYTE,
         force,
+        device_log_bytes: log_bytes,
         ..FormatOptions::default()
     };
     formatting(Some(dram), std::slice::from_ref(ssd), None, &format, |created| {
@@ -225,11 +228,12 @@ fn create_memory_semantic(
     backend: Option<IoBackend>,
     created: &mut Created,
 ) -> Result<MemorySemanticSsd> {
+    let log_bytes = |capacity: u64| options.device_log_bytes.unwrap_or_else(|| device_log_bytes(capacity));
     let config = match ssd.size {
-        Some(bytes) => MssdConfig { log_bytes: device_log_bytes(bytes), ..MssdConfig::new(bytes / MIB * MIB) },
+        Some(bytes) => MssdConfig { log_bytes: log_bytes(bytes), ..MssdConfig::new(bytes / MIB * MIB) },
         None => {
             let len = std::fs::metadata(&ssd.path).map_err(|e| Error::io(format!("stat {}", ssd.path.display()), e))?.len();
-            MssdConfig::fitting(len, device_log_bytes(len))?
+            MssdConfig::fitting(len, log_bytes(len))?
         }
     };
     let (dram_bytes, image_bytes) = MemorySemanticSsd::sizes(&config)?;

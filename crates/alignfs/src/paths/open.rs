@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{default_kv_dir, join_members, ssd_options};
-use crate::device::mssd::{LatencyModel, MemorySemanticSsd, MssdOptions};
+use crate::device::mssd::{MemorySemanticSsd, MssdOptions};
 use crate::device::{BlockDevice, FaultPlan, FaultyDevice, FileSsd, IoBackend, PmemRegion};
 use crate::error::{DeviceProblem, Error, Result};
 use crate::geometry::{Geometry, SUPERBLOCK_BYTES};
@@ -182,7 +182,7 @@ pub fn open_memory_semantic_ssd(
 }
 
 /// A formatted memory-semantic SSD: its DRAM (`dram`) and flash image (`flash`), after the
-/// device's own recovery; with ByteFS's latency model when `options.device_latency`.
+/// device's own recovery; with the latency model `options.device_latency` names.
 fn open_memory_semantic(
     dram: Arc<PmemRegion>,
     flash: &Path,
@@ -191,10 +191,10 @@ fn open_memory_semantic(
     options: &VolumeOptions,
 ) -> Result<Devices> {
     let flash: Arc<dyn BlockDevice> = Arc::new(FileSsd::open(flash, &ssd_options(geometry, None, backend, options.read_only))?);
-    let latency = options.device_latency.then(LatencyModel::bytefs_table4);
+    let latency = options.device_latency;
     let (device, recovery) = MemorySemanticSsd::open(flash, dram, MssdOptions { latency, ..MssdOptions::default() })?;
     if let Some(model) = latency {
-        tracing::info!("memory-semantic SSD: latency model on (ByteFS Table 4): {model:?}");
+        tracing::info!("memory-semantic SSD: latency model on: {model:?}");
     }
     if recovery.found_entries() {
         tracing::info!("memory-semantic SSD {recovery}");

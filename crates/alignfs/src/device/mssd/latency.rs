@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::layout::{LINE, PAGE};
+use crate::error::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LatencyModel {
@@ -35,6 +36,16 @@ impl LatencyModel {
             line_read: Duration::from_nanos(4800),
             line_write: Duration::from_nanos(600),
         }
+    }
+
+    /// Table 4 with its flash read and program latencies times `scale`, 0.01–100 (ByteFS's
+    /// sensitivity runs vary them; the bus and the bandwidth stay).
+    pub fn bytefs_table4_flash_scaled(scale: f64) -> Result<LatencyModel> {
+        if !(0.01..=100.0).contains(&scale) {
+            return Err(Error::InvalidArgument(format!("a flash latency scale of {scale}: use 0.01–100 (1 is Table 4's)")));
+        }
+        let table = LatencyModel::bytefs_table4();
+        Ok(LatencyModel { flash_read: table.flash_read.mul_f64(scale), flash_write: table.flash_write.mul_f64(scale), ..table })
     }
 
     /// A block-interface transfer of `pages` pages: the flash latency per round of the
@@ -92,5 +103,17 @@ mod tests {
         assert_eq!(model.block(true, 8), Duration::from_micros(60), "eight channels in parallel");
         assert_eq!(model.block(true, 9), Duration::from_micros(120));
         assert!(model.block(false, 4096) > Duration::from_millis(4), "bandwidth bounds large reads");
+    }
+
+    #[test]
+    fn a_flash_scale_changes_the_flash_alone_and_refuses_nonsense() {
+        let half = LatencyModel::bytefs_table4_flash_scaled(0.5).unwrap();
+        let table = LatencyModel::bytefs_table4();
+        assert_eq!((half.flash_read, half.flash_write), (table.flash_read / 2, table.flash_write / 2));
+        assert_eq!((half.line_read, half.line_write, half.channels), (table.line_read, table.line_write, table.channels));
+        assert_eq!(LatencyModel::bytefs_table4_flash_scaled(1.0).unwrap(), table);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1000.0] {
+            assert!(LatencyModel::bytefs_table4_flash_scaled(bad).is_err(), "{bad}");
+        }
     }
 }
