@@ -50,6 +50,7 @@ import datetime
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,8 +81,14 @@ SHAPES = {"fileserver": (128 << 10, 16 << 10), "varmail": (16 << 10, 16 << 10), 
 class System:
     """One file system under test, made fresh for every cell."""
 
-    def __init__(self, name: str, work: Path, device: str, flash_on_disk: bool):
-        self.name, self.work, self.device = name, work, device
+    def __init__(self, name: str, work: Path, args):
+        self.name, self.work, self.device = name, work, args.device
+        flash_on_disk = args.flash_on_disk
+        # The device's write log (for ext4-mssd its block cache, as large), and its latency
+        # model with the flash latencies scaled.
+        self.device_log = ["--device-log", args.device_log] if args.device_log else []
+        self.latency = f"--device-latency={args.flash_latency:g}"
+        self.latency_env = f"{args.flash_latency:g}"
         self.slug = name.replace(" ", "-")
         self.in_process = name in IN_PROCESS
         self.block_only = name.startswith("block-only")
@@ -92,14 +99,14 @@ class System:
         # How the mount receives requests (`alignfs stat`); none for ext4 and the shim.
         self.transport = None
         # ext4-mssd: the exporter serving the device as a file.
-        self.exporter = Exporter(self.image, self.dram, work / f"x-{self.slug}", work / f"{self.slug}.log", ["--device-latency"])
+        self.exporter = Exporter(self.image, self.dram, work / f"x-{self.slug}", work / f"{self.slug}.log", [self.latency, *self.device_log])
 
     def env(self) -> dict:
         """The environment a workload runs in: the shim's, for an in-process system."""
         if not self.in_process:
             return {}
         return {"LD_PRELOAD": str(PRELOAD), "ALIGNFS_PREFIX": str(SHIM_PREFIX), "ALIGNFS_FAST": str(self.dram),
-                "ALIGNFS_SSD": str(self.image), "ALIGNFS_DEVICE_LATENCY": "1",
+                "ALIGNFS_SSD": str(self.image), "ALIGNFS_DEVICE_LATENCY": self.latency_env,
                 "ALIGNFS_NO_BYTE_INTERFACE": "1" if self.block_only else "0"}
 
     def make(self) -> Path:
@@ -123,9 +130,9 @@ class System:
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
             store = ["--meta-store", "journal"] if self.name == "byte-journal" else []
-            run([ALIGNFS, "mkfs", "--profile", "byte", *store, "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
+            run([ALIGNFS, "mkfs", "--profile", "byte", *store, *self.device_log, "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
             if not self.in_process:
-                options = ["--device-latency"] + (["--no-byte-interface"] if self.block_only else [])
+                options = [self.latency] + (["--no-byte-interface"] if self.block_only else [])
                 mount_alignfs(["--ssd", self.image, "--fast", self.dram], self.mnt, options, self.work / f"{self.slug}.log")
                 self.transport = mount_transport(self.mnt)
         return self.mnt
@@ -174,6 +181,11 @@ def device_traffic(device: dict) -> dict:
         "byte_interface": device["byte_store_bytes"],
         "block_interface": device["block_write_bytes"],
         "flash_program": device["flash_program_bytes"],
+        # Of those programs: pages cleaning wrote back from the log, and pages garbage
+        # collection moved; the rest are block writes sent straight to flash.
+        "flash_cleaning": device["log_cleaned_pages"] * 4096,
+        "flash_gc": device["gc_moves"] * 4096,
+        "flash_read": device["flash_read_bytes"],
         "cleanings": device["log_cleanings"],
         "full_log_wait_us": device["log_full_wait_us"],
     }
@@ -208,35 +220,64 @@ print(time.monotonic() - start)
 """
 
 
+def in_parallel(commands: list, env: dict) -> list:
+    """Run the commands at once, one process each; their stdouts, in order."""
+    full_env = dict(os.environ, **env)
+    procs = [subprocess.Popen([str(c) for c in cmd], env=full_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for cmd in commands]
+    outs = [p.communicate() for p in procs]
+    for cmd, p, (_, err) in zip(commands, procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, cmd))} exited with {p.returncode}:\n{err[-2000:]}")
+    return [out for out, _ in outs]
+
+
+def thread_dirs(d: Path, args) -> list:
+    """One directory per writer: with several, each works in its own (as ByteFS's threads
+    each take their own files)."""
+    if args.threads == 1:
+        return [d]
+    dirs = [d / f"t{k}" for k in range(args.threads)]
+    for t in dirs:
+        t.mkdir()
+    return dirs
+
+
 def micro(d: Path, args, env: dict) -> tuple[int, float, int]:
     """ByteFS's metadata micro workloads, each operation durable (fsync of the directory:
-    what every alignfs operation already is)."""
-    seconds = float(run([sys.executable, "-c", MICRO, d, str(args.ops)], env=env))
-    return 4 * args.ops, seconds, 0
+    what every alignfs operation already is); each writer runs them in its own directory."""
+    outs = in_parallel([[sys.executable, "-c", MICRO, t, str(args.ops)] for t in thread_dirs(d, args)], env)
+    return 4 * args.ops * args.threads, max(float(o) for o in outs), 0
 
 
-def macro_set(workload: str, d: Path, args) -> list:
+def macro_set(workload: str, d: Path, args, writer: int) -> list:
     mean_file, write_io = SHAPES[workload]
-    return ["--workload", workload, "--dir", d, "--files", str(args.files), "--seed", str(SEED),
+    return ["--workload", workload, "--dir", d, "--files", str(args.files), "--seed", str(SEED + writer),
             "--mean-file", str(mean_file), "--write-io", str(write_io)]
 
 
 def macro_prepare(workload: str, d: Path, args, env: dict) -> None:
-    run([MACRO, "prepare", *macro_set(workload, d, args)], env=env)
+    """A file set per writer (each writer's own, as `thread_dirs`)."""
+    in_parallel([[MACRO, "prepare", *macro_set(workload, t, args, k)] for k, t in enumerate(thread_dirs(d, args))], env)
 
 
 def macro(workload: str, d: Path, args, env: dict) -> tuple[int, float, int]:
-    out = run([MACRO, "run", *macro_set(workload, d, args), "--flows", str(args.flows), "--seconds", "600"], env=env)
-    r = json.loads(out)
-    return r["ops"], r["seconds"], r["write_bytes"]
+    dirs = [d] if args.threads == 1 else [d / f"t{k}" for k in range(args.threads)]
+    outs = in_parallel([[MACRO, "run", *macro_set(workload, t, args, k), "--flows", str(args.flows), "--seconds", "600"]
+                        for k, t in enumerate(dirs)], env)
+    results = [json.loads(o) for o in outs]
+    return sum(r["ops"] for r in results), max(r["seconds"] for r in results), sum(r["write_bytes"] for r in results)
 
 
 def rocksdb(d: Path, args, env: dict) -> tuple[int, float, int]:
     start = time.monotonic()
+    # db_bench's fillrandom: every thread puts --num keys.
     run(["db_bench", f"--db={d / 'db'}", "--benchmarks=fillrandom", f"--num={args.keys}", "--value_size=1024",
-         "--sync=1", "--write_buffer_size=4194304", "--compression_type=none", f"--seed={SEED}", "--threads=1"], env=env)
+         "--sync=1", "--write_buffer_size=4194304", "--compression_type=none", f"--seed={SEED}", f"--threads={args.threads}"],
+        env=env)
     # db_bench's keys are 16 bytes; every put reaches the WAL.
-    return args.keys, time.monotonic() - start, args.keys * (16 + 1024)
+    puts = args.keys * args.threads
+    return puts, time.monotonic() - start, puts * (16 + 1024)
 
 
 def cell(system: System, workload: str, args) -> dict:
@@ -294,7 +335,9 @@ def report(medians: dict, meta: dict) -> str:
     lines = [
         "# ByteFS's measurements: byte, byte-journal, block-only, ext4, ext4 on the emulated device",
         "",
-        f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}.",
+        f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}; "
+        f"{meta.get('threads', 1)} writer(s) per cell; device write log: {meta.get('device_log', 'the default')}; "
+        f"flash latencies {meta.get('flash_latency', 1.0):g}× Table 4's.",
         "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model,",
         f"its flash image on {meta.get('flash', 'this disk')}, their mounts serving requests over",
         f"{meta.get('transport', 'a transport not recorded')};",
@@ -305,8 +348,11 @@ def report(medians: dict, meta: dict) -> str:
         "bytes, and for ext4 the journal's logged blocks (≈, from jbd2's averages; its checkpoint writes of",
         "the same metadata are in the total).",
         "",
-        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | total traffic ÷ byte's | log cleanings | waited on a full log |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Flash programs: all, then the share cleaning wrote back from the write log and the share garbage",
+        "collection moved (the rest went straight from the block interface to flash).",
+        "",
+        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | of them cleaning / gc | total traffic ÷ byte's | log cleanings | waited on a full log |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload in WORKLOADS:
         base = medians.get((workload, "byte"))
@@ -321,10 +367,13 @@ def report(medians: dict, meta: dict) -> str:
             lo, hi = m["ops_per_s_range"]
             waited = f"{m['full_log_wait_us'] / 1e6 / m['seconds'] * 100:.1f} %" if "full_log_wait_us" in m and m["seconds"] else "—"
             cleanings = fmt(m["cleanings"]) if "cleanings" in m else "—"
+            split = "—"
+            if m.get("flash_program") and "flash_cleaning" in m:
+                split = f"{m['flash_cleaning'] / m['flash_program'] * 100:.0f} % / {m['flash_gc'] / m['flash_program'] * 100:.0f} %"
             lines.append(
                 f"| {workload} | {system} | {fmt(m['ops_per_s'])} [{fmt(lo)}–{fmt(hi)}] | {fmt(per_op(m, 'app_write'))} | {fmt(total)} | "
                 f"{fmt(per_op(m, 'byte_interface'))} | {fmt(per_op(m, 'block_interface'))} | {fmt(meta_bytes)} | {fmt(data)} | "
-                f"{fmt(per_op(m, 'flash_program'))} | {fmt(ratio, '×')} | {cleanings} | {waited} |"
+                f"{fmt(per_op(m, 'flash_program'))} | {split} | {fmt(ratio, '×')} | {cleanings} | {waited} |"
             )
     lines += ["", "## Against the issue's targets", ""]
     for workload in WORKLOADS:
@@ -419,6 +468,10 @@ def main() -> int:
     p.add_argument("--flows", type=int, default=2000, help="macro: flows run")
     p.add_argument("--keys", type=int, default=20000, help="rocksdb: keys put (sync=1)")
     p.add_argument("--device", default="2G", help="capacity of each file system's device (default 2G)")
+    p.add_argument("--device-log", help="the device's write log (and ext4-mssd's block cache), e.g. 16M "
+                   "(default: the device's, 1/32 of its capacity, at most 256M)")
+    p.add_argument("--flash-latency", type=float, default=1.0, help="Table 4's flash latencies times this (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="writers per cell, each in its own directory (default 1)")
     p.add_argument("--flash-on-disk", action="store_true",
                    help="the byte systems' flash images on this disk (default /dev/shm, where the device takes Table 4's times)")
     p.add_argument("--quick", action="store_true", help="smoke run: one round of small workloads")
@@ -434,6 +487,8 @@ def main() -> int:
         return 0
     if os.geteuid() != 0:
         raise SystemExit("bench/byte.py needs root (loop devices, mounts)")
+    if not 1 <= args.threads <= 16:
+        raise SystemExit("--threads must be 1–16")
     if args.quick:
         args.rounds, args.ops, args.files, args.flows, args.keys = 1, 100, 100, 100, 1000
     workloads = [w for w in args.workloads.split(",") if w]
@@ -444,6 +499,10 @@ def main() -> int:
     unknown = set(chosen) - set(SYSTEMS + IN_PROCESS)
     if unknown:
         raise SystemExit(f"unknown system(s) {', '.join(sorted(unknown))}: one of {', '.join(SYSTEMS + IN_PROCESS)}")
+    if args.threads > 1 and set(chosen) & set(IN_PROCESS):
+        # Each writer is a process of its own, and one volume opens in one process only.
+        log("several writers run through the mounts only; the in-process systems are left out")
+        chosen = [x for x in chosen if x not in IN_PROCESS]
     ensure_tools()
     enable_fuse_uring()
     run(["cargo", "build", "--release", "--locked", "-q", "--workspace"],
@@ -457,11 +516,14 @@ def main() -> int:
         "sizes": f"micro {args.ops} of each op, macro {args.files} files x {args.flows} flows, rocksdb {args.keys} keys",
         "device": args.device,
         "flash": "this disk" if args.flash_on_disk else "/dev/shm",
+        "device_log": args.device_log or "the device's default (1/32 of it, at most 256M)",
+        "flash_latency": args.flash_latency,
+        "threads": args.threads,
     }
     cells = []
     with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="alignfs-byte-") as tmp:
         work = Path(tmp)
-        systems = [System(name, work, args.device, args.flash_on_disk) for name in SYSTEMS + IN_PROCESS if name in chosen]
+        systems = [System(name, work, args) for name in SYSTEMS + IN_PROCESS if name in chosen]
         for round_no in range(args.rounds):
             for workload in workloads:
                 # The first system rotates each round, so no system always runs first.
