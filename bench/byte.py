@@ -405,9 +405,10 @@ def report(medians: dict, meta: dict) -> str:
             meta_j = (j["host_write"] - j["data"]) / j["ops"]
             lines.append(f"  - metadata in place: {meta_b:,.0f} B/op, against {meta_j:,.0f} with the journal and checkpoints; "
                          f"{b['ops_per_s'] / j['ops_per_s']:.2f}× the journal's throughput")
-    lines += ["", "## In-process (LD_PRELOAD shim, no FUSE), on the modelled device", "",
-              "| workload | byte ops/s [min–max] | block-only ops/s [min–max] | byte ÷ block-only | through the mount |",
-              "| --- | --- | --- | --- | --- |"]
+    if any((w, s) in medians for w in WORKLOADS for s in IN_PROCESS):
+        lines += ["", "## In-process (LD_PRELOAD shim, no FUSE), on the modelled device", "",
+                  "| workload | byte ops/s [min–max] | block-only ops/s [min–max] | byte ÷ block-only | through the mount |",
+                  "| --- | --- | --- | --- | --- |"]
     for workload in WORKLOADS:
         b, k = (medians.get((workload, s)) for s in IN_PROCESS)
         mb, mk = (medians.get((workload, s)) for s in ("byte", "block-only"))
