@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use alignfs::device::mssd::{LatencyModel, MemorySemanticSsd, MssdOptions, PAGE};
+use alignfs::device::mssd::{MemorySemanticSsd, MssdOptions, PAGE};
 use alignfs::device::{run_batch, AlignedBuf, BlockDevice, IoOp, IoRequest};
 use alignfs::layout::Superblock;
 use alignfs::paths::probe::{probe, Found};
@@ -52,6 +52,10 @@ pub struct ExportDeviceArgs {
     /// `--device-latency=SCALE` multiplies its flash latencies.
     #[arg(long, value_name = "SCALE", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
     device_latency: Option<f64>,
+    /// With `--device-latency`: the FTL's write buffer for block writes that bypass the
+    /// block cache (`--no-block-cache`), as `alignfs mount --device-write-buffer`.
+    #[arg(long, value_name = "SIZE", requires = "device_latency")]
+    device_write_buffer: Option<String>,
     /// Start cleaning the write log when it is this full, percent (the paper's 85; 100
     /// cleans only when a write finds no room, which lets a benchmark fill it).
     #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -398,7 +402,7 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
         bail!("--threads must be between 1 and 64");
     }
     let options = MssdOptions {
-        latency: args.device_latency.map(LatencyModel::bytefs_table4_flash_scaled).transpose().context("--device-latency")?,
+        latency: crate::mount::device_latency(args.device_latency, args.device_write_buffer.as_deref())?,
         block_cache: !args.no_block_cache,
         clean_at_percent: args.clean_at,
         ..MssdOptions::default()

@@ -110,6 +110,12 @@ pub struct MountArgs {
     /// multiplies the flash latencies (ByteFS's sensitivity runs use 0.5 and 2).
     #[arg(long, value_name = "SCALE", num_args = 0..=1, require_equals = true, default_missing_value = "1")]
     device_latency: Option<f64>,
+    /// `byte` volumes, with `--device-latency`: the device's FTL acknowledges block writes
+    /// once they are in a write buffer of this size (ByteFS's prototype has 16M) and
+    /// programs them while later requests run; by default every block write waits for
+    /// its program, as on Table 4's emulated device.
+    #[arg(long, value_name = "SIZE", requires = "device_latency")]
+    device_write_buffer: Option<String>,
     /// `byte` volumes: DRAM for copies of the device's blocks that reads find without the
     /// device, the host's cache of it (default 256M; 0 keeps none), and as much again, at
     /// most the residue zone, for copies of residue units.
@@ -434,7 +440,7 @@ fn volume_options(args: &MountArgs, parsed: &ParsedOptions) -> Result<VolumeOpti
             .transpose()?,
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
         byte_interface: !args.no_byte_interface,
-        device_latency: args.device_latency.map(LatencyModel::bytefs_table4_flash_scaled).transpose().context("--device-latency")?,
+        device_latency: device_latency(args.device_latency, args.device_write_buffer.as_deref())?,
         clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
         ..defaults
     };
@@ -533,6 +539,17 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
     }
 }
 
+/// The device's latency model from `--device-latency[=SCALE]` and `--device-write-buffer`.
+pub fn device_latency(scale: Option<f64>, write_buffer: Option<&str>) -> Result<Option<LatencyModel>> {
+    let Some(scale) = scale else { return Ok(None) };
+    let model = LatencyModel::bytefs_table4_flash_scaled(scale).context("--device-latency")?;
+    let write_buffer_bytes = write_buffer
+        .map(|text| alignfs::geometry::parse_size(text).with_context(|| format!("--device-write-buffer {text}")))
+        .transpose()?
+        .unwrap_or(0);
+    Ok(Some(LatencyModel { write_buffer_bytes, ..model }))
+}
+
 /// Say so when an option was given that the volume's profile does not read (on stdout,
 /// which the parent of a daemon relays until the mount is ready).
 fn warn_unused_options(args: &MountArgs, profile: Profile) {
@@ -542,6 +559,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
         (args.no_byte_interface, Tunable::ByteInterface, "--no-byte-interface"),
         (args.device_latency.is_some(), Tunable::DeviceLatency, "--device-latency"),
+        (args.device_write_buffer.is_some(), Tunable::DeviceLatency, "--device-write-buffer"),
         (args.clean_cache.is_some(), Tunable::CleanCache, "--clean-cache"),
     ];
     for (_, _, flag) in given.iter().filter(|(set, tunable, _)| *set && !profile.tunables().contains(tunable)) {

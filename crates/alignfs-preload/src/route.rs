@@ -87,21 +87,27 @@ fn switch(name: &str) -> Option<bool> {
 
 /// `ALIGNFS_DEVICE_LATENCY`, as `alignfs mount --device-latency[=SCALE]`: unset or `0`
 /// runs the device at the image's speed, `1` takes ByteFS's Table 4 times, another
-/// number scales Table 4's flash latencies by it; anything else turns the shim off.
+/// number scales Table 4's flash latencies by it; `ALIGNFS_DEVICE_WRITE_BUFFER=SIZE`
+/// adds the FTL's write buffer (`--device-write-buffer`). Anything else turns the shim off.
 fn device_latency() -> Option<Option<LatencyModel>> {
     let text = match std::env::var("ALIGNFS_DEVICE_LATENCY") {
         Err(_) => return Some(None),
         Ok(text) if text == "0" => return Some(None),
         Ok(text) => text,
     };
-    let scaled = text
+    let model = text
         .parse::<f64>()
         .map_err(|e| e.to_string())
-        .and_then(|scale| LatencyModel::bytefs_table4_flash_scaled(scale).map_err(|e| e.to_string()));
-    match scaled {
+        .and_then(|scale| LatencyModel::bytefs_table4_flash_scaled(scale).map_err(|e| e.to_string()))
+        .map_err(|e| format!("ALIGNFS_DEVICE_LATENCY={text}: {e}; use 0, 1 or a flash latency scale"));
+    let write_buffer = match std::env::var("ALIGNFS_DEVICE_WRITE_BUFFER") {
+        Err(_) => Ok(0),
+        Ok(size) => alignfs::geometry::parse_size(&size).map_err(|e| format!("ALIGNFS_DEVICE_WRITE_BUFFER={size}: {e}")),
+    };
+    match model.and_then(|model| Ok(LatencyModel { write_buffer_bytes: write_buffer?, ..model })) {
         Ok(model) => Some(Some(model)),
         Err(e) => {
-            say(&format!("ALIGNFS_DEVICE_LATENCY={text}: {e}; use 0, 1 or a flash latency scale; the shim is off"));
+            say(&format!("{e}; the shim is off"));
             None
         }
     }

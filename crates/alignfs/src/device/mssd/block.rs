@@ -159,7 +159,7 @@ impl Inner {
         self.ftl.flash.submit(batch).then(move |outcome| {
             inner.install_written(&lpas, &ppas, first_seq, outcome.is_ok());
             if let Some(model) = inner.options.latency {
-                settle(start, model.block(true, lpas.len() as u64));
+                settle(start, inner.write_buffer.write(&model, lpas.len() as u64));
             }
             let mut buffers: Vec<Option<AlignedBuf>> = match outcome {
                 Ok(buffers) => buffers.into_iter().map(Some).collect(),

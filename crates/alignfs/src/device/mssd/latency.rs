@@ -21,6 +21,11 @@ pub struct LatencyModel {
     pub line_read: Duration,
     /// A cache-line store (posted).
     pub line_write: Duration,
+    /// An FTL write buffer for block writes (ByteFS's prototype has 16 MB, §5.1): a
+    /// block write is acknowledged once transferred into it and programmed while later
+    /// requests run, so it waits for the flash only when the buffer is full. 0, Table 4's
+    /// emulated device, makes every block write wait for its program.
+    pub write_buffer_bytes: u64,
 }
 
 impl LatencyModel {
@@ -35,6 +40,7 @@ impl LatencyModel {
             write_bytes_per_sec: 2.5e9,
             line_read: Duration::from_nanos(4800),
             line_write: Duration::from_nanos(600),
+            write_buffer_bytes: 0,
         }
     }
 
@@ -57,6 +63,12 @@ impl LatencyModel {
         (latency * rounds).max(transfer)
     }
 
+    /// Bytes per second the channels program together.
+    fn program_bytes_per_sec(&self) -> f64 {
+        let per_round = f64::from(self.channels.max(1)) * PAGE as f64 / self.flash_write.as_secs_f64();
+        per_round.min(self.write_bytes_per_sec)
+    }
+
     /// Stores of `bytes` through the byte interface.
     pub fn store(&self, bytes: u64) -> Duration {
         self.line_write * bytes.div_ceil(LINE) as u32
@@ -70,6 +82,38 @@ impl LatencyModel {
     /// Loads of `bytes` through the byte interface, one round trip per line.
     pub fn load(&self, bytes: u64) -> Duration {
         self.line_read * bytes.div_ceil(LINE) as u32
+    }
+}
+
+/// The modelled fill of the FTL's write buffer: block writes add to it, the flash
+/// drains it at its program rate.
+#[derive(Debug)]
+pub(super) struct WriteBuffer {
+    /// Bytes waiting for their program, as of `at`.
+    state: parking_lot::Mutex<(f64, Instant)>,
+}
+
+impl WriteBuffer {
+    pub fn new() -> WriteBuffer {
+        WriteBuffer { state: parking_lot::Mutex::new((0.0, Instant::now())) }
+    }
+
+    /// The time a block write of `pages` takes under `model`: with no buffer, the program
+    /// itself ([`LatencyModel::block`]); with one, the transfer, plus the wait for the
+    /// flash to drain what does not fit.
+    pub fn write(&self, model: &LatencyModel, pages: u64) -> Duration {
+        if model.write_buffer_bytes == 0 {
+            return model.block(true, pages);
+        }
+        let bytes = (pages * PAGE) as f64;
+        let drain = model.program_bytes_per_sec();
+        let capacity = model.write_buffer_bytes as f64;
+        let mut state = self.state.lock();
+        let now = Instant::now();
+        let held = (state.0 - now.duration_since(state.1).as_secs_f64() * drain).max(0.0);
+        let overflow = (held + bytes - capacity).max(0.0);
+        *state = (held + bytes, now);
+        Duration::from_secs_f64(bytes / model.write_bytes_per_sec + overflow / drain)
     }
 }
 
@@ -103,6 +147,23 @@ mod tests {
         assert_eq!(model.block(true, 8), Duration::from_micros(60), "eight channels in parallel");
         assert_eq!(model.block(true, 9), Duration::from_micros(120));
         assert!(model.block(false, 4096) > Duration::from_millis(4), "bandwidth bounds large reads");
+    }
+
+    #[test]
+    fn the_write_buffer_absorbs_bursts_and_then_charges_the_flash() {
+        let model = LatencyModel { write_buffer_bytes: 16 << 20, ..LatencyModel::bytefs_table4() };
+        let buffer = WriteBuffer::new();
+        // 8 channels x 4 KiB per 60 µs: about 546 MB/s of programs.
+        let first = buffer.write(&model, 1);
+        assert!(first < Duration::from_micros(2), "one page is a transfer into the buffer: {first:?}");
+        let fill = model.write_buffer_bytes / PAGE;
+        let filled = buffer.write(&model, fill);
+        let program = model.block(true, fill);
+        assert!(filled < program, "a burst as large as the buffer waits at most for the page over it: {filled:?}");
+        let over = buffer.write(&model, 1024);
+        assert!(over >= model.block(true, 1024).mul_f64(0.9), "a full buffer waits for the flash: {over:?}");
+        let unbuffered = LatencyModel { write_buffer_bytes: 0, ..model };
+        assert_eq!(WriteBuffer::new().write(&unbuffered, 8), Duration::from_micros(60));
     }
 
     #[test]

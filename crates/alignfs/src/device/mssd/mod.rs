@@ -179,6 +179,8 @@ struct Inner {
     stop: AtomicBool,
     /// A posted store ([`MemorySemanticSsd::post`]) failed: every later verify reports it.
     posted_failure: Mutex<Option<String>>,
+    /// The latency model's fill of the FTL's write buffer.
+    write_buffer: latency::WriteBuffer,
 }
 
 pub struct MemorySemanticSsd {
@@ -278,6 +280,7 @@ impl MemorySemanticSsd {
             room: Condvar::new(),
             stop: AtomicBool::new(false),
             posted_failure: Mutex::new(None),
+            write_buffer: latency::WriteBuffer::new(),
         });
         let scanned = started.elapsed();
         let recovering = Instant::now();
