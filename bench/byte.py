@@ -87,8 +87,11 @@ class System:
         # The device's write log (for ext4-mssd its block cache, as large), and its latency
         # model with the flash latencies scaled.
         self.device_log = ["--device-log", args.device_log] if args.device_log else []
-        self.latency = f"--device-latency={args.flash_latency:g}"
-        self.latency_env = f"{args.flash_latency:g}"
+        self.latency = [f"--device-latency={args.flash_latency:g}"]
+        self.latency_env = {"ALIGNFS_DEVICE_LATENCY": f"{args.flash_latency:g}"}
+        if args.write_buffer:
+            self.latency.append(f"--device-write-buffer={args.write_buffer}")
+            self.latency_env["ALIGNFS_DEVICE_WRITE_BUFFER"] = args.write_buffer
         self.slug = name.replace(" ", "-")
         self.in_process = name in IN_PROCESS
         self.block_only = name.startswith("block-only")
@@ -99,14 +102,14 @@ class System:
         # How the mount receives requests (`alignfs stat`); none for ext4 and the shim.
         self.transport = None
         # ext4-mssd: the exporter serving the device as a file.
-        self.exporter = Exporter(self.image, self.dram, work / f"x-{self.slug}", work / f"{self.slug}.log", [self.latency, *self.device_log])
+        self.exporter = Exporter(self.image, self.dram, work / f"x-{self.slug}", work / f"{self.slug}.log", [*self.latency, *self.device_log])
 
     def env(self) -> dict:
         """The environment a workload runs in: the shim's, for an in-process system."""
         if not self.in_process:
             return {}
         return {"LD_PRELOAD": str(PRELOAD), "ALIGNFS_PREFIX": str(SHIM_PREFIX), "ALIGNFS_FAST": str(self.dram),
-                "ALIGNFS_SSD": str(self.image), "ALIGNFS_DEVICE_LATENCY": self.latency_env,
+                "ALIGNFS_SSD": str(self.image), **self.latency_env,
                 "ALIGNFS_NO_BYTE_INTERFACE": "1" if self.block_only else "0"}
 
     def make(self) -> Path:
@@ -132,7 +135,7 @@ class System:
             store = ["--meta-store", "journal"] if self.name == "byte-journal" else []
             run([ALIGNFS, "mkfs", "--profile", "byte", *store, *self.device_log, "--ssd", f"{self.image}:{self.device}", "--fast", self.dram])
             if not self.in_process:
-                options = [self.latency] + (["--no-byte-interface"] if self.block_only else [])
+                options = self.latency + (["--no-byte-interface"] if self.block_only else [])
                 mount_alignfs(["--ssd", self.image, "--fast", self.dram], self.mnt, options, self.work / f"{self.slug}.log")
                 self.transport = mount_transport(self.mnt)
         return self.mnt
@@ -337,7 +340,7 @@ def report(medians: dict, meta: dict) -> str:
         "",
         f"{meta['date']}, {meta['rounds']} round(s), medians. Workload sizes: {meta['sizes']}; "
         f"{meta.get('threads', 1)} writer(s) per cell; device write log: {meta.get('device_log', 'the default')}; "
-        f"flash latencies {meta.get('flash_latency', 1.0):g}× Table 4's.",
+        f"flash latencies {meta.get('flash_latency', 1.0):g}× Table 4's; FTL write buffer: {meta.get('write_buffer', 'none')}.",
         "byte and block-only run on the emulated memory-semantic SSD with ByteFS's Table 4 latency model,",
         f"its flash image on {meta.get('flash', 'this disk')}, their mounts serving requests over",
         f"{meta.get('transport', 'a transport not recorded')};",
@@ -472,6 +475,8 @@ def main() -> int:
     p.add_argument("--device-log", help="the device's write log (and ext4-mssd's block cache), e.g. 16M "
                    "(default: the device's, 1/32 of its capacity, at most 256M)")
     p.add_argument("--flash-latency", type=float, default=1.0, help="Table 4's flash latencies times this (default 1)")
+    p.add_argument("--write-buffer", help="the device's FTL write buffer for block writes, e.g. 16M (ByteFS's prototype; "
+                   "default none: every block write waits for its program, as on Table 4's emulated device)")
     p.add_argument("--threads", type=int, default=1, help="writers per cell, each in its own directory (default 1)")
     p.add_argument("--flash-on-disk", action="store_true",
                    help="the byte systems' flash images on this disk (default /dev/shm, where the device takes Table 4's times)")
@@ -519,6 +524,7 @@ def main() -> int:
         "flash": "this disk" if args.flash_on_disk else "/dev/shm",
         "device_log": args.device_log or "the device's default (1/32 of it, at most 256M)",
         "flash_latency": args.flash_latency,
+        "write_buffer": args.write_buffer or "none",
         "threads": args.threads,
     }
     cells = []
