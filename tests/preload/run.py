@@ -152,7 +152,8 @@ def main():
         run("coreutils: it is gone", ["ls", f"{prefix}/dir"], expect="stdio.txt", absent="lines.txt")
         bad = subprocess.run(["ls", f"{prefix}/dir"], env=dict(env, ALIGNFS_DEVICE_LATENCY="yes"), capture_output=True, text=True, timeout=20)
         check("config: ALIGNFS_DEVICE_LATENCY=yes is refused by name and the shim stays off",
-              "ALIGNFS_DEVICE_LATENCY=yes: use 1 or 0; the shim is off" in bad.stderr and bad.returncode != 0, bad.stderr[-300:])
+              "ALIGNFS_DEVICE_LATENCY=yes: not a number; use 0, 1 or a flash latency scale; the shim is off" in bad.stderr
+              and bad.returncode != 0, bad.stderr[-300:])
         bad = subprocess.run(["ls", f"{prefix}/dir"], env=dict(env, ALIGNFS_CLEAN_CACHE="lots"), capture_output=True, text=True, timeout=20)
         check("config: ALIGNFS_CLEAN_CACHE=lots is refused by name and the shim stays off",
               'ALIGNFS_CLEAN_CACHE=lots: cannot parse size "lots"' in bad.stderr and "the shim is off" in bad.stderr

@@ -97,7 +97,7 @@ fn device_latency() -> Option<Option<LatencyModel>> {
     };
     let model = text
         .parse::<f64>()
-        .map_err(|e| e.to_string())
+        .map_err(|_| "not a number".to_string())
         .and_then(|scale| LatencyModel::bytefs_table4_flash_scaled(scale).map_err(|e| e.to_string()))
         .map_err(|e| format!("ALIGNFS_DEVICE_LATENCY={text}: {e}; use 0, 1 or a flash latency scale"));
     let write_buffer = match std::env::var("ALIGNFS_DEVICE_WRITE_BUFFER") {
