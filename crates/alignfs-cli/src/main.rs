@@ -224,6 +224,11 @@ struct FsckArgs {
     devices: DeviceArgs,
 }
 
+/// The bytes of a size option (`16M`, `1G`, …), the flag named in its error.
+pub(crate) fn byte_size(flag: &str, text: &str) -> Result<u64> {
+    alignfs::geometry::parse_size(text).with_context(|| format!("{flag} {text}"))
+}
+
 fn size_arg(text: &str, what: &str) -> Result<u32> {
     let bytes = alignfs::geometry::parse_size(text).with_context(|| format!("--{what}"))?;
     u32::try_from(bytes).with_context(|| format!("--{what} {text} is too large"))
@@ -253,7 +258,7 @@ fn mkfs(args: &MkfsArgs) -> Result<()> {
         Some(_) if kind != DeviceKind::MemorySemanticSsd => {
             anyhow::bail!("profile {} has no memory-semantic SSD; drop --device-log", profile.name())
         }
-        Some(text) => Some(alignfs::geometry::parse_size(text).with_context(|| format!("--device-log {text}"))?),
+        Some(text) => Some(byte_size("--device-log", text)?),
     };
     let options = FormatOptions { geometry, profile, force: args.force, meta_store, device_log_bytes };
     // Before anything reads a device to size the volume.
@@ -379,14 +384,13 @@ fn block_layout(args: &MkfsArgs, profile: Profile) -> Result<Option<BlockLayout>
         }
         return Ok(None);
     }
-    let parse = |text: &str, what: &str| alignfs::geometry::parse_size(text).with_context(|| format!("--{what} {text}"));
     let mut nvm_ranges = Vec::new();
     for text in &args.nvm_range {
         let (start, end) = text.split_once('-').with_context(|| format!("--nvm-range {text}: expected START-END"))?;
-        nvm_ranges.push(parse(start, "nvm-range")?..parse(end, "nvm-range")?);
+        nvm_ranges.push(byte_size("--nvm-range", start)?..byte_size("--nvm-range", end)?);
     }
     let size = match &args.size {
-        Some(text) => parse(text, "size")?,
+        Some(text) => byte_size("--size", text)?,
         None => largest_block_volume(args)?,
     };
     // Checked before any device file is created; the SSD's room is checked at format.

@@ -543,10 +543,7 @@ fn open_volume(devices: &DeviceArgs, options: VolumeOptions, faults: Option<Arc<
 pub fn device_latency(scale: Option<f64>, write_buffer: Option<&str>) -> Result<Option<LatencyModel>> {
     let Some(scale) = scale else { return Ok(None) };
     let model = LatencyModel::bytefs_table4_flash_scaled(scale).context("--device-latency")?;
-    let write_buffer_bytes = write_buffer
-        .map(|text| alignfs::geometry::parse_size(text).with_context(|| format!("--device-write-buffer {text}")))
-        .transpose()?
-        .unwrap_or(0);
+    let write_buffer_bytes = write_buffer.map(|text| crate::byte_size("--device-write-buffer", text)).transpose()?.unwrap_or(0);
     Ok(Some(LatencyModel { write_buffer_bytes, ..model }))
 }
 

@@ -89,13 +89,19 @@ impl LatencyModel {
 /// drains it at its program rate.
 #[derive(Debug)]
 pub(super) struct WriteBuffer {
-    /// Bytes waiting for their program, as of `at`.
-    state: parking_lot::Mutex<(f64, Instant)>,
+    fill: parking_lot::Mutex<Fill>,
+}
+
+#[derive(Debug)]
+struct Fill {
+    /// Bytes waiting for their program at `at`.
+    bytes: f64,
+    at: Instant,
 }
 
 impl WriteBuffer {
     pub fn new() -> WriteBuffer {
-        WriteBuffer { state: parking_lot::Mutex::new((0.0, Instant::now())) }
+        WriteBuffer { fill: parking_lot::Mutex::new(Fill { bytes: 0.0, at: Instant::now() }) }
     }
 
     /// The time a block write of `pages` takes under `model`: with no buffer, the program
@@ -108,11 +114,11 @@ impl WriteBuffer {
         let bytes = (pages * PAGE) as f64;
         let drain = model.program_bytes_per_sec();
         let capacity = model.write_buffer_bytes as f64;
-        let mut state = self.state.lock();
+        let mut fill = self.fill.lock();
         let now = Instant::now();
-        let held = (state.0 - now.duration_since(state.1).as_secs_f64() * drain).max(0.0);
+        let held = (fill.bytes - now.duration_since(fill.at).as_secs_f64() * drain).max(0.0);
         let overflow = (held + bytes - capacity).max(0.0);
-        *state = (held + bytes, now);
+        *fill = Fill { bytes: held + bytes, at: now };
         Duration::from_secs_f64(bytes / model.write_bytes_per_sec + overflow / drain)
     }
 }
