@@ -13,7 +13,8 @@
 //! log's use as JSON.
 
 use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -56,6 +57,12 @@ pub struct ExportDeviceArgs {
     /// block cache (`--no-block-cache`), as `alignfs mount --device-write-buffer`.
     #[arg(long, value_name = "SIZE", requires = "device_latency")]
     device_write_buffer: Option<String>,
+    /// A file of byte ranges, `START END` (end exclusive) per line, whose flash reads and
+    /// programs the device's counters also count as metadata (`flash_program_metadata_bytes`):
+    /// a client file system's superblocks, bitmaps, inode tables and journal, say. The
+    /// device cannot tell what a block holds; `bench/byte.py` writes this file for ext4.
+    #[arg(long, value_name = "FILE")]
+    metadata_ranges: Option<PathBuf>,
     /// Start cleaning the write log when it is this full, percent (the paper's 85; 100
     /// cleans only when a write finds no room, which lets a benchmark fill it).
     #[arg(long, value_name = "PERCENT", default_value_t = 85, value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -389,11 +396,7 @@ fn open_device(args: &ExportDeviceArgs, options: MssdOptions) -> Result<MemorySe
             dram.path.display()
         );
     }
-    let log_bytes = args
-        .device_log
-        .as_deref()
-        .map(|text| alignfs::geometry::parse_size(text).with_context(|| format!("--device-log {text}")))
-        .transpose()?;
+    let log_bytes = args.device_log.as_deref().map(|text| crate::byte_size("--device-log", text)).transpose()?;
     Ok(format_memory_semantic_ssd(&dram, &ssd, args.force, log_bytes, options, None)?)
 }
 
@@ -401,6 +404,7 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
     if args.threads == 0 || args.threads > 64 {
         bail!("--threads must be between 1 and 64");
     }
+    let metadata = args.metadata_ranges.as_deref().map(read_metadata_ranges).transpose()?;
     let options = MssdOptions {
         latency: crate::mount::device_latency(args.device_latency, args.device_write_buffer.as_deref())?,
         block_cache: !args.no_block_cache,
@@ -419,6 +423,19 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
             args.ssd,
             args.fast
         );
+    }
+    if let Some(ranges) = metadata {
+        // Said, not refused: the device is open (perhaps just made) and the ranges only
+        // label its counters.
+        if let Some(beyond) = ranges.iter().find(|r| r.end > device.len_bytes()) {
+            eprintln!(
+                "note: --metadata-ranges: {}–{} reaches beyond the device's {} bytes; the part beyond counts nothing",
+                beyond.start,
+                beyond.end,
+                device.len_bytes()
+            );
+        }
+        device.count_as_metadata(&ranges);
     }
     std::fs::create_dir_all(&args.mountpoint).with_context(|| format!("create {}", args.mountpoint.display()))?;
     let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
@@ -453,4 +470,27 @@ pub fn run(args: &ExportDeviceArgs) -> Result<()> {
         stats.log_cleanings
     );
     Ok(())
+}
+
+/// The byte ranges of a `--metadata-ranges` file: `START END` per line, end exclusive;
+/// blank lines and `#` comments are skipped.
+fn read_metadata_ranges(path: &Path) -> Result<Vec<Range<u64>>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--metadata-ranges: read {}", path.display()))?;
+    let mut ranges = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = || format!("--metadata-ranges {}, line {}", path.display(), number + 1);
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [start, end] = fields[..] else { bail!("{}: expected `START END` in bytes, found {line:?}", at()) };
+        let start: u64 = start.parse().with_context(|| format!("{}: start {start:?} is not a byte offset", at()))?;
+        let end: u64 = end.parse().with_context(|| format!("{}: end {end:?} is not a byte offset", at()))?;
+        if start >= end {
+            bail!("{}: the range {start}–{end} is empty (the end is exclusive)", at());
+        }
+        ranges.push(start..end);
+    }
+    Ok(ranges)
 }

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
-//! The memory-semantic SSD's format option (`mkfs --device-log`): it sizes the new
-//! device's write log, is refused for profiles without that device, and a refused size
-//! creates no file.
+//! The memory-semantic SSD's options: `mkfs --device-log` sizes the new device's write
+//! log, is refused for profiles without that device, and a refused size creates no file;
+//! a bad `export-device --metadata-ranges` file creates none either.
 
 use std::path::Path;
 use std::process::Output;
@@ -49,5 +49,38 @@ fn device_log_is_refused_where_it_cannot_apply_and_creates_nothing() {
         let out = alignfs(&args);
         assert!(!out.status.success() && text(&out).contains(why), "{args:?}: {}", text(&out));
         assert_eq!((entries(disk.path()), entries(shm.path())), (0, 0), "{args:?} left a file behind");
+    }
+}
+
+/// `export-device --metadata-ranges`: a file that does not parse is refused before any
+/// device is made.
+#[test]
+fn bad_metadata_ranges_are_refused_before_anything_is_made() {
+    let (disk, shm) = (tempfile::tempdir().unwrap(), tempfile::tempdir_in("/dev/shm").unwrap());
+    let ranges = tempfile::NamedTempFile::new().unwrap();
+    let ssd = format!("{}:64M", disk.path().join("d.img").display());
+    let dram = shm.path().join("d.dram");
+    let mnt = tempfile::tempdir().unwrap();
+    let export = |contents: &str| {
+        std::fs::write(ranges.path(), contents).unwrap();
+        alignfs(&[
+            "export-device",
+            "--ssd",
+            &ssd,
+            "--fast",
+            dram.to_str().unwrap(),
+            "--metadata-ranges",
+            ranges.path().to_str().unwrap(),
+            mnt.path().to_str().unwrap(),
+        ])
+    };
+    for (contents, why) in [
+        ("# superblock\n0 4096\n4096\n", "line 3: expected `START END` in bytes"),
+        ("0 4k\n", "line 1: end \"4k\" is not a byte offset"),
+        ("8192 4096\n", "line 1: the range 8192–4096 is empty"),
+    ] {
+        let out = export(contents);
+        assert!(!out.status.success() && text(&out).contains(why), "{contents:?}: {}", text(&out));
+        assert_eq!((entries(disk.path()), entries(shm.path())), (0, 0), "{contents:?} left a file behind");
     }
 }

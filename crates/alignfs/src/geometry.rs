@@ -161,6 +161,12 @@ impl MetaLayout {
         Ok(MetaLayout { page_count, ..layout })
     }
 
+    /// The superblock, the checkpoint slots (or in-place metadata lines) and the journal
+    /// (or redo area): from the start of the device to the journal's end.
+    pub fn metadata_area(&self) -> std::ops::Range<u64> {
+        0..self.journal_offset + self.journal_bytes
+    }
+
     /// Two checkpoint slots and a journal one after the other from `start`; the page zone
     /// (empty) right after them.
     fn carve(start: u64, checkpoint_bytes: u64, journal_bytes: u64) -> MetaLayout {

@@ -183,6 +183,27 @@ fn byte_writes_back_pages_by_their_modified_ratio() {
     assert!(volume.check().is_empty());
 }
 
+/// The volume names its metadata area to the device, so the device's flash counters
+/// split metadata from data: block-only, a create's metadata sectors are programmed in
+/// place, and whole data blocks land outside the area.
+#[test]
+fn byte_device_counts_its_metadata_area_apart() {
+    let (_scratch, dram, ssd, volume) = format_byte();
+    volume.close().unwrap();
+    let block_only = VolumeOptions { byte_interface: false, ..VolumeOptions::default() };
+    let volume = open_paths(&dram.path, &ssd.path, block_only, None).unwrap();
+    let device = |name: &str| volume.device_counters().iter().find(|c| c.name == name).unwrap().value;
+    let (programs, metadata) = (device("flash_program_bytes"), device("flash_program_metadata_bytes"));
+    let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    let after_create = device("flash_program_metadata_bytes");
+    assert!(after_create > metadata, "the create's metadata sectors count as metadata");
+    let data = vec![7u8; 1 << 20];
+    volume.write(f, 0, &data).unwrap();
+    let data_programs = (device("flash_program_bytes") - programs) - (device("flash_program_metadata_bytes") - metadata);
+    assert!(data_programs >= data.len() as u64, "whole data blocks count as data ({data_programs} bytes)");
+    volume.close().unwrap();
+}
+
 /// A `byte` volume keeps the blocks and residue units it read or wrote in DRAM, as the
 /// host's cache of a device no kernel cache stands in front of: a second read of a
 /// block asks the device for nothing, every write (whole blocks, residue, truncation)

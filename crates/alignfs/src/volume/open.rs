@@ -199,6 +199,9 @@ fn assemble(devices: Devices, superblock: Superblock, meta_name: String, options
         Devices::MemorySemanticSsd { device } => (None, Some(Arc::clone(device))),
         _ => (None, None),
     };
+    if let Some(device) = &byte {
+        device.count_as_metadata(&[layout.metadata_area()]);
+    }
     let recovered = recover_metadata(&devices, &superblock, &meta_name, &options, started)?;
     let Recovered { meta, store, counters, recovery, fragments, checksums } = recovered;
     let spec = superblock.profile.spec();

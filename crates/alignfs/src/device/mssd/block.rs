@@ -24,15 +24,18 @@ impl Inner {
         // device reads a multi-page command; then each page with its log chunks merged.
         let pieces = pieces(addr, out.len());
         let mut needs = Vec::with_capacity(pieces.len());
-        let mut ppas = Vec::with_capacity(pieces.len());
+        let (mut lpas, mut ppas) = (Vec::with_capacity(pieces.len()), Vec::with_capacity(pieces.len()));
         for (lpa, offset, range) in &pieces {
             let chunks = self.index.chunks(*lpa);
             let from_log_only = load && covers(&chunks, *offset..*offset + range.len());
             let ppa = if from_log_only { None } else { self.ftl.lookup(*lpa) };
-            ppas.extend(ppa);
+            if let Some(ppa) = ppa {
+                lpas.push(*lpa);
+                ppas.push(ppa);
+            }
             needs.push((chunks, ppa.is_some()));
         }
-        let flash = self.ftl.read_pages(&ppas)?;
+        let flash = self.ftl.read_pages(&lpas, &ppas)?;
         let mut flash = flash.pages();
         let mut page = AlignedBuf::zeroed(PAGE as usize);
         for ((_, offset, range), (chunks, mapped)) in pieces.into_iter().zip(needs) {
@@ -50,7 +53,7 @@ impl Inner {
     pub(super) fn read_blocks(&self, requests: Vec<(usize, IoRequest)>) -> Vec<IoOutcome> {
         let start = Instant::now();
         let _media = self.media.read();
-        let mut mapped = Vec::new();
+        let (mut mapped_lpas, mut mapped) = (Vec::new(), Vec::new());
         let mut outcomes = Vec::with_capacity(requests.len());
         let mut pending = Vec::new();
         for (index, request) in requests {
@@ -61,10 +64,15 @@ impl Inner {
             let first = (request.offset_bytes / PAGE) as u32;
             let pages = (request.buf.len() as u64 / PAGE) as u32;
             let lookups: Vec<Option<u32>> = (first..first + pages).map(|lpa| self.ftl.lookup(lpa)).collect();
-            mapped.extend(lookups.iter().flatten());
+            for (lpa, ppa) in (first..).zip(&lookups) {
+                if let Some(ppa) = ppa {
+                    mapped_lpas.push(lpa);
+                    mapped.push(*ppa);
+                }
+            }
             pending.push((index, request, first, lookups));
         }
-        let flash = match self.ftl.read_pages(&mapped) {
+        let flash = match self.ftl.read_pages(&mapped_lpas, &mapped) {
             Ok(pages) => pages,
             Err(e) => {
                 let message = e.to_string();
@@ -154,7 +162,7 @@ impl Inner {
         let (batch, kept) = flash_batch(requests, &ppas);
         let bytes = lpas.len() as u64 * PAGE;
         self.counters.block_write_bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.counters.flash_program_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.ftl.count_programs(&lpas);
         let inner = Arc::clone(self);
         self.ftl.flash.submit(batch).then(move |outcome| {
             inner.install_written(&lpas, &ppas, first_seq, outcome.is_ok());

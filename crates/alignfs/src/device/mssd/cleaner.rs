@@ -113,8 +113,9 @@ impl Inner {
             .filter_map(|(i, (lpa, _))| self.ftl.lookup(*lpa).map(|ppa| (i, ppa)))
             .collect();
         let ppas: Vec<u32> = partial.iter().map(|&(_, ppa)| ppa).collect();
+        let partial_lpas: Vec<u32> = partial.iter().map(|&(i, _)| plan[i].0).collect();
         let mut pages = vec![vec![0u8; PAGE as usize]; plan.len()];
-        for ((i, _), base) in partial.iter().zip(self.ftl.read_pages(&ppas)?.pages()) {
+        for ((i, _), base) in partial.iter().zip(self.ftl.read_pages(&partial_lpas, &ppas)?.pages()) {
             pages[*i].copy_from_slice(base);
         }
         self.counters.log_base_reads.fetch_add(partial.len() as u64, Ordering::Relaxed);
@@ -126,7 +127,7 @@ impl Inner {
             self.ftl.collect(&mut f, lpas.len())?;
         }
         let targets = self.ftl.allocate(&mut f, &lpas, false)?;
-        self.ftl.program(&targets, &pages.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        self.ftl.program(&lpas, &targets, &pages.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         for ((lpa, chunks), target) in plan.iter().zip(targets) {
             let version = chunks.iter().map(|c| c.seq).max().expect("a planned page has chunks");
             if self.ftl.install(&mut f, *lpa, target, version) {

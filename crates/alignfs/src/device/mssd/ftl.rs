@@ -10,10 +10,11 @@
 //! knows which log entries a page already holds.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::layout::{Layout, PAGE};
 use super::Counters;
@@ -50,6 +51,9 @@ pub struct Ftl {
     pub state: Mutex<FtlState>,
     counters: Arc<Counters>,
     free_blocks: AtomicU64,
+    /// Logical pages whose flash traffic the counters also count as metadata, sorted and
+    /// disjoint ([`Ftl::count_as_metadata`]).
+    metadata: RwLock<Vec<Range<u32>>>,
 }
 
 impl Ftl {
@@ -101,8 +105,50 @@ impl Ftl {
             flash,
             dram,
             counters,
+            metadata: RwLock::new(Vec::new()),
         };
         Ok((ftl, max_version))
+    }
+
+    /// Count the flash reads and programs of the pages that overlap `ranges` (byte ranges
+    /// of the logical space) as metadata from now on, replacing any earlier ranges. The
+    /// device cannot tell what a page holds; whoever lays out the space can.
+    pub fn count_as_metadata(&self, ranges: &[Range<u64>]) {
+        let limit = u64::from(self.layout.logical_pages);
+        let mut pages: Vec<Range<u32>> = ranges
+            .iter()
+            .filter(|r| r.start < r.end)
+            .map(|r| (r.start / PAGE).min(limit) as u32..r.end.div_ceil(PAGE).min(limit) as u32)
+            .filter(|r| !r.is_empty())
+            .collect();
+        pages.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<u32>> = Vec::with_capacity(pages.len());
+        for r in pages {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        *self.metadata.write() = merged;
+    }
+
+    /// How many of `lpas` are metadata pages.
+    fn metadata_pages(&self, lpas: &[u32]) -> u64 {
+        let metadata = self.metadata.read();
+        if metadata.is_empty() {
+            return 0;
+        }
+        let contains = |lpa: u32| {
+            let at = metadata.partition_point(|r| r.end <= lpa);
+            metadata.get(at).is_some_and(|r| r.start <= lpa)
+        };
+        lpas.iter().filter(|&&lpa| contains(lpa)).count() as u64
+    }
+
+    /// Count programs of `lpas`, whichever path writes them.
+    pub fn count_programs(&self, lpas: &[u32]) {
+        self.counters.flash_program_bytes.fetch_add(lpas.len() as u64 * PAGE, Ordering::Relaxed);
+        self.counters.flash_program_metadata_bytes.fetch_add(self.metadata_pages(lpas) * PAGE, Ordering::Relaxed);
     }
 
     /// The flash page a read of `lpa` sees now.
@@ -255,19 +301,22 @@ impl Ftl {
         Ok(())
     }
 
-    /// Read whole flash pages (none of them unmapped), one IO per run of consecutive pages.
-    pub fn read_pages(&self, ppas: &[u32]) -> Result<FlashPages> {
+    /// Read whole flash pages (none of them unmapped; `lpas[i]` is the logical page
+    /// `ppas[i]` holds), one IO per run of consecutive pages.
+    pub fn read_pages(&self, lpas: &[u32], ppas: &[u32]) -> Result<FlashPages> {
+        debug_assert_eq!(lpas.len(), ppas.len());
         let mut batch = Vec::new();
         for run in runs(ppas) {
             let len = run.len() * PAGE as usize;
             batch.push(IoRequest { op: IoOp::Read, offset_bytes: u64::from(run[0]) * PAGE, buf: AlignedBuf::zeroed(len) });
         }
         self.counters.flash_read_bytes.fetch_add(ppas.len() as u64 * PAGE, Ordering::Relaxed);
+        self.counters.flash_read_metadata_bytes.fetch_add(self.metadata_pages(lpas) * PAGE, Ordering::Relaxed);
         Ok(FlashPages(run_batch(self.flash.as_ref(), batch)?))
     }
 
-    /// Program `pages` at `ppas` and wait.
-    pub fn program(&self, ppas: &[u32], pages: &[&[u8]]) -> Result<()> {
+    /// Program `pages`, the contents of logical pages `lpas`, at `ppas` and wait.
+    pub fn program(&self, lpas: &[u32], ppas: &[u32], pages: &[&[u8]]) -> Result<()> {
         let mut batch = Vec::new();
         let mut at = 0;
         for run in runs(ppas) {
@@ -278,7 +327,7 @@ impl Ftl {
             at += run.len();
             batch.push(IoRequest { op: IoOp::Write, offset_bytes: u64::from(run[0]) * PAGE, buf });
         }
-        self.counters.flash_program_bytes.fetch_add(ppas.len() as u64 * PAGE, Ordering::Relaxed);
+        self.count_programs(lpas);
         run_batch(self.flash.as_ref(), batch).map(|_| ())
     }
 
@@ -302,9 +351,9 @@ impl Ftl {
                 continue;
             }
             let lpas: Vec<u32> = moving.iter().map(|&p| st.owner[p as usize]).collect();
-            let pages = self.read_pages(&moving)?;
+            let pages = self.read_pages(&lpas, &moving)?;
             let targets = self.allocate(st, &lpas, false)?;
-            self.program(&targets, &pages.pages().collect::<Vec<_>>())?;
+            self.program(&lpas, &targets, &pages.pages().collect::<Vec<_>>())?;
             for (&lpa, &target) in lpas.iter().zip(&targets) {
                 let version = st.version[lpa as usize];
                 self.replace(st, lpa, target + 1, version);

@@ -83,7 +83,9 @@ device_counters! {
     commits: "transactions committed",
     trimmed_pages: "pages deallocated by trims (no payload crosses the bus)",
     flash_program_bytes: "bytes programmed to flash (host writes, cleaning, garbage collection)",
+    flash_program_metadata_bytes: "of the bytes programmed, those of pages counted as metadata (the volume's metadata area, or an exported device's --metadata-ranges)",
     flash_read_bytes: "bytes read from flash",
+    flash_read_metadata_bytes: "of the bytes read from flash, those of pages counted as metadata",
     flash_flushes: "flushes of the flash image",
     log_cleanings: "write-log cleanings",
     log_cleaning_us: "microseconds spent cleaning the write log",
@@ -422,6 +424,14 @@ impl MemorySemanticSsd {
     /// Clean the whole log now (normally done at 85 % use).
     pub fn clean(&self) -> Result<()> {
         self.inner.clean()
+    }
+
+    /// Count the flash traffic of the pages overlapping these byte ranges as metadata
+    /// (`flash_program_metadata_bytes`, `flash_read_metadata_bytes`), replacing earlier
+    /// ranges: the device cannot tell what a page holds, so whoever lays out its space
+    /// names the metadata (a volume its metadata area, `export-device` a client's map).
+    pub fn count_as_metadata(&self, ranges: &[std::ops::Range<u64>]) {
+        self.inner.ftl.count_as_metadata(ranges);
     }
 
     pub fn stats(&self) -> MssdStats {

@@ -216,6 +216,38 @@ fn cleaning_starts_at_85_percent_and_reads_old_pages_only_for_partial_updates() 
 }
 
 #[test]
+fn flash_traffic_to_named_metadata_pages_is_counted_on_every_path() {
+    let media = media();
+    let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
+    // Pages 1 and 2 (any range overlapping a page names it), and 6; overlaps merge.
+    ssd.count_as_metadata(&[PAGE + 100..2 * PAGE + 1, 2 * PAGE..2 * PAGE + 8, 6 * PAGE..7 * PAGE, 9 * PAGE..9 * PAGE]);
+    let start = ssd.stats();
+    write_block(&ssd, 0, &[1u8; 4 * PAGE as usize]);
+    let stats = ssd.stats();
+    assert_eq!(stats.flash_program_bytes - start.flash_program_bytes, 4 * PAGE);
+    assert_eq!(stats.flash_program_metadata_bytes - start.flash_program_metadata_bytes, 2 * PAGE, "block writes: pages 1 and 2");
+    read_block(&ssd, 0, 4);
+    let read = ssd.stats();
+    assert_eq!(read.flash_read_metadata_bytes - stats.flash_read_metadata_bytes, 2 * PAGE, "block reads: pages 1 and 2");
+    // Cleaning writes back page 6 (metadata, whole) and page 1 (metadata, partial: its base
+    // is read) and page 8 (data).
+    for line in 0..PAGE / LINE {
+        ssd.store(None, 6 * PAGE + line * LINE, &[2u8; LINE as usize]).unwrap();
+    }
+    ssd.store(None, PAGE + 64, &[3u8; 64]).unwrap();
+    ssd.store(None, 8 * PAGE, &[4u8; 64]).unwrap();
+    ssd.clean().unwrap();
+    let cleaned = ssd.stats();
+    assert_eq!(cleaned.log_cleaned_pages - read.log_cleaned_pages, 3);
+    assert_eq!(cleaned.flash_program_metadata_bytes - read.flash_program_metadata_bytes, 2 * PAGE, "cleaning: pages 1 and 6");
+    assert_eq!(cleaned.flash_read_metadata_bytes - read.flash_read_metadata_bytes, PAGE, "cleaning read page 1's base");
+    // Replacing the ranges with none stops the counting.
+    ssd.count_as_metadata(&[]);
+    write_block(&ssd, 1, &[5u8; PAGE as usize]);
+    assert_eq!(ssd.stats().flash_program_metadata_bytes, cleaned.flash_program_metadata_bytes);
+}
+
+#[test]
 fn opening_reports_what_recovery_scanned_and_wrote_back() {
     let media = media();
     let ssd = MemorySemanticSsd::format(media.flash.clone(), media.dram.clone(), &config(), options()).unwrap();
