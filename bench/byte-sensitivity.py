@@ -2,7 +2,8 @@
 """ByteFS's sensitivity runs (issue 67, item 5; the paper's Figs. 13-14): `byte` and ext4
 on the same emulated device (ext4-mssd) with the device's write log at 16, 64 and 256 MiB
 (flash at Table 4's latencies), and with the flash latencies at 0.5x, 1x and 2x Table 4's
-(the log at 64 MiB), on the micro workload and two macro ones. Each setting is one
+(the log at 64 MiB), on the micro workload and two macro ones. Like the paper's, these
+run on Table 4's emulator, with no FTL write buffer. Each setting is one
 `bench/byte.py` run; this script runs them, alternating nothing across settings (each run
 alternates its systems), and tabulates throughput, the byte ÷ ext4 ratio, flash programs
 per operation, log cleanings and the time stores waited on a full log.
@@ -124,7 +125,7 @@ def main() -> int:
         log(f"setting {label}")
         run([sys.executable, REPO / "bench" / "byte.py", "--systems", ",".join(SYSTEMS), "--workloads", ",".join(WORKLOADS),
              "--rounds", str(args.rounds), "--ops", str(args.ops), "--files", str(args.files), "--flows", str(args.flows),
-             "--device-log", device_log, "--flash-latency", str(latency), "--out", out / slug(label)])
+             "--device-log", device_log, "--flash-latency", str(latency), "--write-buffer", "0", "--out", out / slug(label)])
     text = report(out, meta)
     (out / "report.md").write_text(text)
     print(text)

@@ -20,7 +20,9 @@ for ByteFS's micro workloads (create, mkdir, unlink, rmdir, each durable), the m
 12) and RocksDB db_bench fillrandom with sync=1. Every cell runs on a fresh file system, and only the
 workload itself is counted (a macro file set is prepared and synced first).
 
-The byte systems and ext4-mssd run with `--device-latency` (ByteFS's Table 4), so their
+The byte systems and ext4-mssd run with `--device-latency` (ByteFS's Table 4) and the
+16 MB FTL write buffer of ByteFS's prototype, where the paper's Figure 6 runs
+(`--write-buffer 0`: Table 4's emulator, every block write waiting for its program), so their
 throughput is that of the modelled device; plain ext4's is this machine's disk, so only
 its traffic compares. Each cell also reports the device's log cleanings and the share of
 the cell's time stores (or cached block writes) waited on a full write log. They run twice: through the mount, and in the workload's own process through
@@ -89,7 +91,7 @@ class System:
         self.device_log = ["--device-log", args.device_log] if args.device_log else []
         self.latency = [f"--device-latency={args.flash_latency:g}"]
         self.latency_env = {"ALIGNFS_DEVICE_LATENCY": f"{args.flash_latency:g}"}
-        if args.write_buffer:
+        if args.write_buffer != "0":
             self.latency.append(f"--device-write-buffer={args.write_buffer}")
             self.latency_env["ALIGNFS_DEVICE_WRITE_BUFFER"] = args.write_buffer
         self.slug = name.replace(" ", "-")
@@ -126,6 +128,10 @@ class System:
         elif self.name == "ext4-mssd":
             self.image.unlink(missing_ok=True)
             self.dram.unlink(missing_ok=True)
+            if "--metadata-ranges" not in self.exporter.options:
+                ranges = self.work / "ext4-metadata-ranges"
+                ranges.write_text(ext4_metadata_ranges(self.device, lazy_init_off, self.work))
+                self.exporter.options += ["--metadata-ranges", str(ranges)]
             self.exporter.start(self.device)
             self.loop = run(["losetup", "-f", "--show", "--direct-io=on", self.exporter.mnt / "disk"]).strip()
             fs_on(self.loop, self.mnt, mkfs_options=lazy_init_off)
@@ -176,6 +182,35 @@ class System:
         return {**device_traffic(device), "data": c["ssd_write_bytes"] + c["page_write_bytes"] + c["upage_write_bytes"]}
 
 
+# The fixed metadata in dumpe2fs's per-group lines, and the journal's extents in debugfs's.
+EXT4_GROUP_METADATA = re.compile(r"(?:superblock|Group descriptors|Reserved GDT blocks|Block bitmap|Inode bitmap|Inode table) at (\d+)(?:-(\d+))?")
+EXT4_EXTENT = re.compile(r"\((?:ETB\d+|\d+(?:-\d+)?)\):(\d+)(?:-(\d+))?")
+
+
+def ext4_metadata_ranges(size: str, mkfs_options: list, work: Path) -> str:
+    """Where ext4 keeps its fixed metadata on a device of `size`, as the byte ranges
+    `export-device --metadata-ranges` reads: superblocks and group descriptors with their
+    reserve, bitmaps, inode tables and the journal. mkfs places them from the size and
+    options alone, so a scratch file of the same size shows where they will be. Directory
+    and extent blocks are allocated among the data and count as data there (their copies
+    in the journal count as metadata)."""
+    scratch = work / "ext4-layout.img"
+    scratch.unlink(missing_ok=True)
+    run(["truncate", "-s", size, scratch])
+    try:
+        run(["mkfs.ext4", "-q", "-F", *mkfs_options, scratch])
+        groups = run(["dumpe2fs", scratch])
+        journal = run(["debugfs", "-R", "stat <8>", scratch])
+    finally:
+        scratch.unlink(missing_ok=True)
+    block = int(re.search(r"^Block size:\s+(\d+)", groups, re.M).group(1))
+    blocks = [(int(a), int(b or a)) for a, b in EXT4_GROUP_METADATA.findall(groups)]
+    blocks += [(int(a), int(b or a)) for a, b in EXT4_EXTENT.findall(journal.split("EXTENTS:")[-1])]
+    if not blocks:
+        raise RuntimeError("dumpe2fs and debugfs named no ext4 metadata")
+    return "".join(f"{first * block} {(last + 1) * block}\n" for first, last in sorted(blocks))
+
+
 def device_traffic(device: dict) -> dict:
     """What the emulated device counted: host traffic per interface, flash programs, and
     its write log's cleanings and the time stores waited for one."""
@@ -184,6 +219,9 @@ def device_traffic(device: dict) -> dict:
         "byte_interface": device["byte_store_bytes"],
         "block_interface": device["block_write_bytes"],
         "flash_program": device["flash_program_bytes"],
+        # Of those programs (and reads): the pages the system's layout names as metadata.
+        "flash_metadata": device["flash_program_metadata_bytes"],
+        "flash_read_metadata": device["flash_read_metadata_bytes"],
         # Of those programs: pages cleaning wrote back from the log, and pages garbage
         # collection moved; the rest are block writes sent straight to flash.
         "flash_cleaning": device["log_cleaned_pages"] * 4096,
@@ -351,11 +389,13 @@ def report(medians: dict, meta: dict) -> str:
         "bytes, and for ext4 the journal's logged blocks (≈, from jbd2's averages; its checkpoint writes of",
         "the same metadata are in the total).",
         "",
-        "Flash programs: all, then the share cleaning wrote back from the write log and the share garbage",
-        "collection moved (the rest went straight from the block interface to flash).",
+        "Flash programs: all, then the share that went to metadata pages (byte's metadata area; ext4's",
+        "superblocks, group descriptors, bitmaps, inode tables and journal, from its layout — its directory and",
+        "extent blocks count as data), the share cleaning wrote back from the write log and the share garbage",
+        "collection moved (the rest went straight from the block interface to flash). Flash reads likewise.",
         "",
-        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | of them cleaning / gc | total traffic ÷ byte's | log cleanings | waited on a full log |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | system | ops/s [min–max] | application writes B/op | host→device B/op | byte interface | block interface | metadata B/op | data B/op | flash programs B/op | of them metadata / cleaning / gc | flash reads B/op (metadata) | total traffic ÷ byte's | log cleanings | waited on a full log |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload in WORKLOADS:
         base = medians.get((workload, "byte"))
@@ -370,13 +410,18 @@ def report(medians: dict, meta: dict) -> str:
             lo, hi = m["ops_per_s_range"]
             waited = f"{m['full_log_wait_us'] / 1e6 / m['seconds'] * 100:.1f} %" if "full_log_wait_us" in m and m["seconds"] else "—"
             cleanings = fmt(m["cleanings"]) if "cleanings" in m else "—"
-            split = "—"
+            split, reads = "—", "—"
             if m.get("flash_program") and "flash_cleaning" in m:
-                split = f"{m['flash_cleaning'] / m['flash_program'] * 100:.0f} % / {m['flash_gc'] / m['flash_program'] * 100:.0f} %"
+                shares = [m.get("flash_metadata"), m["flash_cleaning"], m["flash_gc"]]
+                split = " / ".join("—" if v is None else f"{v / m['flash_program'] * 100:.0f} %" for v in shares)
+            if "flash_read" in m:
+                reads = fmt(per_op(m, "flash_read"))
+                if m.get("flash_read") and "flash_read_metadata" in m:
+                    reads += f" ({m['flash_read_metadata'] / m['flash_read'] * 100:.0f} %)"
             lines.append(
                 f"| {workload} | {system} | {fmt(m['ops_per_s'])} [{fmt(lo)}–{fmt(hi)}] | {fmt(per_op(m, 'app_write'))} | {fmt(total)} | "
                 f"{fmt(per_op(m, 'byte_interface'))} | {fmt(per_op(m, 'block_interface'))} | {fmt(meta_bytes)} | {fmt(data)} | "
-                f"{fmt(per_op(m, 'flash_program'))} | {split} | {fmt(ratio, '×')} | {cleanings} | {waited} |"
+                f"{fmt(per_op(m, 'flash_program'))} | {split} | {reads} | {fmt(ratio, '×')} | {cleanings} | {waited} |"
             )
     lines += ["", "## Against the issue's targets", ""]
     for workload in WORKLOADS:
@@ -475,8 +520,9 @@ def main() -> int:
     p.add_argument("--device-log", help="the device's write log (and ext4-mssd's block cache), e.g. 16M "
                    "(default: the device's, 1/32 of its capacity, at most 256M)")
     p.add_argument("--flash-latency", type=float, default=1.0, help="Table 4's flash latencies times this (default 1)")
-    p.add_argument("--write-buffer", help="the device's FTL write buffer for block writes, e.g. 16M (ByteFS's prototype; "
-                   "default none: every block write waits for its program, as on Table 4's emulated device)")
+    p.add_argument("--write-buffer", default="16M",
+                   help="the device's FTL write buffer for block writes (default 16M, as on ByteFS's prototype, where its "
+                   "Figure 6 runs; 0: none, every block write waits for its program, as on Table 4's emulator)")
     p.add_argument("--threads", type=int, default=1, help="writers per cell, each in its own directory (default 1)")
     p.add_argument("--flash-on-disk", action="store_true",
                    help="the byte systems' flash images on this disk (default /dev/shm, where the device takes Table 4's times)")
@@ -524,7 +570,7 @@ def main() -> int:
         "flash": "this disk" if args.flash_on_disk else "/dev/shm",
         "device_log": args.device_log or "the device's default (1/32 of it, at most 256M)",
         "flash_latency": args.flash_latency,
-        "write_buffer": args.write_buffer or "none",
+        "write_buffer": "none" if args.write_buffer == "0" else args.write_buffer,
         "threads": args.threads,
     }
     cells = []
