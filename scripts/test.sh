@@ -249,7 +249,7 @@ bench/uhs.py --quick --cells randread | sed -n '/^| workload/,/^$/p' || suites=1
 # its block-only baseline, ext4 on a loop device and ext4 on the same emulated device, on
 # the workloads the comparison
 # below does not run (it runs micro, varmail and RocksDB through this script).
-bench/byte.py --quick --workloads fileserver,webproxy --device-log 8M --flash-latency 0.5 --out "$work/bench-byte" | sed -n '/^| workload/,/^$/p' || suites=1
+bench/byte.py --quick --workloads fileserver,webserver --device-log 8M --flash-latency 0.5 --out "$work/bench-byte" | sed -n '/^| workload/,/^$/p' || suites=1
 # Recovery after a power cut with a full device log, byte beside ext4 on the same emulated
 # device (bench/byte-recovery.py), on a 512 MiB device: a few seconds.
 bench/byte-recovery.py --quick --out "$work/bench-byte-recovery" | sed -n '/^| system/,/^$/p' || suites=1

@@ -1,11 +1,12 @@
-//! Filebench-style macro workloads (fileserver, webproxy, varmail, createfiles) for
-//! bench/run.py and bench/uhs.py.
+//! Filebench-style macro workloads (fileserver, webproxy, varmail, webserver, createfiles)
+//! for bench/run.py, bench/uhs.py and bench/byte.py.
 //!
 //! Filebench is not packaged for this machine, so this program replays its personalities'
 //! flow operations with the file counts, sizes and read/write IO sizes of the OrchFS
 //! paper's Table 3 (scaled by `--files`), and createfiles with the UHS paper's Table III
 //! shape (16 KiB files written whole, no reads; the file set starts empty and the run ends
-//! early once every file exists). As in the OrchFS paper, every write phase is made
+//! early once every file exists). Webserver is filebench's (ByteFS's Table 5): ten whole
+//! files read, then one append to a shared log file. As in the OrchFS paper, every write phase is made
 //! durable at once (fsync). `prepare` builds the file set; `run` times the flow for
 //! `--seconds` (or `--flows` of them, if sooner) and prints one JSON object. The two are separate so caches can be dropped in
 //! between.
@@ -21,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
 #[derive(Parser)]
-#[command(about = "Filebench-style fileserver / webproxy / varmail workloads (OrchFS paper, Table 3)")]
+#[command(about = "Filebench-style fileserver / webproxy / varmail / webserver workloads (OrchFS paper, Table 3)")]
 struct Args {
     #[command(subcommand)]
     phase: Phase,
@@ -83,6 +84,7 @@ enum Workload {
     Fileserver,
     Webproxy,
     Varmail,
+    Webserver,
     Createfiles,
 }
 
@@ -108,12 +110,16 @@ impl Workload {
             }
             Workload::Varmail => Shape { mean_file: 64 * K, read_io: 1 << 20, write_io: 64 << 10, dir_width: usize::MAX, preallocate: 0.8 },
             Workload::Createfiles => Shape { mean_file: 16 * K, read_io: 1 << 20, write_io: 16 << 10, dir_width: 100, preallocate: 0.0 },
+            // Filebench's webserver.f: 16 KiB files 20 to a directory, all preallocated, and
+            // 16 KiB appends to the log.
+            Workload::Webserver => Shape { mean_file: 16 * K, read_io: 1 << 20, write_io: 16 << 10, dir_width: 20, preallocate: 1.0 },
         }
     }
 }
 
 struct FileSet {
     dir: PathBuf,
+    workload: Workload,
     shape: Shape,
     present: Vec<bool>,
     rng: StdRng,
@@ -145,6 +151,7 @@ impl FileSet {
         rng.fill_bytes(&mut data);
         FileSet {
             dir: common.dir.clone(),
+            workload: common.workload,
             read_buf: vec![0u8; shape.read_io],
             shape,
             present: vec![false; common.files],
@@ -152,6 +159,11 @@ impl FileSet {
             data,
             counts: Counts::default(),
         }
+    }
+
+    /// Webserver's log file, beside the file set's directories.
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("log")
     }
 
     fn path(&self, i: usize) -> PathBuf {
@@ -206,7 +218,11 @@ impl FileSet {
 
     /// openfile + appendfilerand (one write IO, random length up to the IO size) + fsync + closefile.
     fn append(&mut self, i: usize) -> Result<()> {
-        let mut file = OpenOptions::new().append(true).open(self.path(i))?;
+        self.append_to(self.path(i))
+    }
+
+    fn append_to(&mut self, path: PathBuf) -> Result<()> {
+        let mut file = OpenOptions::new().append(true).open(&path).with_context(|| format!("append to {}", path.display()))?;
         let len = self.rng.random_range(1..=self.shape.write_io as u64);
         self.write_in_pieces(&mut file, len)?;
         self.fsync(&file)?;
@@ -246,6 +262,9 @@ impl FileSet {
         let width = self.shape.dir_width.min(self.present.len());
         for d in 0..self.present.len().div_ceil(width) {
             std::fs::create_dir_all(self.dir.join(format!("d{d}")))?;
+        }
+        if matches!(self.workload, Workload::Webserver) {
+            File::create(self.log_path()).with_context(|| format!("create {}", self.log_path().display()))?;
         }
         for i in 0..self.present.len() {
             if self.rng.random_bool(self.shape.preallocate) {
@@ -292,6 +311,13 @@ impl FileSet {
             Workload::Createfiles => {
                 let new = self.pick(false)?;
                 self.create(new)?;
+            }
+            Workload::Webserver => {
+                for _ in 0..10 {
+                    let old = self.pick(true)?;
+                    self.read_whole(old)?;
+                }
+                self.append_to(self.log_path())?;
             }
             Workload::Varmail => {
                 let old = self.pick(true)?;
@@ -372,7 +398,7 @@ mod tests {
 
     #[test]
     fn every_personality_runs_on_a_prepared_set() {
-        for workload in [Workload::Fileserver, Workload::Webproxy, Workload::Varmail] {
+        for workload in [Workload::Fileserver, Workload::Webproxy, Workload::Varmail, Workload::Webserver] {
             let dir = std::env::temp_dir().join(format!("alignfs-macro-test-{}-{}", std::process::id(), workload as u8));
             let common = Common { workload, dir: dir.clone(), files: 20, seed: 7, mean_file: Some(8192), write_io: Some(4096) };
             let mut set = FileSet::new(&common);
