@@ -99,6 +99,12 @@ pub struct MountArgs {
     /// `scrap` volumes: threads writing scrap pages back to the SSD (default 2).
     #[arg(long)]
     flush_workers: Option<usize>,
+    /// `scrap` volumes: namespace changes (create, rename, unlink, mkdir, chmod…) become
+    /// durable at the next fsync of a file or directory, or at the latest this many seconds
+    /// after they return (default 5, as ext4 commits its journal); 0 makes each durable
+    /// before it returns.
+    #[arg(long, value_name = "SECONDS")]
+    commit_interval: Option<f64>,
     /// `byte` volumes: use the memory-semantic SSD's block interface alone (the paper's
     /// block-only baseline: metadata in whole sectors, partial blocks read and rewritten).
     #[arg(long)]
@@ -439,6 +445,7 @@ fn volume_options(args: &MountArgs, parsed: &ParsedOptions) -> Result<VolumeOpti
             .map(|t| alignfs::geometry::parse_size(t).context("--request-threshold"))
             .transpose()?,
         flush_workers: args.flush_workers.unwrap_or(defaults.flush_workers),
+        commit_interval: args.commit_interval.map_or(Ok(defaults.commit_interval), commit_interval)?,
         byte_interface: !args.no_byte_interface,
         device_latency: device_latency(args.device_latency, args.device_write_buffer.as_deref())?,
         clean_cache_bytes: size(&args.clean_cache, "clean-cache", defaults.clean_cache_bytes)?,
@@ -547,6 +554,13 @@ pub fn device_latency(scale: Option<f64>, write_buffer: Option<&str>) -> Result<
     Ok(Some(LatencyModel { write_buffer_bytes, ..model }))
 }
 
+fn commit_interval(seconds: f64) -> Result<std::time::Duration> {
+    if !(0.0..=3600.0).contains(&seconds) {
+        anyhow::bail!("--commit-interval {seconds}: give seconds from 0 (every namespace change durable on return) to 3600");
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// Say so when an option was given that the volume's profile does not read (on stdout,
 /// which the parent of a daemon relays until the mount is ready).
 fn warn_unused_options(args: &MountArgs, profile: Profile) {
@@ -554,6 +568,7 @@ fn warn_unused_options(args: &MountArgs, profile: Profile) {
         (args.scrap_mem.is_some(), Tunable::ResidueMemory, "--scrap-mem"),
         (args.request_threshold.is_some(), Tunable::RequestThreshold, "--request-threshold"),
         (args.flush_workers.is_some(), Tunable::FlushWorkers, "--flush-workers"),
+        (args.commit_interval.is_some(), Tunable::CommitInterval, "--commit-interval"),
         (args.no_byte_interface, Tunable::ByteInterface, "--no-byte-interface"),
         (args.device_latency.is_some(), Tunable::DeviceLatency, "--device-latency"),
         (args.device_write_buffer.is_some(), Tunable::DeviceLatency, "--device-write-buffer"),

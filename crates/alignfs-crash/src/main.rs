@@ -158,6 +158,7 @@ struct Tally {
     acknowledged: u64,
     in_flight_landed: u64,
     unsynced_losses: u64,
+    older_namespaces: u64,
 }
 
 fn main() -> Result<()> {
@@ -191,12 +192,13 @@ fn main() -> Result<()> {
     c.arg("umount").arg(&harness.mnt);
     harness.run(c, "alignfs umount")?;
     harness.fsck().context("fsck after the final clean unmount")?;
-    let Tally { mut recovery_us, acknowledged, in_flight_landed, unsynced_losses } = tally;
+    let Tally { mut recovery_us, acknowledged, in_flight_landed, unsynced_losses, older_namespaces } = tally;
     recovery_us.sort_unstable();
     println!(
         "alignfs-crash: {} kill -9 rounds in {:.0} s: {acknowledged} acknowledged operations, 0 lost, 0 fsck errors; \
          {in_flight_landed} in-flight operations landed; {unsynced_losses} files came back without unsynced bytes \
-         (allowed for scrap only, so always 0 for orch); recovery p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+         and {older_namespaces} crashes kept names from before unsynced namespace operations \
+         (both allowed for scrap only, so always 0 for orch); recovery p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         args.rounds,
         started.elapsed().as_secs_f64(),
         percentile(&recovery_us, 0.5) as f64 / 1000.0,
@@ -217,9 +219,11 @@ fn crash_round(harness: &Harness, model: &mut Model, tally: &mut Tally, worker_s
     let stat = harness.stat()?;
     tally.recovery_us.push(stat["recovery_us"].as_u64().unwrap_or(0));
     let root = harness.mnt.join("crash");
-    let Outcome { pending_landed, files_with_unsynced_loss } = model.verify(&root).context("acknowledged state lost after a crash")?;
+    let Outcome { pending_landed, files_with_unsynced_loss, older_prefixes } =
+        model.verify(&root).context("acknowledged state lost after a crash")?;
     tally.in_flight_landed += u64::from(pending_landed);
     tally.unsynced_losses += files_with_unsynced_loss;
+    tally.older_namespaces = older_prefixes;
     let pid = stat["daemon"]["pid"].as_u64().context("stat reports no daemon pid")? as i32;
     // Run the workload on its own thread; kill the daemon under it.
     let stop = Arc::new(AtomicBool::new(false));

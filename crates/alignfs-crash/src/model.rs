@@ -4,7 +4,10 @@
 //! With a volatile residue store (`scrap`) file data is durable only once fsynced: after
 //! a crash each file must hold its synced bytes, and every byte changed since its last
 //! sync may read as its synced value, as any value written there since, or as zero.
-//! Names and directories are journaled before the call returns, as with `orch`.
+//! Names and directories follow buffered I/O's promise there: after a crash they are as
+//! after some prefix of the acknowledged operations, no shorter than the last fsync's
+//! (of a file, or of the directory after a rename). `orch` journals them before the call
+//! returns.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
@@ -40,6 +43,12 @@ pub struct Model {
     pending: Option<Pending>,
     /// `scrap`: what each file may hold after a crash (`None`: every acknowledged byte).
     unsynced: Option<BTreeMap<String, Unsynced>>,
+    /// `scrap`: the names after each operation since the last fsync; a crash keeps one.
+    since_sync: Vec<Names>,
+    /// `scrap`: files unlinked since the last fsync, with their bytes and history, in
+    /// case a crash brings one back.
+    unlinked: BTreeMap<String, (Vec<u8>, Unsynced)>,
+    older_prefixes: u64,
     /// Every operation so far, for the report of a failure.
     history: History,
 }
@@ -114,6 +123,15 @@ pub struct Outcome {
     pub pending_landed: bool,
     /// `scrap`: files that came back without some unsynced bytes (allowed).
     pub files_with_unsynced_loss: u64,
+    /// `scrap`: crashes so far that kept an older namespace than the acknowledged one.
+    pub older_prefixes: u64,
+}
+
+/// Directories and file names.
+type Names = (BTreeSet<String>, BTreeSet<String>);
+
+fn names(s: &Snapshot) -> Names {
+    (s.dirs.clone(), s.files.keys().cloned().collect())
 }
 
 /// Files and directories actually in `root`.
@@ -171,7 +189,22 @@ fn describe_op(op: &Pending) -> String {
 impl Model {
     /// A model for a volume whose unsynced data may be lost in a crash (`scrap`).
     pub fn volatile() -> Model {
-        Model { unsynced: Some(BTreeMap::new()), ..Model::default() }
+        Model { unsynced: Some(BTreeMap::new()), since_sync: vec![Names::default()], ..Model::default() }
+    }
+
+    /// After `op` was acknowledged: the namespace states a crash may keep. Creates and
+    /// renames end with an fsync (of the file, of the directory), and so do some writes.
+    fn note_namespace(&mut self, op: &Pending, synced: bool) {
+        if self.unsynced.is_none() {
+            return;
+        }
+        let now = names(&self.state());
+        if synced || matches!(op, Pending::Create { .. } | Pending::Rename { .. }) {
+            self.since_sync = vec![now];
+            self.unlinked.clear();
+        } else if self.since_sync.last() != Some(&now) {
+            self.since_sync.push(now);
+        }
     }
 
     /// Before running `op`: what it may change in a crash-volatile file.
@@ -299,7 +332,7 @@ impl Model {
         self.files = actual.files;
         self.dirs = actual.dirs;
         self.pending = None;
-        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss: 0 })
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss: 0, older_prefixes: 0 })
     }
 
     /// [`Model::verify`] for a volatile residue store: names exactly as acknowledged (the
@@ -307,19 +340,32 @@ impl Model {
     fn verify_volatile(&mut self, root: &Path) -> Result<Outcome> {
         let actual = snapshot(root)?;
         self.history.note(format!("crash (in flight: {:?})", self.pending.as_ref().map(describe_op)));
-        let names = |s: &Snapshot| (s.dirs.clone(), s.files.keys().cloned().collect::<BTreeSet<_>>());
-        let landed = if names(&self.state()) == names(&actual) {
-            false
-        } else if self.with_pending().is_some_and(|after| names(&after) == names(&actual)) {
+        let found = names(&actual);
+        let landed = if self.with_pending().is_some_and(|after| names(&after) == found) && names(&self.state()) != found {
             true
+        } else if let Some(prefix) = self.since_sync.iter().rposition(|state| *state == found) {
+            // An older prefix: the operations after it were not committed yet.
+            self.older_prefixes += u64::from(prefix + 1 < self.since_sync.len());
+            false
         } else {
-            bail!("names differ after the crash (in flight: {:?})", self.pending.as_ref().map(describe_op));
+            bail!(
+                "names after the crash are none of the {} states since the last fsync: found {found:?}, acknowledged {:?} (in flight: {:?})",
+                self.since_sync.len(),
+                names(&self.state()),
+                self.pending.as_ref().map(describe_op)
+            );
         };
         if let (true, Some(op)) = (landed, self.pending.clone()) {
             self.settle(&op, false);
         }
         let acknowledged = if landed { self.with_pending().map(|s| s.files).unwrap_or_default() } else { self.files.clone() };
         let unsynced = self.unsynced.as_mut().expect("volatile model");
+        // A file an older prefix still names is back with the history it had.
+        for (name, (_, history)) in std::mem::take(&mut self.unlinked) {
+            if actual.files.contains_key(&name) && !acknowledged.contains_key(&name) {
+                unsynced.insert(name, history);
+            }
+        }
         let mut files_with_unsynced_loss = 0;
         for (name, got) in &actual.files {
             files_with_unsynced_loss += u64::from(acknowledged.get(name).is_some_and(|want| want != got));
@@ -330,10 +376,11 @@ impl Model {
             }
             *history = Unsynced::synced(got);
         }
+        self.since_sync = vec![names(&actual)];
         self.files = actual.files;
         self.dirs = actual.dirs;
         self.pending = None;
-        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss })
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss, older_prefixes: self.older_prefixes })
     }
 
     /// Run random operations until one fails (the daemon died) or `stop`. Returns how
@@ -366,11 +413,17 @@ impl Model {
                         Pending::Rmdir { name } => format!("rmdir {name}"),
                     };
                     self.history.note(line);
+                    if let (Pending::Unlink { name }, Some(unsynced)) = (&op, &self.unsynced) {
+                        if let (Some(bytes), Some(history)) = (self.files.get(name), unsynced.get(name)) {
+                            self.unlinked.insert(name.clone(), (bytes.clone(), history.clone()));
+                        }
+                    }
                     if let Some(after) = self.with_pending() {
                         self.files = after.files;
                         self.dirs = after.dirs;
                     }
                     self.settle(&op, synced);
+                    self.note_namespace(&op, synced);
                     self.pending = None;
                     acked += 1;
                 }
@@ -516,6 +569,30 @@ mod tests {
         assert!(history.check(&[vec![1; 4], vec![0; 11]].concat()).is_err(), "a synced byte lost");
         assert!(history.check(&[vec![1; 5], vec![3; 10]].concat()).is_err(), "a byte nobody wrote");
         assert!(history.check(&[1; 16]).is_err(), "longer than ever written");
+    }
+
+    /// A crash of a `scrap` mount keeps the names after some prefix of the operations
+    /// since the last fsync; names that no prefix had are an ordering bug.
+    #[test]
+    fn a_crash_keeps_a_prefix_of_the_namespace_since_the_last_fsync() {
+        let verify = |dirs: &[&str]| {
+            let mut model = Model::volatile();
+            let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<String>>();
+            model.dirs = set(&["d0", "d1"]);
+            model.since_sync = vec![Names::default(), (set(&["d0"]), BTreeSet::new()), (set(&["d0", "d1"]), BTreeSet::new())];
+            let root = std::env::temp_dir().join(format!("alignfs-crash-prefix-{}-{}", std::process::id(), rand::random::<u32>()));
+            for dir in dirs {
+                fs::create_dir_all(root.join(dir))?;
+            }
+            fs::create_dir_all(&root)?;
+            let outcome = model.verify(&root);
+            fs::remove_dir_all(&root)?;
+            outcome
+        };
+        assert_eq!(verify(&["d0", "d1"]).unwrap().older_prefixes, 0, "everything acknowledged");
+        assert_eq!(verify(&["d0"]).unwrap().older_prefixes, 1, "mkdir d1 lost");
+        assert_eq!(verify(&[]).unwrap().older_prefixes, 1, "both lost");
+        assert!(verify(&["d1"]).is_err(), "mkdir d1 kept but the earlier mkdir d0 lost");
     }
 
     #[test]

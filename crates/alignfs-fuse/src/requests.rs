@@ -311,10 +311,16 @@ impl Filesystem for AlignFs {
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        // Namespace changes are journaled before they return in every profile; nothing is
-        // ever pending. ENOSYS lets the kernel answer later directory fsyncs itself.
-        reply.error(Errno::ENOSYS);
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        if self.volume.durable_when_written() {
+            // Namespace changes are journaled before they return: nothing is ever pending.
+            // ENOSYS lets the kernel answer later directory fsyncs itself.
+            reply.error(Errno::ENOSYS);
+            return;
+        }
+        // `scrap` commits namespace changes as a page-cache file system commits its log.
+        try_or_reply!(reply, self.volume.fsync(Self::ino(ino)));
+        reply.ok();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

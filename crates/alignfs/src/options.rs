@@ -1,6 +1,8 @@
 //! How a volume is formatted and opened: the choices its callers make, shared by the
 //! engine and the profiles that read them.
 
+use std::time::Duration;
+
 use crate::device::mssd::LatencyModel;
 use crate::geometry::Geometry;
 use crate::layout::Profile;
@@ -51,6 +53,10 @@ pub struct VolumeOptions {
     /// stores 0.6 µs), so that throughput reflects that device rather than the image's
     /// disk; `None` lets it run at the image's speed.
     pub device_latency: Option<LatencyModel>,
+    /// `scrap`: the longest a namespace op (create, rename, unlink…) waits to become
+    /// durable when no fsync comes first, as a file system under a page cache commits its
+    /// log; zero makes every namespace op durable before it returns.
+    pub commit_interval: Duration,
 }
 
 impl Default for VolumeOptions {
@@ -69,6 +75,7 @@ impl Default for VolumeOptions {
             nvm_buffer: true,
             byte_interface: true,
             device_latency: None,
+            commit_interval: Duration::from_secs(5),
         }
     }
 }

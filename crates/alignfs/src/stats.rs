@@ -76,6 +76,8 @@ counters! {
     migration_sector_read_bytes: "bytes of sectors a merge in place read because its residue covered them only in part (included in migration_read_bytes)",
     migration_sector_write_bytes: "bytes of sectors a merge in place wrote (included in migration_write_bytes)",
     stale_tails_cleared: "files whose bytes past EOF a crash had left on the SSD were cleared before they grew (scrap)",
+    namespace_ops_deferred: "namespace ops applied at once and journaled with a later record (scrap: made durable by fsync, a data commit or the commit interval)",
+    deferred_namespace_commits: "journal records that carried deferred namespace ops (scrap: one sync for many creates, renames, unlinks)",
 }
 
 /// What opening a memory-semantic SSD found in its write log, and what recovering it

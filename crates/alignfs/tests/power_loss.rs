@@ -11,7 +11,8 @@
 //! Two drivers: random workloads, and an ACE-style enumeration of every sequence of one
 //! or two operations (three with `ALIGNFS_EXHAUSTIVE_DEPTH=3`, the soak). Both run on an
 //! `orch` volume, on a `scrap` volume (journal on the SSD, residue in DRAM), where the
-//! rule is `scrap`'s: every synced byte, and no byte that was never written, and on a
+//! rule is `scrap`'s: the names after some prefix of the operations no shorter than the
+//! last sync's, every synced byte, and no byte that was never written, and on a
 //! `byte` volume, whose memory-semantic SSD's DRAM (write log, TxLogs, map) and flash are
 //! both recorded: every image first runs the device's recovery, then the volume's.
 
@@ -305,6 +306,10 @@ struct Trace {
     setup_end: usize,
     ops: Vec<(Op, usize, usize)>,
     models: Vec<Model>,
+    /// `k` for each `models[k]` that a sync made durable (an fsync, fdatasync or
+    /// checkpoint that succeeded): where a store defers namespace ops, a crash after it
+    /// keeps at least that state.
+    synced: Vec<usize>,
     /// Write-log cleanings the memory-semantic SSD ran during the workload (`byte`).
     log_cleanings: u64,
 }
@@ -328,9 +333,11 @@ fn record(case: Case, setup: &[Op], workload: &[Op]) -> Trace {
         assert!(model.apply(op));
         run_op(&volume, device.as_deref(), op).unwrap();
     }
+    // The setup's namespace ops are durable before the workload starts, in every profile.
+    volume.fsync(Ino::ROOT).unwrap();
     let setup_end = log.position();
     let cleanings_before = log_cleanings(&volume);
-    let (mut ops, mut models) = (Vec::new(), vec![model.clone()]);
+    let (mut ops, mut models, mut synced) = (Vec::new(), vec![model.clone()], Vec::new());
     for op in workload {
         let start = log.position();
         let expected = model.apply(op);
@@ -338,10 +345,13 @@ fn record(case: Case, setup: &[Op], workload: &[Op]) -> Trace {
         assert_eq!(outcome.is_ok(), expected, "{op:?}: the volume said {outcome:?}");
         ops.push((op.clone(), start, log.position()));
         models.push(model.clone());
+        if outcome.is_ok() && matches!(op, Op::Fsync(_) | Op::Fdatasync(_) | Op::Checkpoint) {
+            synced.push(models.len() - 1);
+        }
     }
     let log_cleanings = log_cleanings(&volume) - cleanings_before;
     volume.simulate_crash();
-    Trace { events: log.events(), setup_end, ops, models, log_cleanings }
+    Trace { events: log.events(), setup_end, ops, models, synced, log_cleanings }
 }
 
 /// Cleanings of the memory-semantic SSD's write log so far (0 on other devices).
@@ -428,17 +438,33 @@ fn acceptable(seen: &Observed, before: &Model, after: &Model, in_flight: Option<
     })
 }
 
-/// `scrap`'s rule: names as acknowledged (the operation in flight landed or not), and each
-/// file's bytes within what its last sync and the writes since allow.
-fn acceptable_unsynced(seen: &Observed, before: &Model, after: &Model) -> Result<(), String> {
+/// `scrap`'s rule: the names after some prefix of the operations no shorter than the last
+/// sync's (`prefixes`, from the state that sync left to the acknowledged one; the
+/// operation in flight landed or not), and each file's bytes within what its last sync
+/// and the writes since allow.
+fn acceptable_unsynced(seen: &Observed, prefixes: &[Model], after: &Model) -> Result<(), String> {
+    let before = prefixes.last().expect("the acknowledged state");
     let check = |model: &Model| {
         compare(seen, model, &|id, data: &[u8]| {
-            let history = |m: &Model| m.unsynced.get(&id).map_or(Err("no history".to_string()), |h| h.check(data));
-            // An fsync in flight may not have finished: the older, looser history applies.
-            history(model).or_else(|e| before.unsynced.get(&id).map_or(Err(e), |h| h.check(data)))
+            // The file's newest history; an fsync in flight may not have finished, so the
+            // acknowledged state's looser one applies too. A file an older prefix still
+            // names has its history there.
+            let histories: Vec<&Unsynced> = [after, before, model].into_iter().filter_map(|m| m.unsynced.get(&id)).collect();
+            let mut verdict = Err("no history".to_string());
+            for history in histories {
+                verdict = history.check(data);
+                if verdict.is_ok() {
+                    break;
+                }
+            }
+            verdict
         })
     };
-    check(before).or_else(|_| check(after))
+    let newest = check(after);
+    if newest.is_ok() {
+        return newest;
+    }
+    prefixes.iter().rev().map(check).find(Result::is_ok).unwrap_or(newest)
 }
 
 #[derive(Default)]
@@ -482,7 +508,10 @@ fn verify(case: Case, trace: &Trace, survivals: &[Survival], rng: &mut StdRng, w
             let seen = observe(&volume).unwrap_or_else(|e| panic!("{}: {e}", context()));
             let verdict = match case.profile.promise() {
                 Promise::OnWrite => acceptable(&seen, &trace.models[acked], after, in_flight),
-                Promise::OnSync => acceptable_unsynced(&seen, &trace.models[acked], after),
+                Promise::OnSync => {
+                    let synced = trace.synced.iter().copied().filter(|&k| k <= acked).max().unwrap_or(0);
+                    acceptable_unsynced(&seen, &trace.models[synced..=acked], after)
+                }
             };
             if let Err(e) = verdict {
                 panic!("{}: {e}", context());

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use alignfs::device::{BlockDevice, DeviceSet, SimSsd};
 use alignfs::stats::Counter;
@@ -228,9 +229,11 @@ fn fsync_writes_residue_back_in_place_by_sector() {
 
 /// The kill -9 loop's workload in process, with the flushers running: files created,
 /// written (small writes to scrap pages, large ones to the SSD), fsynced, truncated,
-/// renamed over each other and unlinked, and crashes in between. After each crash every
-/// name is as acknowledged, and every file holds only what the scrap rule allows: its
-/// synced bytes, bytes written since, or zeros.
+/// renamed over each other and unlinked, and crashes in between. After each crash the
+/// names are those after some prefix of the operations, no shorter than the last fsync's
+/// (buffered I/O's metadata promise: namespace ops are committed in order, at fsync or
+/// with a data commit), and every file holds only what the scrap rule allows: its synced
+/// bytes, bytes written since, or zeros.
 #[test]
 fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
     use alignfs::test_support::{scaled, Unsynced};
@@ -245,17 +248,23 @@ fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
     let options = VolumeOptions { scrap_mem_bytes: 8 << 20, ..VolumeOptions::default() };
     let open = || Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options.clone()).unwrap();
     let mut volume = open();
-    let mut files: BTreeMap<String, (Vec<u8>, Unsynced)> = BTreeMap::new();
+    // Names point at file identities; a file's bytes and history stay after its last name
+    // goes, since a crash may bring the name back.
+    type Names = BTreeMap<String, usize>;
+    let mut names = Names::new();
+    let mut contents: Vec<(Vec<u8>, Unsynced)> = Vec::new();
+    // The namespace after each operation since the last fsync: a crash keeps one of them.
+    let mut since_sync: Vec<Names> = vec![names.clone()];
     let ino_of = |v: &Volume, name: &str| v.lookup(Ino::ROOT, name.as_bytes()).unwrap().ino;
-    let mut crashes = 0;
+    let (mut crashes, mut older_prefixes) = (0, 0);
     for step in 0..scaled(3000) {
         let name = format!("f{}", rng.random_range(0..12));
-        let existing: Vec<String> = files.keys().cloned().collect();
+        let existing: Vec<String> = names.keys().cloned().collect();
         let pick = |rng: &mut StdRng| (!existing.is_empty()).then(|| existing[rng.random_range(0..existing.len())].clone());
         match rng.random_range(0..100) {
             0..=54 => {
                 let Some(name) = pick(&mut rng) else { continue };
-                let (content, unsynced) = files.get_mut(&name).unwrap();
+                let (content, unsynced) = &mut contents[names[&name]];
                 let len = match rng.random_range(0..10) {
                     0..=4 => rng.random_range(1..=4096),
                     5..=7 => rng.random_range(4096..=256 << 10),
@@ -274,18 +283,20 @@ fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
                 if rng.random_range(0..4) == 0 {
                     volume.fsync(ino).unwrap();
                     *unsynced = Unsynced::synced(content);
+                    since_sync.clear();
                 }
             }
             55..=64 => {
-                if files.contains_key(&name) {
+                if names.contains_key(&name) {
                     continue;
                 }
                 volume.create_file(Ino::ROOT, name.as_bytes(), 0o644, 0, 0).unwrap();
-                files.insert(name, (Vec::new(), Unsynced::default()));
+                names.insert(name, contents.len());
+                contents.push((Vec::new(), Unsynced::default()));
             }
             65..=72 => {
                 let Some(name) = pick(&mut rng) else { continue };
-                let (content, unsynced) = files.get_mut(&name).unwrap();
+                let (content, unsynced) = &mut contents[names[&name]];
                 let size = rng.random_range(0..=content.len() + (100 << 10)).min(MAX_FILE);
                 volume.truncate(ino_of(&volume, &name), size as u64).unwrap();
                 let old = content.len();
@@ -295,28 +306,33 @@ fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
             73..=79 => {
                 let Some(name) = pick(&mut rng) else { continue };
                 volume.unlink(Ino::ROOT, name.as_bytes()).unwrap();
-                files.remove(&name);
+                names.remove(&name);
             }
             80..=94 => {
                 let Some(from) = pick(&mut rng) else { continue };
                 volume.rename(Ino::ROOT, from.as_bytes(), Ino::ROOT, name.as_bytes(), RenameFlags::default()).unwrap();
-                let moved = files.remove(&from).unwrap();
-                files.insert(name, moved);
+                let moved = names.remove(&from).unwrap();
+                names.insert(name, moved);
             }
             _ => {
                 volume.simulate_crash();
                 volume = open();
                 crashes += 1;
-                let mut names: Vec<String> = volume
+                let mut found: Vec<String> = volume
                     .readdir(Ino::ROOT)
                     .unwrap()
                     .into_iter()
                     .map(|e| String::from_utf8(e.name).unwrap())
                     .filter(|n| n != "." && n != "..")
                     .collect();
-                names.sort();
-                assert_eq!(names, files.keys().cloned().collect::<Vec<_>>(), "seed {seed} step {step}: names after a crash");
-                for (name, (content, unsynced)) in files.iter_mut() {
+                found.sort();
+                let Some(prefix) = since_sync.iter().rposition(|state| state.keys().eq(found.iter())) else {
+                    panic!("seed {seed} step {step}: names after a crash {found:?}, none of the states since the last fsync {since_sync:?}")
+                };
+                older_prefixes += usize::from(prefix + 1 < since_sync.len());
+                names = since_sync[prefix].clone();
+                for (name, &id) in &names {
+                    let (content, unsynced) = &mut contents[id];
                     let ino = ino_of(&volume, name);
                     let size = volume.getattr(ino).unwrap().size as usize;
                     let mut after = vec![0u8; size];
@@ -327,12 +343,78 @@ fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
                     *content = after;
                     *unsynced = Unsynced::synced(content);
                 }
+                since_sync.clear();
             }
+        }
+        if since_sync.last() != Some(&names) {
+            since_sync.push(names.clone());
         }
         if rng.random_range(0..8) == 0 {
             std::thread::sleep(std::time::Duration::from_micros(rng.random_range(0..2000)));
         }
     }
+    eprintln!("{crashes} crashes, {older_prefixes} kept an older namespace than the last acknowledged");
+    assert!(older_prefixes > 0, "no crash lost a deferred namespace operation: the rule was not exercised");
     assert!(crashes > 50, "{crashes} crashes");
+    assert!(volume.check().is_empty());
+}
+
+/// Buffered I/O's metadata promise: a namespace op is lost in a crash until an fsync (of
+/// any file or directory), a commit that frees SSD blocks, or the commit interval makes
+/// it durable; a zero interval makes every one durable on return.
+#[test]
+fn namespace_ops_wait_for_fsync_the_commit_interval_or_a_release_of_blocks() {
+    let ssd = Arc::new(SimSsd::new(64 << 20));
+    let format = FormatOptions { geometry: Profile::SCRAP.default_geometry(), profile: Profile::SCRAP, force: false, ..Default::default() };
+    Volume::format(&Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), &format).unwrap();
+    let open = |commit_interval: Duration, background: bool| {
+        let options = VolumeOptions { scrap_mem_bytes: 8 << 20, commit_interval, background, ..VolumeOptions::default() };
+        Volume::open(Devices::ssd_only(Arc::clone(&ssd) as Arc<dyn BlockDevice>), options).unwrap()
+    };
+    let exists = |v: &Volume, name: &str| v.lookup(Ino::ROOT, name.as_bytes()).is_ok();
+    let long = Duration::from_secs(3600);
+
+    let volume = open(long, false);
+    volume.create_file(Ino::ROOT, b"lost", 0o644, 0, 0).unwrap();
+    assert_eq!(volume.stats().get(Counter::namespace_ops_deferred), 1);
+    volume.simulate_crash();
+    let volume = open(long, false);
+    assert!(!exists(&volume, "lost"), "an unsynced create is lost in a crash");
+
+    // An fsync of the directory commits it, and everything before it in order.
+    volume.mkdir(Ino::ROOT, b"d", 0o755, 0, 0).unwrap();
+    let kept = volume.create_file(Ino::ROOT, b"kept", 0o644, 0, 0).unwrap().ino;
+    volume.fsync(Ino::ROOT).unwrap();
+    assert_eq!(volume.stats().get(Counter::deferred_namespace_commits), 1);
+    // A file with a whole SSD block: its unlink frees it, so it is journaled at once.
+    volume.write(kept, 0, &vec![7u8; 1 << 20]).unwrap();
+    volume.fsync(kept).unwrap();
+    volume.create_file(Ino::ROOT, b"before-unlink", 0o644, 0, 0).unwrap();
+    volume.unlink(Ino::ROOT, b"kept").unwrap();
+    volume.simulate_crash();
+    let volume = open(long, false);
+    assert!(exists(&volume, "d") && exists(&volume, "before-unlink"), "an fsync and a release of blocks commit what came before");
+    assert!(!exists(&volume, "kept"), "the unlink that freed blocks was durable on return");
+    assert!(volume.check().is_empty());
+    volume.close().unwrap();
+
+    // The maintenance thread commits what waited past the interval.
+    let volume = open(Duration::from_millis(50), true);
+    volume.create_file(Ino::ROOT, b"by-interval", 0o644, 0, 0).unwrap();
+    let waited = std::time::Instant::now();
+    while volume.stats().get(Counter::deferred_namespace_commits) == 0 {
+        assert!(waited.elapsed() < Duration::from_secs(10), "the commit interval never committed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    volume.simulate_crash();
+    let volume = open(Duration::ZERO, false);
+    assert!(exists(&volume, "by-interval"));
+
+    // A zero interval: durable on return.
+    volume.rename(Ino::ROOT, b"by-interval", Ino::ROOT, b"renamed", Default::default()).unwrap();
+    assert_eq!(volume.stats().get(Counter::namespace_ops_deferred), 0);
+    volume.simulate_crash();
+    let volume = open(Duration::ZERO, false);
+    assert!(exists(&volume, "renamed") && !exists(&volume, "by-interval"));
     assert!(volume.check().is_empty());
 }

@@ -7,6 +7,7 @@
 //! store (`nvstore`, docs/NVSTORE.md) writes the records of the keys the ops touched.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{encode_ops, CheckpointSlots, Journal};
 use crate::error::{Error, Result};
@@ -57,6 +58,15 @@ pub(crate) trait MetaStore: Send {
     fn group_sync(&self) -> Option<Arc<dyn GroupSync>> {
         None
     }
+    /// Make durable the ops the store has applied but holds back
+    /// ([`JournalStore::deferring_namespace`]); nothing to do in a store that holds none.
+    fn sync_deferred(&mut self, _cx: &CommitContext<'_>) -> Result<()> {
+        Ok(())
+    }
+    /// Since when the oldest op held back has waited, if any does.
+    fn deferred_since(&self) -> Option<Instant> {
+        None
+    }
 }
 
 /// Shares one sync between the commits that were ordered while another sync ran.
@@ -73,15 +83,77 @@ pub(crate) trait GroupSync: Send + Sync {
 pub(crate) struct JournalStore {
     journal: Journal,
     checkpoints: CheckpointSlots,
+    /// Whether namespace ops wait for the next sync ([`JournalStore::deferring_namespace`]).
+    defers_namespace: bool,
+    /// Namespace ops applied but not journaled yet, in the order they returned.
+    deferred: Vec<Op>,
+    /// Their encoded size, and when the first of them was applied.
+    deferred_bytes: usize,
+    deferred_since: Option<Instant>,
 }
 
 impl JournalStore {
     pub fn new(journal: Journal, checkpoints: CheckpointSlots) -> JournalStore {
-        JournalStore { journal, checkpoints }
+        JournalStore { journal, checkpoints, defers_namespace: false, deferred: Vec::new(), deferred_bytes: 0, deferred_since: None }
     }
 
-    /// Append one record holding `ops`, checkpointing first when the journal is full.
+    /// Buffered I/O's metadata promise (`scrap`, docs/SCRAP.md): a namespace op applies at
+    /// once and is journaled with the next record: an fsync's, a data commit's, or the
+    /// commit interval's ([`MetaStore::sync_deferred`]). One record carries them all, in
+    /// order, so a crash keeps a prefix of the ops. A commit that releases SSD blocks is
+    /// journaled before it returns: the blocks are reused only once no crash can bring
+    /// back the file that held them.
+    pub fn deferring_namespace(self) -> JournalStore {
+        JournalStore { defers_namespace: true, ..self }
+    }
+
+    /// Journal `ops` after the deferred ones, in one record, checkpointing first when the
+    /// journal is full. A checkpoint records the live state, so it covers the deferred ops
+    /// (applied already) but not `ops` (applied after the record).
     fn append_record(&mut self, cx: &CommitContext<'_>, ops: &[Op]) -> Result<()> {
+        if !self.deferred.is_empty() {
+            let all = [self.deferred.as_slice(), ops].concat();
+            if self.try_append(cx, &all)? {
+                cx.stats.add(Counter::deferred_namespace_commits, 1);
+                self.clear_deferred();
+                return Ok(());
+            }
+            self.checkpoint(cx)?;
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        if !self.try_append(cx, ops)? {
+            let payload_len = encode_ops(ops).len();
+            if !self.journal.fits_when_empty(payload_len, self.reserve_for(ops)) {
+                return Err(Error::MetadataFull(format!("one journal record of {payload_len} bytes exceeds the journal")));
+            }
+            self.checkpoint(cx)?;
+            let appended = self.try_append(cx, ops)?;
+            assert!(appended, "a record that fits an empty journal fits after a checkpoint");
+        }
+        Ok(())
+    }
+
+    /// The journal's last eighth is kept for records that only release space, so that
+    /// when the state has outgrown its checkpoint slot (nothing new fits) files can still
+    /// be deleted and truncated until a checkpoint fits again.
+    fn reserve_for(&self, ops: &[Op]) -> u64 {
+        if ops.iter().all(Op::releases_space) {
+            0
+        } else {
+            self.journal.capacity_bytes() / 8
+        }
+    }
+
+    fn clear_deferred(&mut self) {
+        self.deferred.clear();
+        self.deferred_bytes = 0;
+        self.deferred_since = None;
+    }
+
+    /// Append one record holding `ops`; `false` if it does not fit the journal now.
+    fn try_append(&mut self, cx: &CommitContext<'_>, ops: &[Op]) -> Result<bool> {
         let payload = encode_ops(ops);
         // Replay must read back exactly these ops under this geometry's rules (a segment
         // limit or a page index the decoder refuses would make the volume unopenable).
@@ -92,24 +164,31 @@ impl JournalStore {
             let decoded = super::decode_ops(&payload, cx.pages_per_block, cx.page_bytes);
             assert!(decoded.as_deref() == Ok(ops), "journal record does not read back: {decoded:?} for {ops:?}");
         }
-        // The journal's last eighth is kept for records that only release space, so that
-        // when the state has outgrown its checkpoint slot (nothing new fits) files can
-        // still be deleted and truncated until a checkpoint fits again.
-        let reserve = if ops.iter().all(Op::releases_space) { 0 } else { self.journal.capacity_bytes() / 8 };
-        if !self.journal.fits_when_empty(payload.len(), reserve) {
-            return Err(Error::MetadataFull(format!("one journal record of {} bytes exceeds the journal", payload.len())));
-        }
-        if !self.journal.append(&payload, reserve)? {
-            self.checkpoint(cx)?;
-            let appended = self.journal.append(&payload, reserve)?;
-            assert!(appended, "a record that fits an empty journal fits after a checkpoint");
+        if !self.journal.append(&payload, self.reserve_for(ops))? {
+            return Ok(false);
         }
         cx.stats.add(Counter::journal_records, 1);
         if ops.iter().any(|op| matches!(op, Op::Namespace(_))) {
             cx.stats.add(Counter::namespace_records, 1);
         }
         cx.stats.add(Counter::journal_bytes, payload.len() as u64);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Apply namespace-only `ops` now and journal them with the next record.
+    fn defer(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
+        let freed = apply();
+        self.deferred.extend_from_slice(ops);
+        self.deferred_bytes += encode_ops(ops).len();
+        self.deferred_since.get_or_insert_with(Instant::now);
+        cx.stats.add(Counter::namespace_ops_deferred, ops.len() as u64);
+        // A long run of deferred ops goes out while one record still holds it easily.
+        if !freed.blocks.is_empty() || self.deferred_bytes as u64 > self.journal.capacity_bytes() / 16 {
+            // On failure the ops stay applied and deferred: the next sync retries them,
+            // and the blocks they released stay unused until the volume reopens.
+            self.append_record(cx, &[])?;
+        }
+        Ok(freed)
     }
 }
 
@@ -119,12 +198,23 @@ impl MetaStore for JournalStore {
     }
 
     /// Journal first, then apply: journal order is apply order, and a failed append
-    /// leaves the state unchanged.
+    /// leaves the state unchanged. Namespace ops may wait ([`JournalStore::deferring_namespace`]).
     fn commit(&mut self, cx: &CommitContext<'_>, ops: &[Op], apply: &mut dyn FnMut() -> Freed) -> Result<Freed> {
+        if self.defers_namespace && !ops.is_empty() && ops.iter().all(|op| matches!(op, Op::Namespace(_))) {
+            return self.defer(cx, ops, apply);
+        }
         if !ops.is_empty() {
             self.append_record(cx, ops)?;
         }
         Ok(apply())
+    }
+
+    fn sync_deferred(&mut self, cx: &CommitContext<'_>) -> Result<()> {
+        self.append_record(cx, &[])
+    }
+
+    fn deferred_since(&self) -> Option<Instant> {
+        self.deferred_since
     }
 
     fn wants_checkpoint(&self) -> bool {
@@ -137,6 +227,8 @@ impl MetaStore for JournalStore {
         let next_seq = self.journal.next_seq();
         self.checkpoints.write(&payload, next_seq)?;
         self.journal.reset(next_seq);
+        // The checkpoint recorded the live state, deferred ops included.
+        self.clear_deferred();
         Ok(())
     }
 

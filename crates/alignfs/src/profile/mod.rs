@@ -265,6 +265,8 @@ pub enum Tunable {
     RequestThreshold,
     /// `--flush-workers`: threads writing residue back.
     FlushWorkers,
+    /// `--commit-interval`: how long namespace ops may wait for a sync.
+    CommitInterval,
     /// `--segment-size`: bytes of one NVM buffer segment.
     SegmentSize,
     /// `--no-nvm-buffer`: run without the residue store (UHS-NB).

@@ -159,6 +159,18 @@ impl Committer {
         with_commit_context(engine, |cx| store.checkpoint(cx))
     }
 
+    /// Make durable the namespace ops the store holds back: an fsync's promise, and the
+    /// commit interval's.
+    pub(super) fn sync_deferred(&self, engine: &CommitEnv<'_>) -> Result<()> {
+        let mut store = self.store.lock();
+        with_commit_context(engine, |cx| store.sync_deferred(cx))
+    }
+
+    /// Since when the oldest namespace op held back has waited.
+    pub(super) fn deferred_since(&self) -> Option<std::time::Instant> {
+        self.store.lock().deferred_since()
+    }
+
     /// Whether the store's log is half full: the maintenance thread checkpoints.
     pub(super) fn wants_checkpoint(&self) -> bool {
         self.store.lock().wants_checkpoint()

@@ -172,6 +172,15 @@ impl Engine {
     }
 
     /// Write a checkpoint now (the metadata store's log restarts empty).
+    /// Make the namespace ops the metadata store holds back durable (`scrap`: at fsync
+    /// and the commit interval).
+    pub(super) fn sync_deferred(&self) -> Result<()> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.committer.sync_deferred(&self.commit_env())
+    }
+
     pub(super) fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
         self.committer.checkpoint(&self.commit_env())

@@ -1,5 +1,5 @@
-//! The maintenance thread: migration past the high watermark, and a checkpoint when the
-//! journal is half full.
+//! The maintenance thread: migration past the high watermark, namespace ops held back
+//! past the commit interval, and a checkpoint when the journal is half full.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -32,6 +32,12 @@ fn maintenance_loop(engine: &Engine) {
             let target_free = capacity - (engine.options.migrate_low * capacity as f64) as u64;
             if let Err(e) = migrate::merge_some(engine, target_free, Counter::migrations_watermark) {
                 tracing::warn!("background migration: {e}");
+            }
+        }
+        let interval = engine.options.commit_interval;
+        if engine.committer.deferred_since().is_some_and(|since| since.elapsed() >= interval) {
+            if let Err(e) = engine.sync_deferred() {
+                tracing::error!("committing deferred namespace operations: {e}");
             }
         }
         let half_full = engine.committer.wants_checkpoint();

@@ -17,6 +17,7 @@ use crate::layout::{BlockChecksums, Superblock};
 use crate::lines::LineStore;
 use crate::map::SsdBlock;
 use crate::meta::{apply, Ino, MetaState};
+use crate::profile::Promise;
 
 /// Where a volume's journal and checkpoints live.
 #[derive(Clone, Copy)]
@@ -66,12 +67,12 @@ pub(super) fn recover_metadata(
             recover_lines(&ssd, Some(device).filter(|_| options.byte_interface), superblock, meta_name, options, started)?
         }
         (_, true) => recover_lines(&ssd, None, superblock, meta_name, options, started)?,
-        (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), superblock, meta_name, started)?,
+        (Devices::FastTierAndSsd { fast, .. }, _) => recover_journal(MetaDevice::Fast(fast), superblock, meta_name, options, started)?,
         (Devices::MemorySemanticSsd { device }, _) => {
             let meta_device = MetaDevice::MemorySemantic { ssd: &ssd, byte: options.byte_interface.then_some(device) };
-            recover_journal(meta_device, superblock, meta_name, started)?
+            recover_journal(meta_device, superblock, meta_name, options, started)?
         }
-        (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), superblock, meta_name, started)?,
+        (Devices::Ssds { .. }, _) => recover_journal(MetaDevice::Ssd(&ssd), superblock, meta_name, options, started)?,
     })
 }
 
@@ -88,7 +89,13 @@ pub(super) struct Recovered {
 }
 
 /// The newest checkpoint with the journal replayed over it.
-fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &str, started: Instant) -> Result<Recovered> {
+fn recover_journal(
+    device: MetaDevice<'_>,
+    superblock: &Superblock,
+    meta_name: &str,
+    options: &VolumeOptions,
+    started: Instant,
+) -> Result<Recovered> {
     let geometry = superblock.geometry;
     let (journal_window, mut checkpoints) = windows(device, &superblock.layout, meta_name)?;
     let checkpoint = checkpoints.load(geometry.pages_per_block(), geometry.page_bytes)?;
@@ -104,7 +111,12 @@ fn recover_journal(device: MetaDevice<'_>, superblock: &Superblock, meta_name: &
         orphans_dropped: orphans.len() as u64,
         clean: replay.payloads.is_empty(),
     };
-    let store = Box::new(JournalStore::new(journal, checkpoints));
+    let mut store = JournalStore::new(journal, checkpoints);
+    // Where writes are durable on fsync, namespace ops are too (buffered I/O's promise).
+    if superblock.profile.promise() == Promise::OnSync && !options.commit_interval.is_zero() {
+        store = store.deferring_namespace();
+    }
+    let store = Box::new(store);
     Ok(Recovered { meta, store, counters: checkpoint.counters, recovery, fragments: None, checksums: None })
 }
 

@@ -55,6 +55,9 @@ pub(super) fn fsync(engine: &Engine, ino: Ino) -> Result<()> {
     if inode.kind == FileKind::File && !engine.options.read_only {
         engine.policy.fsync(engine, &inode)?;
     }
+    // Namespace ops still held back go with it, as a file system's log commits whole:
+    // the file's name and directory, and everything that returned before them.
+    engine.sync_deferred()?;
     if inode.unflushed_overwrite.swap(false, Ordering::SeqCst) {
         engine.blocks.flush().inspect_err(|_| inode.unflushed_overwrite.store(true, Ordering::SeqCst))
     } else if engine.blocks.flush_failed() {

@@ -53,7 +53,7 @@ impl ProfileSpec for Scrap {
         Promise::OnSync
     }
     fn tunables(&self) -> &'static [Tunable] {
-        &[Tunable::Watermarks, Tunable::ResidueMemory, Tunable::RequestThreshold, Tunable::FlushWorkers]
+        &[Tunable::Watermarks, Tunable::ResidueMemory, Tunable::RequestThreshold, Tunable::FlushWorkers, Tunable::CommitInterval]
     }
     /// The block is one scrap page of 256 KiB.
     fn default_geometry(&self) -> Geometry {
