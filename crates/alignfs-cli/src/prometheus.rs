@@ -147,6 +147,11 @@ impl Exposition {
             "journal or in-place metadata area size (0: a KV store, which grows)",
             u.journal_capacity_bytes as f64,
         );
+        self.gauge(
+            "alignfs_namespace_ops_waiting",
+            "namespace operations applied but not durable yet (scrap: until the next fsync or commit interval)",
+            u.namespace_ops_waiting as f64,
+        );
         self.gauge("alignfs_checkpoint_used_bytes", "the newest checkpoint's size", u.checkpoint_used_bytes as f64);
         self.gauge("alignfs_checkpoint_size_bytes", "a checkpoint slot's size", u.checkpoint_capacity_bytes as f64);
         self.gauge("alignfs_checkpoint_generation", "the newest checkpoint's generation", u.checkpoint_generation as f64);

@@ -104,9 +104,13 @@ fn print_metadata(r: &VolumeReport) {
         }
     } else {
         println!(
-            "  journal:   {} of {} used",
+            "  journal:   {} of {} used{}",
             bytesize::ByteSize(r.usage.journal_used_bytes),
             bytesize::ByteSize(r.usage.journal_capacity_bytes),
+            match r.usage.namespace_ops_waiting {
+                0 => String::new(),
+                n => format!("; {n} namespace operations wait for the next fsync or commit interval"),
+            }
         );
         // All metadata must fit one checkpoint slot; a full one refuses new data (ENOSPC).
         println!(

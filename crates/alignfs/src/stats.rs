@@ -207,6 +207,10 @@ pub struct Usage {
     /// `--scrap-mem`).
     #[serde(default)]
     pub fast_pages_peak: u64,
+    /// Namespace ops applied but not journaled yet (`scrap`: until the next fsync, data
+    /// commit or commit interval).
+    #[serde(default)]
+    pub namespace_ops_waiting: u64,
 }
 
 /// Counters plus gauges, as reported by [`crate::Volume::stats`].

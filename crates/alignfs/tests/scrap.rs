@@ -377,6 +377,7 @@ fn namespace_ops_wait_for_fsync_the_commit_interval_or_a_release_of_blocks() {
     let volume = open(long, false);
     volume.create_file(Ino::ROOT, b"lost", 0o644, 0, 0).unwrap();
     assert_eq!(volume.stats().get(Counter::namespace_ops_deferred), 1);
+    assert_eq!(volume.stats().usage.namespace_ops_waiting, 1, "alignfs stat shows what waits");
     volume.simulate_crash();
     let volume = open(long, false);
     assert!(!exists(&volume, "lost"), "an unsynced create is lost in a crash");
@@ -386,6 +387,7 @@ fn namespace_ops_wait_for_fsync_the_commit_interval_or_a_release_of_blocks() {
     let kept = volume.create_file(Ino::ROOT, b"kept", 0o644, 0, 0).unwrap().ino;
     volume.fsync(Ino::ROOT).unwrap();
     assert_eq!(volume.stats().get(Counter::deferred_namespace_commits), 1);
+    assert_eq!(volume.stats().usage.namespace_ops_waiting, 0, "the fsync left nothing waiting");
     // A file with a whole SSD block: its unlink frees it, so it is journaled at once.
     volume.write(kept, 0, &vec![7u8; 1 << 20]).unwrap();
     volume.fsync(kept).unwrap();

@@ -38,6 +38,8 @@ pub(crate) struct MetaUsage {
     pub checkpoint_generation: u64,
     pub checkpoint_used_bytes: u64,
     pub checkpoint_capacity_bytes: u64,
+    /// Ops applied but held back from the log ([`JournalStore::deferring_namespace`]).
+    pub deferred_ops: u64,
 }
 
 pub(crate) trait MetaStore: Send {
@@ -239,6 +241,7 @@ impl MetaStore for JournalStore {
             checkpoint_generation: self.checkpoints.generation(),
             checkpoint_used_bytes: self.checkpoints.used_bytes(),
             checkpoint_capacity_bytes: self.checkpoints.capacity_bytes(),
+            deferred_ops: self.deferred.len() as u64,
         }
     }
 }

@@ -184,6 +184,7 @@ impl Volume {
                 checkpoint_used_bytes: meta.checkpoint_used_bytes,
                 checkpoint_capacity_bytes: meta.checkpoint_capacity_bytes,
                 fast_pages_peak: inner.residue.peak_used_units(),
+                namespace_ops_waiting: meta.deferred_ops,
             },
             recovery: inner.recovery.clone(),
             io_backend: inner.blocks.describe(),
