@@ -521,6 +521,21 @@ print(peak, "of", total, "scrap pages at most in use")' || return 1
     "$bin" stat "$scrap" --json | grep '"records_replayed": 0' >/dev/null
 }
 check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
+# `sync` does not reach a FUSE daemon; `alignfs sync` does: a new directory and file
+# (namespace ops waiting for a commit, data in scrap pages) survive a kill -9 after it.
+scrap_sync() {
+    local sum pid
+    mkdir "$scrap/synced" && head -c 300000 /dev/urandom >"$scrap/synced/f" || return 1
+    sum=$(sha256sum <"$scrap/synced/f")
+    "$bin" sync "$scrap" | grep -q 'durable' || return 1
+    pid=$("$bin" stat "$scrap" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["daemon"]["pid"])') || return 1
+    kill -9 "$pid"
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    umount -l "$scrap"
+    mount_scrap || return 1
+    [[ $(sha256sum <"$scrap/synced/f") == "$sum" ]]
+}
+check "scrap: alignfs sync, kill -9, remount: the new directory and file are back" scrap_sync
 "$bin" umount "$scrap" >/dev/null
 
 # --- the byte profile --------------------------------------------------------------------

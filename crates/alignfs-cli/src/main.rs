@@ -15,6 +15,7 @@ mod nbd;
 mod prometheus;
 mod report;
 mod s3;
+mod sync;
 mod systemd;
 mod umount;
 
@@ -70,6 +71,10 @@ enum Command {
     BenchObjects(bench_objects::BenchObjectsArgs),
     /// Probe a mount: exit 0 if its daemon answers, 1 if it died or hangs (for watchdogs).
     Health(health::HealthArgs),
+    /// Make everything on a mount durable: every file's data and every namespace change
+    /// (`sync` and `syncfs(2)` do not reach a FUSE daemon; a `scrap` mount otherwise
+    /// commits namespace changes at fsync or within --commit-interval).
+    Sync(sync::SyncArgs),
 }
 
 /// Where the volume's devices are.
@@ -526,6 +531,7 @@ fn main() -> ExitCode {
         Command::S3(args) => s3::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchObjects(args) => bench_objects::run(args),
+        Command::Sync(args) => sync::run(args),
         Command::Health(args) => match health::run(args) {
             Ok(true) => return ExitCode::SUCCESS,
             Ok(false) => return ExitCode::FAILURE,

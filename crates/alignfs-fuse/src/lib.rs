@@ -41,6 +41,10 @@ pub const STATS_XATTR: &str = "user.alignfs.stats";
 /// `--inject-faults` (write: a plan such as `write=1`; read: what is armed).
 pub const INJECT_XATTR: &str = "user.alignfs.inject";
 
+/// The root attribute whose write makes the whole volume durable (`alignfs sync`): what
+/// `syncfs(2)` would do if the kernel sent it to a FUSE daemon.
+pub const SYNC_XATTR: &str = "user.alignfs.sync";
+
 /// Largest write the kernel may send in one request. The kernel caps a request at
 /// `/proc/sys/fs/fuse/max_pages_limit` pages (256 = 1 MiB by default); raising that limit
 /// to 2048 lets writes of up to 8 MiB arrive whole instead of cut into 1 MiB pieces.

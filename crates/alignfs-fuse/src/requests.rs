@@ -15,7 +15,7 @@ use fuser::{
 };
 
 use crate::attr::{absent, file_attr, kind_from_mode};
-use crate::{configure_kernel, errno, name_bytes, reply_xattr, set_time, AlignFs, INJECT_XATTR, STATS_XATTR};
+use crate::{configure_kernel, errno, name_bytes, reply_xattr, set_time, AlignFs, INJECT_XATTR, STATS_XATTR, SYNC_XATTR};
 
 /// Reply with the engine's error, logging the ones a user should hear about.
 macro_rules! try_or_reply {
@@ -335,6 +335,11 @@ impl Filesystem for AlignFs {
     fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
         if name == STATS_XATTR {
             reply.error(Errno::EPERM);
+            return;
+        }
+        if name == SYNC_XATTR && ino == INodeNo::ROOT {
+            try_or_reply!(reply, self.volume.sync_all());
+            reply.ok();
             return;
         }
         if name == INJECT_XATTR && ino == INodeNo::ROOT {

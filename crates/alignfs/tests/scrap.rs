@@ -360,8 +360,9 @@ fn namespace_churn_with_crashes_keeps_the_scrap_rule() {
 }
 
 /// Buffered I/O's metadata promise: a namespace op is lost in a crash until an fsync (of
-/// any file or directory), a commit that frees SSD blocks, or the commit interval makes
-/// it durable; a zero interval makes every one durable on return.
+/// any file or directory), a commit that frees SSD blocks, the commit interval or
+/// `sync_all` (`alignfs sync`) makes it durable; a zero interval makes every one durable
+/// on return.
 #[test]
 fn namespace_ops_wait_for_fsync_the_commit_interval_or_a_release_of_blocks() {
     let ssd = Arc::new(SimSsd::new(64 << 20));
@@ -411,6 +412,18 @@ fn namespace_ops_wait_for_fsync_the_commit_interval_or_a_release_of_blocks() {
     volume.simulate_crash();
     let volume = open(Duration::ZERO, false);
     assert!(exists(&volume, "by-interval"));
+
+    // `sync_all` (syncfs): the names and every file's scrap pages.
+    let synced = volume.create_file(Ino::ROOT, b"synced", 0o644, 0, 0).unwrap().ino;
+    volume.write(synced, 10, b"in a scrap page").unwrap();
+    volume.sync_all().unwrap();
+    volume.simulate_crash();
+    let volume = open(Duration::from_secs(3600), false);
+    let mut back = [0u8; 25];
+    assert_eq!(volume.read(volume.lookup(Ino::ROOT, b"synced").unwrap().ino, 0, &mut back).unwrap(), 25);
+    assert_eq!(&back[10..], b"in a scrap page");
+    volume.close().unwrap();
+    let volume = open(Duration::ZERO, false);
 
     // A zero interval: durable on return.
     volume.rename(Ino::ROOT, b"by-interval", Ino::ROOT, b"renamed", Default::default()).unwrap();

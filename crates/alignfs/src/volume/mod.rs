@@ -229,6 +229,16 @@ impl Volume {
             .collect()
     }
 
+    /// What `syncfs(2)` promises, which the kernel does not forward to a FUSE daemon:
+    /// every file's data written back (`scrap`), every namespace op journaled, the SSD
+    /// flushed.
+    pub fn sync_all(&self) -> Result<()> {
+        self.inner.check_writable()?;
+        self.inner.policy.before_close(self.inner.as_ref())?;
+        self.inner.sync_deferred()?;
+        self.inner.blocks.flush()
+    }
+
     /// Clean shutdown: stop background work, flush the SSD, write a checkpoint.
     pub fn close(mut self) -> Result<()> {
         self.shutdown(true)
