@@ -219,11 +219,11 @@ fn crash_round(harness: &Harness, model: &mut Model, tally: &mut Tally, worker_s
     let stat = harness.stat()?;
     tally.recovery_us.push(stat["recovery_us"].as_u64().unwrap_or(0));
     let root = harness.mnt.join("crash");
-    let Outcome { pending_landed, files_with_unsynced_loss, older_prefixes } =
+    let Outcome { pending_landed, files_with_unsynced_loss, older_namespace } =
         model.verify(&root).context("acknowledged state lost after a crash")?;
     tally.in_flight_landed += u64::from(pending_landed);
     tally.unsynced_losses += files_with_unsynced_loss;
-    tally.older_namespaces = older_prefixes;
+    tally.older_namespaces += u64::from(older_namespace);
     let pid = stat["daemon"]["pid"].as_u64().context("stat reports no daemon pid")? as i32;
     // Run the workload on its own thread; kill the daemon under it.
     let stop = Arc::new(AtomicBool::new(false));

@@ -45,10 +45,9 @@ pub struct Model {
     unsynced: Option<BTreeMap<String, Unsynced>>,
     /// `scrap`: the names after each operation since the last fsync; a crash keeps one.
     since_sync: Vec<Names>,
-    /// `scrap`: files unlinked since the last fsync, with their bytes and history, in
-    /// case a crash brings one back.
-    unlinked: BTreeMap<String, (Vec<u8>, Unsynced)>,
-    older_prefixes: u64,
+    /// `scrap`: the histories of files unlinked since the last fsync, in case a crash
+    /// brings one back.
+    unlinked: BTreeMap<String, Unsynced>,
     /// Every operation so far, for the report of a failure.
     history: History,
 }
@@ -123,8 +122,8 @@ pub struct Outcome {
     pub pending_landed: bool,
     /// `scrap`: files that came back without some unsynced bytes (allowed).
     pub files_with_unsynced_loss: u64,
-    /// `scrap`: crashes so far that kept an older namespace than the acknowledged one.
-    pub older_prefixes: u64,
+    /// `scrap`: the crash kept an older namespace than the acknowledged one.
+    pub older_namespace: bool,
 }
 
 /// Directories and file names.
@@ -332,7 +331,7 @@ impl Model {
         self.files = actual.files;
         self.dirs = actual.dirs;
         self.pending = None;
-        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss: 0, older_prefixes: 0 })
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss: 0, older_namespace: false })
     }
 
     /// [`Model::verify`] for a volatile residue store: names exactly as acknowledged (the
@@ -341,11 +340,12 @@ impl Model {
         let actual = snapshot(root)?;
         self.history.note(format!("crash (in flight: {:?})", self.pending.as_ref().map(describe_op)));
         let found = names(&actual);
+        let mut older_namespace = false;
         let landed = if self.with_pending().is_some_and(|after| names(&after) == found) && names(&self.state()) != found {
             true
         } else if let Some(prefix) = self.since_sync.iter().rposition(|state| *state == found) {
             // An older prefix: the operations after it were not committed yet.
-            self.older_prefixes += u64::from(prefix + 1 < self.since_sync.len());
+            older_namespace = prefix + 1 < self.since_sync.len();
             false
         } else {
             bail!(
@@ -361,7 +361,7 @@ impl Model {
         let acknowledged = if landed { self.with_pending().map(|s| s.files).unwrap_or_default() } else { self.files.clone() };
         let unsynced = self.unsynced.as_mut().expect("volatile model");
         // A file an older prefix still names is back with the history it had.
-        for (name, (_, history)) in std::mem::take(&mut self.unlinked) {
+        for (name, history) in std::mem::take(&mut self.unlinked) {
             if actual.files.contains_key(&name) && !acknowledged.contains_key(&name) {
                 unsynced.insert(name, history);
             }
@@ -380,7 +380,7 @@ impl Model {
         self.files = actual.files;
         self.dirs = actual.dirs;
         self.pending = None;
-        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss, older_prefixes: self.older_prefixes })
+        Ok(Outcome { pending_landed: landed, files_with_unsynced_loss, older_namespace })
     }
 
     /// Run random operations until one fails (the daemon died) or `stop`. Returns how
@@ -414,8 +414,8 @@ impl Model {
                     };
                     self.history.note(line);
                     if let (Pending::Unlink { name }, Some(unsynced)) = (&op, &self.unsynced) {
-                        if let (Some(bytes), Some(history)) = (self.files.get(name), unsynced.get(name)) {
-                            self.unlinked.insert(name.clone(), (bytes.clone(), history.clone()));
+                        if let Some(history) = unsynced.get(name) {
+                            self.unlinked.insert(name.clone(), history.clone());
                         }
                     }
                     if let Some(after) = self.with_pending() {
@@ -589,9 +589,9 @@ mod tests {
             fs::remove_dir_all(&root)?;
             outcome
         };
-        assert_eq!(verify(&["d0", "d1"]).unwrap().older_prefixes, 0, "everything acknowledged");
-        assert_eq!(verify(&["d0"]).unwrap().older_prefixes, 1, "mkdir d1 lost");
-        assert_eq!(verify(&[]).unwrap().older_prefixes, 1, "both lost");
+        assert!(!verify(&["d0", "d1"]).unwrap().older_namespace, "everything acknowledged");
+        assert!(verify(&["d0"]).unwrap().older_namespace, "mkdir d1 lost");
+        assert!(verify(&[]).unwrap().older_namespace, "both lost");
         assert!(verify(&["d1"]).is_err(), "mkdir d1 kept but the earlier mkdir d0 lost");
     }
 

@@ -449,15 +449,9 @@ fn acceptable_unsynced(seen: &Observed, prefixes: &[Model], after: &Model) -> Re
             // The file's newest history; an fsync in flight may not have finished, so the
             // acknowledged state's looser one applies too. A file an older prefix still
             // names has its history there.
-            let histories: Vec<&Unsynced> = [after, before, model].into_iter().filter_map(|m| m.unsynced.get(&id)).collect();
-            let mut verdict = Err("no history".to_string());
-            for history in histories {
-                verdict = history.check(data);
-                if verdict.is_ok() {
-                    break;
-                }
-            }
-            verdict
+            let mut histories = [after, before, model].into_iter().filter_map(|m| m.unsynced.get(&id));
+            let first = histories.next().map_or(Err("no history".to_string()), |h| h.check(data));
+            histories.fold(first, |verdict, h| verdict.or_else(|_| h.check(data)))
         })
     };
     let newest = check(after);

@@ -60,6 +60,10 @@ pub(crate) trait MetaStore: Send {
     fn group_sync(&self) -> Option<Arc<dyn GroupSync>> {
         None
     }
+    /// Whether the store ever holds applied ops back ([`JournalStore::deferring_namespace`]).
+    fn defers(&self) -> bool {
+        false
+    }
     /// Make durable the ops the store has applied but holds back
     /// ([`JournalStore::deferring_namespace`]); nothing to do in a store that holds none.
     fn sync_deferred(&mut self, _cx: &CommitContext<'_>) -> Result<()> {
@@ -209,6 +213,10 @@ impl MetaStore for JournalStore {
             self.append_record(cx, ops)?;
         }
         Ok(apply())
+    }
+
+    fn defers(&self) -> bool {
+        self.defers_namespace
     }
 
     fn sync_deferred(&mut self, cx: &CommitContext<'_>) -> Result<()> {

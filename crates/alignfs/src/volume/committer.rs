@@ -43,11 +43,15 @@ pub(crate) struct Committer {
     committing: AtomicUsize,
     /// The directory whose files a crash may lose whole ([`Committer::set_scratch_dir`]).
     scratch_dir: OnceLock<Ino>,
+    /// Whether the store holds namespace ops back: otherwise an fsync and the maintenance
+    /// thread have nothing to ask it, and do not wait for the commit lock.
+    store_defers: bool,
 }
 
 impl Committer {
     pub(super) fn new(store: Box<dyn MetaStore>) -> Committer {
-        Committer { store: Mutex::new(store), committing: AtomicUsize::new(0), scratch_dir: OnceLock::new() }
+        let store_defers = store.defers();
+        Committer { store: Mutex::new(store), committing: AtomicUsize::new(0), scratch_dir: OnceLock::new(), store_defers }
     }
 
     /// Make `ops` durable as one unit in the metadata store and apply them. Returns the
@@ -162,12 +166,18 @@ impl Committer {
     /// Make durable the namespace ops the store holds back: an fsync's promise, and the
     /// commit interval's.
     pub(super) fn sync_deferred(&self, engine: &CommitEnv<'_>) -> Result<()> {
+        if !self.store_defers {
+            return Ok(());
+        }
         let mut store = self.store.lock();
         with_commit_context(engine, |cx| store.sync_deferred(cx))
     }
 
     /// Since when the oldest namespace op held back has waited.
     pub(super) fn deferred_since(&self) -> Option<std::time::Instant> {
+        if !self.store_defers {
+            return None;
+        }
         self.store.lock().deferred_since()
     }
 

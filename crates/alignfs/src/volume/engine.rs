@@ -171,7 +171,6 @@ impl Engine {
         self.release(&freed.pages, &freed.blocks);
     }
 
-    /// Write a checkpoint now (the metadata store's log restarts empty).
     /// Make the namespace ops the metadata store holds back durable (`scrap`: at fsync
     /// and the commit interval).
     pub(super) fn sync_deferred(&self) -> Result<()> {
@@ -181,6 +180,7 @@ impl Engine {
         self.committer.sync_deferred(&self.commit_env())
     }
 
+    /// Write a checkpoint now (the metadata store's log restarts empty).
     pub(super) fn checkpoint(&self) -> Result<()> {
         self.check_writable()?;
         self.committer.checkpoint(&self.commit_env())
