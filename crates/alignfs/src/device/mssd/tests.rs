@@ -564,13 +564,18 @@ fn a_store_on_a_full_log_waits_for_the_running_cleaning() {
     // As a cleaning does when it starts, before its first step frees anything.
     ssd.inner.log.lock().cleaning = true;
     let done = Arc::new(AtomicBool::new(false));
+    // The 100 ms count from when the store starts, not from the spawn: a thread started on
+    // a busy machine may begin its store milliseconds late.
+    let (starting, started) = std::sync::mpsc::channel();
     let store = {
         let (ssd, done) = (Arc::clone(&ssd), Arc::clone(&done));
         std::thread::spawn(move || {
+            starting.send(()).unwrap();
             ssd.store(None, 0, &[9u8; 200]).unwrap();
             done.store(true, Ordering::SeqCst);
         })
     };
+    started.recv().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(!done.load(Ordering::SeqCst), "the store went ahead on a full log");
     ssd.inner.clean_log(false).unwrap();
