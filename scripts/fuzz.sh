@@ -8,7 +8,7 @@
 # `byte`'s in-place metadata area (records, bitmap, header). Each must
 # never panic, loop or disagree with its own encoder. Ends with "suite totals: ...".
 #
-# FUZZ_SECONDS per target (default 12; CI). Long run: FUZZ_SECONDS=3600 scripts/fuzz.sh
+# FUZZ_SECONDS per target (default 8; CI). Long run: FUZZ_SECONDS=3600 scripts/fuzz.sh
 # Each target starts from the seeds crates/alignfs/examples/fuzz_seeds.rs writes (valid
 # checkpoints, op lists, journals, map entries, layouts, KV records), plus what earlier
 # runs here kept in fuzz/corpus/<target>/.
@@ -16,7 +16,7 @@
 #   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
 set -uo pipefail
 cd "$(dirname "$0")/.."
-seconds=${FUZZ_SECONDS:-12}
+seconds=${FUZZ_SECONDS:-8}
 rustup toolchain list | grep '^nightly' >/dev/null || rustup toolchain install nightly --profile minimal >/dev/null || exit 1
 command -v cargo-fuzz >/dev/null || cargo install --locked -q cargo-fuzz@0.13.2 || exit 1
 targets=(superblock checkpoint journal_ops journal_replay map_entry block_layout nbd_messages nbd_connection s3_request kv_records kv_journal mssd_recovery lines_area)
