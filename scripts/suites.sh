@@ -518,9 +518,16 @@ print(peak, "of", total, "scrap pages at most in use")' || return 1
     "$bin" umount "$scrap" >/dev/null && mount_scrap || return 1
     after=$(cd "$scrap" && find . -type f -print0 | sort -z | xargs -0 sha256sum) || return 1
     [[ $before == "$after" ]] || { diff <(echo "$before") <(echo "$after") | head; return 1; }
-    "$bin" stat "$scrap" --json | grep '"records_replayed": 0' >/dev/null
+    # Reading every file back went through the SSD images' page cache: stat reports it.
+    "$bin" stat "$scrap" --json | python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r["records_replayed"] == 0, r["records_replayed"]
+cached = r["ssd_cached_bytes"]
+assert cached, f"the SSD images page cache is not reported: {cached}"
+print(cached >> 20, "MiB of the SSD images in the page cache after reading every file")'
 }
-check "scrap: unmount, remount, compare checksums, memory within --scrap-mem" scrap_cycle
+check "scrap: unmount, remount, compare checksums, memory within --scrap-mem, SSD cache reported" scrap_cycle
 # `sync` does not reach a FUSE daemon; `alignfs sync` does: a new directory and file
 # (namespace ops waiting for a commit, data in scrap pages) survive a kill -9 after it.
 scrap_sync() {

@@ -55,6 +55,11 @@ pub fn print_report(r: &VolumeReport) {
             held => format!(", {held} more held for fallocated ranges"),
         }
     );
+    if let Some(cached) = r.usage.ssd_cached_bytes {
+        // The kernel's copy of SSD blocks that buffered reads went through: memory the
+        // volume uses beside its residue tier.
+        println!("  SSD cache: {} of the SSD in the host's page cache", bytes(cached));
+    }
     print_metadata(r);
     println!("  share of written bytes that went straight to the SSD: {:.1}%", 100.0 * r.ssd_share);
     print_counters(r);

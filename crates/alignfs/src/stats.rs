@@ -211,6 +211,11 @@ pub struct Usage {
     /// commit or commit interval).
     #[serde(default)]
     pub namespace_ops_waiting: u64,
+    /// Bytes of the SSD (an image file or block device) the host's page cache holds: what
+    /// buffered reads keep in memory beside the residue tier. `None` where there is no
+    /// such cache (an image in memory, an emulated device) or the kernel cannot say.
+    #[serde(default)]
+    pub ssd_cached_bytes: Option<u64>,
 }
 
 /// Counters plus gauges, as reported by [`crate::Volume::stats`].

@@ -222,6 +222,10 @@ impl BlockDevice for FaultyDevice {
     fn describe(&self) -> String {
         format!("{} (fault injection on)", self.inner.describe())
     }
+
+    fn cached_bytes(&self) -> Option<u64> {
+        self.inner.cached_bytes()
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! the caller, never bad input.
 
 mod aligned;
+mod cachestat;
 pub mod claim;
 mod faults;
 mod file_ssd;
@@ -203,6 +204,11 @@ pub trait BlockDevice: Send + Sync {
     }
     /// One line for logs and `alignfs stat`: path, IO backend, cache mode.
     fn describe(&self) -> String;
+    /// Bytes of the device the host's page cache holds (the buffered reads' cache); `None`
+    /// for devices without one, or in memory already.
+    fn cached_bytes(&self) -> Option<u64> {
+        None
+    }
     /// How many SSDs make up this device (a [`DeviceSet`] has several).
     fn member_count(&self) -> usize {
         1

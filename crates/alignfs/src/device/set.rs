@@ -125,6 +125,10 @@ impl BlockDevice for DeviceSet {
         format!("{} SSDs of {} bytes each: {}", self.members.len(), self.member_bytes, each.join("; "))
     }
 
+    fn cached_bytes(&self) -> Option<u64> {
+        self.members.iter().filter_map(|m| m.cached_bytes()).reduce(|a, b| a + b)
+    }
+
     fn member_count(&self) -> usize {
         self.members.len()
     }

@@ -82,4 +82,8 @@ impl BlockDevice for Throttled {
     fn describe(&self) -> String {
         format!("{} at {} MiB/s", self.inner.describe(), self.bytes_per_second >> 20)
     }
+
+    fn cached_bytes(&self) -> Option<u64> {
+        self.inner.cached_bytes()
+    }
 }

@@ -534,6 +534,11 @@ impl BlockStore {
     pub(crate) fn describe(&self) -> String {
         self.ssd.describe()
     }
+
+    /// Bytes of the SSD the host's page cache holds.
+    pub(crate) fn cached_bytes(&self) -> Option<u64> {
+        self.ssd.cached_bytes()
+    }
 }
 
 #[cfg(test)]

@@ -185,6 +185,7 @@ impl Volume {
                 checkpoint_capacity_bytes: meta.checkpoint_capacity_bytes,
                 fast_pages_peak: inner.residue.peak_used_units(),
                 namespace_ops_waiting: meta.deferred_ops,
+                ssd_cached_bytes: inner.blocks.cached_bytes(),
             },
             recovery: inner.recovery.clone(),
             io_backend: inner.blocks.describe(),
