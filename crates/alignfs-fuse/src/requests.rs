@@ -17,6 +17,10 @@ use fuser::{
 use crate::attr::{absent, file_attr, kind_from_mode};
 use crate::{configure_kernel, errno, name_bytes, reply_xattr, set_time, AlignFs, INJECT_XATTR, STATS_XATTR, SYNC_XATTR};
 
+/// A READ at least this large, from an open through the page cache, is the kernel's
+/// readahead of a stream: it reads the SSD directly.
+const STREAM_READ: u32 = 256 << 10;
+
 /// Reply with the engine's error, logging the ones a user should hear about.
 macro_rules! try_or_reply {
     ($reply:expr, $result:expr) => {
@@ -195,13 +199,22 @@ impl Filesystem for AlignFs {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         self.coherence.reading(ino.0, offset, size);
         let mut buf = vec![0u8; size as usize];
-        let n = try_or_reply!(reply, self.volume.read(Self::ino(ino), offset, &mut buf));
+        // What an open through the page cache reads, the kernel keeps: the host's copy of
+        // the SSD pages it came from would hold the same bytes a second time. Large reads
+        // (the kernel's readahead of a stream) go direct; small ones, random reads such as
+        // RocksDB's, keep the host's readahead of the SSD, which their next reads hit.
+        let read = if self.options.cache.caches(flags.0) && size >= STREAM_READ {
+            self.volume.read_kept_by_reader(Self::ino(ino), offset, &mut buf)
+        } else {
+            self.volume.read(Self::ino(ino), offset, &mut buf)
+        };
+        let n = try_or_reply!(reply, read);
         reply.data(&buf[..n]);
     }
 

@@ -51,6 +51,34 @@ fn format_and_open_real_files() {
     assert!(matches!(open_paths(&dir.path().join("missing"), &ssd.path, VolumeOptions::default(), None), Err(Error::BadPath(..))));
 }
 
+/// A reader that keeps what it reads (a mount's page cache) gets the same bytes without
+/// the SSD image's pages staying in the host's cache; an ordinary buffered read leaves them.
+#[test]
+fn reads_kept_by_their_reader_bypass_the_host_cache_of_the_ssd() {
+    let (_dir, _shm, fast, ssd) = scratch_devices();
+    let (_, volume) = format_paths(Some(&fast), std::slice::from_ref(&ssd), None, &FormatOptions::default(), None).unwrap();
+    let f = volume.create_file(crate::Ino::ROOT, b"f", 0o644, 0, 0).unwrap().ino;
+    // Whole SSD blocks with unaligned residue at both ends.
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 241) as u8).collect();
+    volume.write(f, 999, &data).unwrap();
+    volume.fsync(f).unwrap();
+    let image = std::fs::File::open(&ssd.path).unwrap();
+    let forget = || rustix::fs::fadvise(&image, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    forget();
+    let mut kept = vec![0u8; data.len()];
+    assert_eq!(volume.read_kept_by_reader(f, 999, &mut kept).unwrap(), data.len());
+    assert!(kept == data);
+    let Some(after_kept) = volume.stats().usage.ssd_cached_bytes else { return }; // kernel before 6.5
+    let mut read = vec![0u8; data.len()];
+    assert_eq!(volume.read(f, 999, &mut read).unwrap(), data.len());
+    assert!(read == data);
+    let after_read = volume.stats().usage.ssd_cached_bytes.unwrap();
+    assert!(
+        after_kept < 1 << 20 && after_read >= 2 << 20,
+        "cached after the kept read: {after_kept}, after the buffered one: {after_read}"
+    );
+}
+
 #[test]
 fn scrap_volume_on_an_ssd_alone() {
     let (dir, _shm, fast, _) = scratch_devices();

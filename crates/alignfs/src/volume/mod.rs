@@ -332,6 +332,13 @@ impl Volume {
         read::read(&self.inner, ino, offset, buf)
     }
 
+    /// [`Volume::read`] for a reader that keeps what it reads, as the kernel's page cache of
+    /// a mounted file does: the SSD is read directly (O_DIRECT), so that the host's cache
+    /// of it does not hold the same bytes a second time.
+    pub fn read_kept_by_reader(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        read::read_kept_by_reader(&self.inner, ino, offset, buf)
+    }
+
     /// [`Volume::read`] only if no byte has to come from the device: the residue tier,
     /// clean pages or the kernel's cache of the SSD (buffered read mode) hold them all.
     /// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read

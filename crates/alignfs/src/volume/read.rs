@@ -60,7 +60,14 @@ pub(super) fn object_io(engine: &Engine, ino: Ino) -> Result<(u64, u64, u64, u64
 
 /// Read into `buf` from `offset`; returns the bytes read (short at EOF).
 pub(super) fn read(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-    read_with(engine, ino, offset, buf, Wait::ForDevice)
+    read_with(engine, ino, offset, buf, Wait::ForDevice, engine.options.read_mode)
+}
+
+/// [`Volume::read`] for a reader that keeps the bytes (the kernel's page cache of a
+/// mounted file): the SSD is read directly, so that the host's cache of it does not
+/// hold the same bytes a second time.
+pub(super) fn read_kept_by_reader(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+    read_with(engine, ino, offset, buf, Wait::ForDevice, ReadMode::Direct)
 }
 
 /// [`Volume::read`] only if no byte has to come from the device: the residue tier,
@@ -68,21 +75,21 @@ pub(super) fn read(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Re
 /// [`Error::WouldBlock`] otherwise, with nothing counted, so the caller can read
 /// again, waiting, on a thread where that is cheap.
 pub(super) fn read_if_cached(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-    read_with(engine, ino, offset, buf, Wait::Never)
+    read_with(engine, ino, offset, buf, Wait::Never, engine.options.read_mode)
 }
 
 /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
 /// kernel's page cache, counted apart from the application's reads.
 pub(super) fn read_for_page_cache(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
     let inode = engine.file(ino)?;
-    let n = read_file(engine, &inode, offset, buf, Wait::ForDevice)?;
+    let n = read_file(engine, &inode, offset, buf, Wait::ForDevice, ReadMode::Direct)?;
     engine.stats.add(Counter::page_cache_fill_bytes, n as u64);
     Ok(n)
 }
 
-pub(super) fn read_with(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
+pub(super) fn read_with(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8], wait: Wait, mode: ReadMode) -> Result<usize> {
     let inode = engine.file(ino)?;
-    let n = read_file(engine, &inode, offset, buf, wait)?;
+    let n = read_file(engine, &inode, offset, buf, wait, mode)?;
     inode.io.read(n as u64);
     engine.stats.add(Counter::app_reads, 1);
     engine.stats.add(Counter::app_read_bytes, n as u64);
@@ -304,7 +311,7 @@ pub(super) fn residue_pieces(engine: &Engine, entry: &BlockEntry, mut piece: imp
     }
 }
 
-pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait) -> Result<usize> {
+pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &mut [u8], wait: Wait, mode: ReadMode) -> Result<usize> {
     let block = engine.geometry.block();
     if buf.is_empty() || offset >= inode.size() {
         return Ok(0);
@@ -313,9 +320,7 @@ pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &
     // side effects: clean pages count their hits and merge on read (a read that gave
     // up halfway would count twice when repeated), checksummed blocks are read whole
     // into buffers, and direct reads bypass the kernel's cache.
-    if wait == Wait::Never
-        && (engine.blocks.keeps_copies() || engine.blocks.verifies_reads() || engine.options.read_mode == ReadMode::Direct)
-    {
+    if wait == Wait::Never && (engine.blocks.keeps_copies() || engine.blocks.verifies_reads() || mode == ReadMode::Direct) {
         return Err(Error::WouldBlock);
     }
     let last = (offset + buf.len() as u64 - 1) / block;
@@ -330,7 +335,7 @@ pub(super) fn read_file(engine: &Engine, inode: &Arc<Inode>, offset: u64, buf: &
         let map = inode.map.lock();
         (offset / block..=(offset + n as u64 - 1) / block).map(|lb| (lb, map.get(&lb).cloned())).collect()
     };
-    let ReadPlan { direct, cached, copies } = plan_read(engine, inode, &entries, offset, out);
+    let ReadPlan { direct, cached, copies } = plan_read(engine, inode, &entries, offset, out, mode);
     // Blocks that lie one after another on the SSD are one read: a fresh file's blocks
     // mostly do, and the kernel reads ahead within one call, not across calls.
     read_cached_runs(engine, &cached, out, wait)?;
@@ -358,7 +363,14 @@ struct ReadPlan {
 }
 
 /// The plan for reading `out.len()` bytes at `offset`, whose blocks map as `entries`.
-fn plan_read(engine: &Engine, inode: &Arc<Inode>, entries: &[(u64, Option<BlockEntry>)], offset: u64, out: &mut [u8]) -> ReadPlan {
+fn plan_read(
+    engine: &Engine,
+    inode: &Arc<Inode>,
+    entries: &[(u64, Option<BlockEntry>)],
+    offset: u64,
+    out: &mut [u8],
+    mode: ReadMode,
+) -> ReadPlan {
     let (block, page) = (engine.geometry.block(), u64::from(engine.geometry.page_bytes));
     let n = out.len();
     let verified = engine.blocks.verifies_reads();
@@ -395,7 +407,7 @@ fn plan_read(engine: &Engine, inode: &Arc<Inode>, entries: &[(u64, Option<BlockE
                         }
                     } else {
                         let (rs, re) = (rs as usize, re as usize);
-                        match engine.options.read_mode {
+                        match mode {
                             // Read whole, to check against its checksum or to keep.
                             _ if verified || engine.blocks.keeps_copies() => {
                                 let at = ssd_block.0 * block;
