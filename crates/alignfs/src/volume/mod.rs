@@ -348,7 +348,8 @@ impl Volume {
     }
 
     /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
-    /// kernel's page cache, counted apart from the application's reads.
+    /// kernel's page cache, counted apart from the application's reads. The SSD is read
+    /// directly, as in [`Volume::read_kept_by_reader`].
     pub fn read_for_page_cache(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
         read::read_for_page_cache(&self.inner, ino, offset, buf)
     }

@@ -79,7 +79,8 @@ pub(super) fn read_if_cached(engine: &Engine, ino: Ino, offset: u64, buf: &mut [
 }
 
 /// [`Volume::read`] on behalf of no application: what a mount reads to fill the
-/// kernel's page cache, counted apart from the application's reads.
+/// kernel's page cache, counted apart from the application's reads; the kernel keeps the
+/// bytes, so the SSD is read directly.
 pub(super) fn read_for_page_cache(engine: &Engine, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
     let inode = engine.file(ino)?;
     let n = read_file(engine, &inode, offset, buf, Wait::ForDevice, ReadMode::Direct)?;
