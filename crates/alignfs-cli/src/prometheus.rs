@@ -152,7 +152,7 @@ impl Exposition {
             "namespace operations applied but not durable yet (scrap: until the next fsync or commit interval)",
             u.namespace_ops_waiting as f64,
         );
-        if let Some(cached) = u.ssd_cached_bytes {
+        if let Some(cached) = r.ssd_cached_bytes {
             self.gauge("alignfs_ssd_page_cache_bytes", "bytes of the SSD the host's page cache holds (buffered reads)", cached as f64);
         }
         self.gauge("alignfs_checkpoint_used_bytes", "the newest checkpoint's size", u.checkpoint_used_bytes as f64);

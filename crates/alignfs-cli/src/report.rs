@@ -55,7 +55,7 @@ pub fn print_report(r: &VolumeReport) {
             held => format!(", {held} more held for fallocated ranges"),
         }
     );
-    if let Some(cached) = r.usage.ssd_cached_bytes {
+    if let Some(cached) = r.ssd_cached_bytes {
         // The kernel's copy of SSD blocks that buffered reads went through: memory the
         // volume uses beside its residue tier.
         println!("  SSD cache: {} of the SSD in the host's page cache", bytes(cached));

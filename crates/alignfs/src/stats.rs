@@ -211,11 +211,6 @@ pub struct Usage {
     /// commit or commit interval).
     #[serde(default)]
     pub namespace_ops_waiting: u64,
-    /// Bytes of the SSD (an image file or block device) the host's page cache holds: what
-    /// buffered reads keep in memory beside the residue tier. `None` where there is no
-    /// such cache (an image in memory, an emulated device) or the kernel cannot say.
-    #[serde(default)]
-    pub ssd_cached_bytes: Option<u64>,
 }
 
 /// Counters plus gauges, as reported by [`crate::Volume::stats`].
@@ -271,6 +266,12 @@ pub struct VolumeReport {
     pub ssd_share: f64,
     #[serde(flatten)]
     pub usage: Usage,
+    /// Bytes of the SSD (an image file or block device) the host's page cache holds: what
+    /// buffered reads keep in memory beside the residue tier. `None` where there is no
+    /// such cache (an image in memory, an emulated device) or the kernel cannot say. In
+    /// the report only, not in every stats snapshot: it walks the file's cached pages.
+    #[serde(default)]
+    pub ssd_cached_bytes: Option<u64>,
     pub recovery_us: u64,
     pub records_replayed: u64,
     pub torn_tail_dropped: bool,
